@@ -1,0 +1,1 @@
+"""prefect-runpod: blocks."""

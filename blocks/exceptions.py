@@ -1,0 +1,201 @@
+"""Every error prefect-runpod raises, in one place.
+
+The hierarchy, so a caller can pick what to catch::
+
+    RunPodFlowError                     base: anything this package raises on purpose
+    ├── SpecError                       bad input, raised before any pod exists (no spend)
+    ├── ProviderError                   the pod provider (RunPod API or the local pod) failed
+    │   ├── CapacityError               no GPU of the requested types/clouds is free
+    │   ├── ProviderAuthError           the API key was refused (HTTP 401); never retried
+    │   ├── ProviderTransientError      5xx / "Something went wrong" / network; retried with backoff
+    │   └── TerminateError              terminate could not be confirmed: the pod may still bill
+    ├── PodTimeoutError                 a bounded wait on a pod ran out
+    ├── ConsoleError                    the PTY console failed
+    │   ├── ConsoleConnectError         could not open the SSH session / PTY
+    │   ├── CommandTimeoutError         one command passed its per-command deadline (Ctrl-C sent)
+    │   └── ExecRefusedError            the gateway refused an exec/SFTP channel (PTY-only gateway)
+    ├── TransferError                   a file transfer failed
+    │   └── ChecksumMismatchError       a file's md5/sha256 differs from its manifest entry
+    ├── EnvError                        the pod's Python/torch/CUDA could not be made fit
+    ├── HFAuthError                     Hugging Face access will fail; carries the diagnosis
+    ├── TrainingError                   the training process exited non-zero or was killed
+    ├── EvalParityError                 in-training and standalone eval disagree beyond tolerance
+    └── BudgetExceededError             projected spend passed max_cost_usd, or runtime cap hit
+
+Each message names the pod (when one exists) and the next step a person should
+take, in the spirit of httpx's exceptions: the class says which phase failed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetExceededError",
+    "CapacityError",
+    "ChecksumMismatchError",
+    "CommandTimeoutError",
+    "ConsoleConnectError",
+    "ConsoleError",
+    "EnvError",
+    "EvalParityError",
+    "ExecRefusedError",
+    "HFAuthError",
+    "PodTimeoutError",
+    "ProviderAuthError",
+    "ProviderError",
+    "ProviderTransientError",
+    "RunPodFlowError",
+    "SpecError",
+    "TerminateError",
+    "TrainingError",
+    "TransferError",
+]
+
+
+class RunPodFlowError(Exception):
+    """Base class of every error raised on purpose by prefect-runpod.
+
+    Attributes:
+        pod_id: the pod concerned, or None when no pod exists yet.
+        stage: the stage that failed (``provision`` … ``terminate``), when known.
+    """
+
+    def __init__(self, message: str, *, pod_id: str | None = None, stage: str | None = None):
+        super().__init__(message)
+        self.pod_id = pod_id
+        self.stage = stage
+
+
+class SpecError(RunPodFlowError, ValueError):
+    """Raised before provisioning when the run's input cannot work (bad name, env, GPU id,
+    bundle path, budget). Nothing was created and nothing is billing."""
+
+
+class ProviderError(RunPodFlowError):
+    """Raised when the pod provider (RunPod's API, or the local pod) answers with an error."""
+
+
+class CapacityError(ProviderError):
+    """Raised when none of the requested GPU types / clouds has a free machine.
+
+    Mirrors RunPod's ``There are no longer any instances available…`` answer; carries
+    ``attempts``, one line per GPU type/cloud tried."""
+
+    def __init__(self, message: str, *, attempts: list[str] | None = None, **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.attempts = list(attempts or [])
+
+
+class ProviderAuthError(ProviderError):
+    """Raised when the provider refuses the API key (HTTP 401). Never retried."""
+
+
+class ProviderTransientError(ProviderError):
+    """Raised for answers worth retrying: HTTP 5xx, ``Something went wrong…``
+    (INTERNAL_SERVER_ERROR), connection errors and timeouts."""
+
+
+class TerminateError(ProviderError):
+    """Raised when terminate could not be confirmed. The pod may still be billing:
+    the message gives the command to terminate it by hand."""
+
+
+class PodTimeoutError(RunPodFlowError):
+    """Raised when a bounded wait on a pod runs out.
+
+    Attributes:
+        last_status: the last status seen (e.g. ``desiredStatus=RUNNING runtime=null``).
+        elapsed_seconds: how long the wait lasted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        last_status: str | None = None,
+        elapsed_seconds: float | None = None,
+        **kw: object,
+    ):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.last_status = last_status
+        self.elapsed_seconds = elapsed_seconds
+
+
+class ConsoleError(RunPodFlowError):
+    """Raised when the PTY console to a pod fails."""
+
+
+class ConsoleConnectError(ConsoleError):
+    """Raised when the SSH connection or the PTY shell cannot be opened."""
+
+
+class CommandTimeoutError(ConsoleError):
+    """Raised when a console command passes its per-command deadline; Ctrl-C was sent.
+
+    Attributes:
+        command: the command (secrets never appear in it).
+        output: what it printed before the deadline.
+        timeout_seconds: the deadline.
+    """
+
+    def __init__(
+        self, message: str, *, command: str = "", output: str = "", timeout_seconds: float = 0.0,
+        **kw: object,
+    ):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.command = command
+        self.output = output
+        self.timeout_seconds = timeout_seconds
+
+
+class ExecRefusedError(ConsoleError):
+    """Raised when a gateway refuses an exec or SFTP channel, as RunPod's proxied SSH
+    gateway does (``Error: Your SSH client doesn't support PTY``)."""
+
+
+class TransferError(RunPodFlowError):
+    """Raised when a file transfer fails after its retries (disk full, dropped link)."""
+
+
+class ChecksumMismatchError(TransferError):
+    """Raised when a file's size, md5 or sha256 differs from its manifest entry after
+    the retry. Attributes: ``path`` (relative), ``expected``, ``actual`` (sha256 hex)."""
+
+    def __init__(self, message: str, *, path: str = "", expected: str = "", actual: str = "",
+                 **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class EnvError(RunPodFlowError):
+    """Raised when the pod's environment cannot run the job (driver too old for any
+    wheel index, install failed, the re-probe did not prove the fix)."""
+
+
+class HFAuthError(RunPodFlowError):
+    """Raised when Hugging Face access will fail. ``diagnosis`` holds the cause, the
+    evidence and the remediation (an ``HFDiagnosis``)."""
+
+    def __init__(self, message: str, *, diagnosis: object = None, **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.diagnosis = diagnosis
+
+
+class TrainingError(RunPodFlowError):
+    """Raised when training exits non-zero, is killed, or passes its runtime cap.
+    The message carries the last log lines."""
+
+
+class EvalParityError(RunPodFlowError):
+    """Raised when the in-training eval and the standalone eval disagree beyond the
+    tolerance. ``report`` holds the ``ParityReport``."""
+
+    def __init__(self, message: str, *, report: object = None, **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.report = report
+
+
+class BudgetExceededError(RunPodFlowError):
+    """Raised when projected spend passes ``max_cost_usd`` or the runtime passes
+    ``max_runtime_seconds``; the flow then terminates the pod."""

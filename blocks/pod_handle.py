@@ -1,0 +1,77 @@
+"""The plain, JSON-serialisable records that name a pod and the way into it.
+
+Tasks pass these between stages and persist them as Prefect results; they never hold
+a live client (a live paramiko object silently fails to persist, see DESIGN §2).
+"""
+
+from __future__ import annotations
+
+import shlex
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = ["PodHandle", "SSHEndpoint"]
+
+
+class SSHEndpoint(BaseModel):
+    """How to reach a pod over SSH.
+
+    Attributes:
+        host: host name or IP (``ssh.runpod.io`` for RunPod's gateway, ``127.0.0.1`` locally).
+        port: TCP port.
+        user: login user; on RunPod's gateway this is the pod's ``podHostId``
+            (``<podId>-<8 hex>``, per RunPod's docs), ``root`` for direct TCP.
+        mode: ``gateway`` (PTY only: no exec, no SFTP) or ``direct`` (full sshd).
+        host_key: the server's public host key as one OpenSSH line
+            (``ssh-ed25519 AAAA…``), pinned by the client; None until first recorded.
+    """
+
+    host: str
+    port: int = Field(ge=1, le=65535)
+    user: str
+    mode: Literal["gateway", "direct"] = "gateway"
+    host_key: str | None = None
+
+    def ssh_command(self, key_path: str = "KEY") -> str:
+        """The command a person types to get a shell on the pod (``ssh -tt …``)."""
+        return (
+            f"ssh -tt -i {shlex.quote(key_path)} -p {self.port} "
+            f"{shlex.quote(self.user)}@{self.host}"
+        )
+
+
+class PodHandle(BaseModel):
+    """A pod that exists (or existed) at a provider.
+
+    Attributes:
+        pod_id: the provider's id (RunPod's ``id``; ``lp-…`` for a local pod).
+        name: ``<prefix>-<flow_run_id>``; hooks and the reaper find pods by it.
+        provider: ``runpod`` or ``local``.
+        gpu_type: the GPU type id rented (``NVIDIA GeForce RTX 3090``), ``cpu`` locally.
+        cost_per_hr: price in USD/h (RunPod's ``costPerHr``).
+        created_at: when the provider returned the id (UTC); billing starts here.
+        ssh: the endpoint the console uses (gateway by default).
+        direct_ssh: a direct-TCP endpoint when the pod exposes 22/tcp on a public IP.
+        workdir: the pod's workspace directory (``/workspace`` on RunPod).
+        pod_host_id: RunPod's ``machine.podHostId`` (only create/resume return it).
+    """
+
+    pod_id: str
+    name: str
+    provider: Literal["runpod", "local"]
+    gpu_type: str = "cpu"
+    cost_per_hr: float = Field(default=0.0, ge=0.0)
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    ssh: SSHEndpoint | None = None
+    direct_ssh: SSHEndpoint | None = None
+    workdir: str = "/workspace"
+    pod_host_id: str | None = None
+
+    def ssh_command(self, key_path: str = "KEY") -> str:
+        """The ``ssh -tt …`` command a person types to get into this pod, or a note that
+        the endpoint is not known yet."""
+        if self.ssh is None:
+            return f"(pod {self.pod_id}: SSH endpoint not known yet)"
+        return self.ssh.ssh_command(key_path)

@@ -1,0 +1,1 @@
+"""prefect-runpod: blocks/pod_side."""

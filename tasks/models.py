@@ -1,0 +1,323 @@
+"""Stage records shared by several stages (DESIGN §2).
+
+Plain pydantic models: JSON-serialisable, safe to persist as Prefect results, and
+readable by another pipeline without our classes. Units are in the field names.
+Later work may add fields; it never renames or removes one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = [
+    "STAGES",
+    "CostReport",
+    "EnvPlan",
+    "EnvReport",
+    "HFCause",
+    "HFDiagnosis",
+    "Manifest",
+    "ManifestEntry",
+    "ParityRecordDiff",
+    "ParityReport",
+    "PythonProbe",
+    "StageRecord",
+    "StageState",
+    "TrainReport",
+    "TransferReport",
+]
+
+STAGES: tuple[str, ...] = (
+    "provision",
+    "env",
+    "hf_auth",
+    "upload",
+    "train",
+    "eval_parity",
+    "download",
+    "checksum",
+    "terminate",
+)
+"""The stage names, in run order; used everywhere (RunReport, artifacts, logs, CLI)."""
+
+
+class StageState(StrEnum):
+    """A stage's outcome. ``Skipped`` counts as passed but always carries a reason."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    SKIPPED = "Skipped"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class StageRecord(BaseModel):
+    """One stage of a run: name, state, start/end (UTC), seconds, and a reason when
+    Skipped or Failed."""
+
+    name: str
+    state: StageState = StageState.PENDING
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    seconds: float = 0.0
+    reason: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """True for Completed, or Skipped with a recorded reason."""
+        return self.state == StageState.COMPLETED or (
+            self.state == StageState.SKIPPED and bool(self.reason)
+        )
+
+
+class PythonProbe(BaseModel):
+    """One Python interpreter found on the pod and what it can import."""
+
+    path: str
+    version: str | None = None
+    torch: str | None = None
+    torch_cuda: str | None = None  # CUDA build of torch, e.g. "11.8"; None for CPU builds
+    cuda_available: bool | None = None
+    transformers: str | None = None
+    peft: str | None = None
+    trl: str | None = None
+    accelerate: str | None = None
+    transformers_torch_ok: bool | None = None  # False when transformers disabled torch
+
+
+class EnvReport(BaseModel):
+    """What the env probe found on the pod (DESIGN §8).
+
+    Attributes:
+        pythons: every interpreter candidate probed.
+        driver_version: ``nvidia-smi`` driver version, None without a GPU.
+        driver_cuda: the highest CUDA the driver supports (``CUDA Version: X.Y``).
+        gpu_name / vram_mib: the first GPU's name and memory in MiB.
+        free_disk_bytes: free bytes in the pod's workdir.
+    """
+
+    pythons: list[PythonProbe] = Field(default_factory=list)
+    driver_version: str | None = None
+    driver_cuda: str | None = None
+    gpu_name: str | None = None
+    vram_mib: int | None = None
+    free_disk_bytes: int | None = None
+
+
+class EnvPlan(BaseModel):
+    """What the env stage decided and proved.
+
+    Attributes:
+        python: the interpreter that will run training.
+        requirements: the bundle's declared requirements (pip specifiers).
+        torch_floor: the lowest torch the requirements admit (e.g. "2.4" for transformers>=5.1).
+        wheel_index: the PyTorch index chosen from the driver's CUDA (``cu118`` …), or None.
+        allowed_cuda_versions: the CUDA floor fed to RunPod's ``allowedCudaVersions``.
+        commands: exact commands applied, in order.
+        venv: the pod venv path when one was made.
+        verified: True once the re-probe proved the fix.
+        before / after: the probes around the apply.
+        notes: human-readable reasons.
+    """
+
+    python: str | None = None
+    requirements: list[str] = Field(default_factory=list)
+    torch_floor: str | None = None
+    wheel_index: str | None = None
+    allowed_cuda_versions: list[str] = Field(default_factory=list)
+    commands: list[str] = Field(default_factory=list)
+    venv: str | None = None
+    verified: bool = False
+    before: EnvReport | None = None
+    after: EnvReport | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class HFCause(StrEnum):
+    """Why Hugging Face access fails (DESIGN §8), or ``ok``."""
+
+    OK = "ok"
+    NO_TOKEN = "no_token"
+    INVALID_TOKEN = "invalid_token"
+    LICENCE_NOT_ACCEPTED = "licence_not_accepted"
+    TOKEN_SCOPE = "token_scope"
+    ACCESS_PENDING = "access_pending"
+    ACCESS_REJECTED = "access_rejected"
+    REPO_NOT_FOUND = "repo_not_found"
+    UNKNOWN = "unknown"
+
+
+class HFDiagnosis(BaseModel):
+    """One Hugging Face access diagnosis with its evidence and one remediation.
+
+    Attributes:
+        repo_id: the model/dataset repo checked.
+        cause: the decided cause.
+        where: ``local`` (preflight) or ``pod``.
+        http_status: the HTTP status seen, if any.
+        error_code: the ``X-Error-Code`` header, if any.
+        server_message: the server's message (``X-Error-Message`` or body ``error``).
+        recognised: False when the fallback rule (401→licence, 403→scope) decided.
+        remediation: one sentence saying what to do.
+        remediation_url: where to do it.
+    """
+
+    repo_id: str | None = None
+    cause: HFCause
+    where: Literal["local", "pod"] = "local"
+    http_status: int | None = None
+    error_code: str | None = None
+    server_message: str | None = None
+    recognised: bool = True
+    remediation: str = ""
+    remediation_url: str | None = None
+
+    @property
+    def blocking(self) -> bool:
+        """True when the run cannot succeed with this access."""
+        return self.cause != HFCause.OK
+
+
+class ManifestEntry(BaseModel):
+    """One file: path relative to the manifest root (POSIX separators), size in bytes,
+    md5 and sha256 hex digests."""
+
+    path: str
+    size_bytes: int = Field(ge=0)
+    md5: str
+    sha256: str
+
+
+class Manifest(BaseModel):
+    """The integrity record of a directory tree (or a single file).
+
+    Attributes:
+        root: where the files are (a local path or a pod path).
+        entries: one per file, sorted by path.
+    """
+
+    root: str
+    entries: list[ManifestEntry] = Field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of all entry sizes, in bytes."""
+        return sum(e.size_bytes for e in self.entries)
+
+
+class TransferReport(BaseModel):
+    """One upload or download.
+
+    Attributes:
+        direction: ``upload`` (local → pod) or ``download`` (pod → local).
+        method: ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
+        bytes: payload bytes moved (files' sizes, not the encoded wire bytes).
+        seconds: wall time.
+        retries: chunks/files re-sent after a drop or a mismatch.
+        source_manifest / dest_manifest: computed at each end.
+        verified: True only when both manifests match entry for entry.
+    """
+
+    direction: Literal["upload", "download"]
+    method: str
+    bytes: int = 0
+    seconds: float = 0.0
+    retries: int = 0
+    source_manifest: Manifest | None = None
+    dest_manifest: Manifest | None = None
+    verified: bool = False
+
+
+class TrainReport(BaseModel):
+    """The training run on the pod.
+
+    Attributes:
+        command: what was launched (no secrets).
+        run_dir: the pod-side run directory (log, pid and exit-code files).
+        exit_code: the process's exit code; None if it never ended.
+        seconds: wall time from launch to exit.
+        last_log_lines: the tail of the log.
+        metrics: last value of each metric seen in the log (name → float).
+        log_bytes: bytes of log streamed.
+        reconnects: console reconnects during the run.
+    """
+
+    command: str
+    run_dir: str
+    exit_code: int | None = None
+    seconds: float = 0.0
+    last_log_lines: list[str] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    log_bytes: int = 0
+    reconnects: int = 0
+
+
+class ParityRecordDiff(BaseModel):
+    """One record where the two eval paths diverge, side by side."""
+
+    id: str
+    kinds: list[str] = Field(default_factory=list)  # input_drift, parse_drift, format_violation, prediction
+    train_model_input: str | None = None
+    eval_model_input: str | None = None
+    input_diff: str | None = None
+    train_raw_output: str | None = None
+    eval_raw_output: str | None = None
+    train_prediction: str | None = None
+    eval_prediction: str | None = None
+    expected_parse: str | None = None
+    label: str | None = None
+
+
+class ParityReport(BaseModel):
+    """In-training eval vs the standalone eval (DESIGN §9).
+
+    Attributes:
+        n_records: records present on both sides.
+        missing_in_eval / missing_in_train: ids present on one side only.
+        input_drift: records whose model_input differs.
+        parse_drift: records whose prediction ≠ the format's parse of raw_output.
+        format_violations: records whose raw_output does not match the output format.
+        accuracy_train / accuracy_eval: accuracy of each path (0..1).
+        accuracy_gap: |train − eval|.
+        tolerance: the allowed gap.
+        verdict: ``pass`` or ``fail``.
+        reasons: the named drifts behind a fail.
+        first_divergent: the first divergent records side by side.
+    """
+
+    n_records: int = 0
+    missing_in_eval: list[str] = Field(default_factory=list)
+    missing_in_train: list[str] = Field(default_factory=list)
+    input_drift: int = 0
+    parse_drift: int = 0
+    format_violations: int = 0
+    accuracy_train: float = 0.0
+    accuracy_eval: float = 0.0
+    accuracy_gap: float = 0.0
+    tolerance: float = 0.02
+    verdict: Literal["pass", "fail"] = "fail"
+    reasons: list[str] = Field(default_factory=list)
+    first_divergent: list[ParityRecordDiff] = Field(default_factory=list)
+
+
+class CostReport(BaseModel):
+    """What the run cost.
+
+    Attributes:
+        cost_per_hr: USD/h (RunPod's ``costPerHr``).
+        billed_seconds: create → terminate confirmed.
+        usd: cost_per_hr × billed_seconds / 3600.
+        max_cost_usd: the budget cap, if any.
+        stage_seconds: seconds per stage.
+    """
+
+    cost_per_hr: float = 0.0
+    billed_seconds: float = 0.0
+    usd: float = 0.0
+    max_cost_usd: float | None = None
+    stage_seconds: dict[str, float] = Field(default_factory=dict)

@@ -1,0 +1,42 @@
+"""Session-wide test setup: an isolated Prefect home and pod home, and the fixture
+modules under tests/fixtures/ (one per area, so areas never edit each other's)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="prefect-runpod-tests-"))
+# Set before Prefect is imported anywhere, so settings pick them up.
+os.environ.setdefault("PREFECT_HOME", str(_SESSION_TMP / "prefect-home"))
+os.environ["PREFECT_RUNPOD_HOME"] = str(_SESSION_TMP / "runpod-home")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+pytest_plugins = sorted(
+    f"tests.fixtures.{p.stem}"
+    for p in (Path(__file__).parent / "fixtures").glob("*.py")
+    if p.stem != "__init__"
+)
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[None]:
+    """A real Prefect API server for the session (Prefect's own test harness: a
+    temporary SQLite database behind a subprocess server on a free loopback port)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def runpod_home() -> Path:
+    """The pod home every LocalPod in this session lives under."""
+    path = Path(os.environ["PREFECT_RUNPOD_HOME"])
+    path.mkdir(parents=True, exist_ok=True)
+    return path
