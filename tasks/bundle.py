@@ -1,0 +1,111 @@
+"""The training bundle: a directory with the job's code, data and a ``bundle.toml``.
+
+``bundle.toml`` declares how the job runs on the pod::
+
+    [job]
+    train = "{python} -u train.py --out outputs"          # launched detached on the pod
+    eval = "{python} -u eval.py --out outputs/eval_standalone.jsonl"  # the user's own eval
+    outputs = "outputs"                                    # downloaded after training
+    train_eval_jsonl = "outputs/eval_train.jsonl"          # in-training eval, JSONL
+    standalone_eval_jsonl = "outputs/eval_standalone.jsonl"
+    output_format = "<output>(.*?)</output>"               # what the model was trained to emit
+    requirements = []                                      # pip specifiers; drive the env stage
+    model_id = ""                                          # Hugging Face repo, "" for none
+
+``{python}`` is replaced by the interpreter the env stage chose. Paths are relative to
+the bundle root (the pod-side bundle directory when run there).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path, PurePosixPath
+
+from pydantic import BaseModel, Field, field_validator
+
+from prefect_runpod.blocks.exceptions import SpecError
+
+__all__ = ["BUNDLE_FILE", "BundleSpec", "load_bundle"]
+
+BUNDLE_FILE = "bundle.toml"
+
+
+class BundleSpec(BaseModel):
+    """The ``[job]`` table of a bundle (see the module docstring for the file format).
+
+    Attributes:
+        root: the local bundle directory (absolute).
+        train: training command template (``{python}`` placeholder allowed).
+        eval: standalone eval command template, or "" for none.
+        outputs: relative directory downloaded after training (checkpoint, eval JSONL).
+        train_eval_jsonl / standalone_eval_jsonl: relative paths of the two eval JSONL files.
+        output_format: regex with one group: the label the model emits.
+        requirements: pip requirement specifiers the job needs.
+        model_id: Hugging Face repo id the job downloads, "" for none.
+    """
+
+    root: str
+    train: str
+    eval: str = ""
+    outputs: str = "outputs"
+    train_eval_jsonl: str = "outputs/eval_train.jsonl"
+    standalone_eval_jsonl: str = "outputs/eval_standalone.jsonl"
+    output_format: str = "<output>(.*?)</output>"
+    requirements: list[str] = Field(default_factory=list)
+    model_id: str = ""
+
+    @field_validator("outputs", "train_eval_jsonl", "standalone_eval_jsonl")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if path.is_absolute() or ".." in path.parts or not value.strip():
+            raise ValueError(f"{value!r} must be a relative path inside the bundle")
+        return value
+
+    @field_validator("output_format")
+    @classmethod
+    def _one_group(cls, value: str) -> str:
+        try:
+            compiled = re.compile(value, re.DOTALL)
+        except re.error as exc:
+            raise ValueError(f"output_format {value!r} is not a valid regex: {exc}") from exc
+        if compiled.groups != 1:
+            raise ValueError(f"output_format {value!r} must have exactly one capture group")
+        return value
+
+    def command(self, template: str, python: str) -> str:
+        """A command template with ``{python}`` replaced by the chosen interpreter."""
+        return template.replace("{python}", python)
+
+
+def load_bundle(path: str | Path) -> BundleSpec:
+    """Read and validate ``<path>/bundle.toml``.
+
+    Args:
+        path: the bundle directory.
+
+    Returns:
+        The validated ``BundleSpec`` with ``root`` set to the absolute directory.
+
+    Raises:
+        SpecError: when the directory or its ``bundle.toml`` is missing, unreadable, or
+            invalid (the message names the file and the field).
+    """
+    root = Path(path).expanduser().resolve()
+    spec_file = root / BUNDLE_FILE
+    if not root.is_dir():
+        raise SpecError(f"bundle directory {root} does not exist; pass --bundle DIR")
+    if not spec_file.is_file():
+        raise SpecError(f"{spec_file} is missing: a bundle declares its job in {BUNDLE_FILE}")
+    try:
+        data = tomllib.loads(spec_file.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{spec_file} cannot be read: {exc}") from exc
+    job = data.get("job")
+    if not isinstance(job, dict) or not job.get("train"):
+        raise SpecError(f"{spec_file} needs a [job] table with a 'train' command")
+    try:
+        return BundleSpec(root=str(root), **job)
+    except ValueError as exc:
+        raise SpecError(f"{spec_file} is invalid: {exc}") from exc
