@@ -1,0 +1,282 @@
+"""The ``prefect-runpod`` command line.
+
+    prefect-runpod finetune [options]     run the fine-tune (local pod + demo bundle by default)
+    prefect-runpod pods                   list live pods with our name prefix
+    prefect-runpod terminate POD_ID       terminate a pod (idempotent, confirmed)
+    prefect-runpod reaper                 run the reaper flow once
+
+Secrets are never taken as arguments (they would land in shell history and
+``/proc/*/cmdline``): the Hugging Face token is read from the environment variable
+named by ``--hf-token-env`` (default ``HF_TOKEN``), RunPod's key from blocks or
+``RUNPOD_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``prefect-runpod`` (every option documented in ``--help``)."""
+    parser = argparse.ArgumentParser(
+        prog="prefect-runpod",
+        description="Run a fine-tune on a RunPod GPU pod (or the embedded local pod) end to "
+        "end with Prefect: provision, env, hf_auth, upload, train, eval_parity, download, "
+        "checksum, terminate. The pod is always terminated.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ft = sub.add_parser(
+        "finetune",
+        help="run the fine-tune flow",
+        description="Run the fine-tune flow. With no options: the demo bundle on a local pod "
+        "(a loopback SSH server that behaves like RunPod's PTY-only gateway). Exit status 0 "
+        "only when every stage passed and the pod is confirmed terminated.",
+    )
+    ft.add_argument("--bundle", help="bundle directory with bundle.toml (default: the demo bundle)")
+    ft.add_argument(
+        "--provider",
+        choices=["local", "runpod"],
+        default="local",
+        help="where the pod runs: the embedded local pod (default) or RunPod",
+    )
+    ft.add_argument(
+        "--model-id", help="Hugging Face repo the job downloads; checked before any spend"
+    )
+    ft.add_argument(
+        "--hf-token-env",
+        default="HF_TOKEN",
+        metavar="VAR",
+        help="environment variable holding the Hugging Face token (default HF_TOKEN)",
+    )
+    ft.add_argument("--hf-endpoint", help="Hugging Face Hub endpoint (default huggingface.co)")
+    ft.add_argument(
+        "--transfer",
+        default="auto",
+        choices=["auto", "pty", "sftp", "s3", "runpodctl"],
+        help="file transfer method (auto: pty through the gateway, sftp in direct mode)",
+    )
+    ft.add_argument(
+        "--max-cost-usd", type=float, help="budget cap in USD: reaching it ends the run"
+    )
+    ft.add_argument(
+        "--max-runtime-seconds",
+        type=float,
+        default=3600.0,
+        help="training runtime cap in seconds (default 3600)",
+    )
+    ft.add_argument(
+        "--parity-tolerance",
+        type=float,
+        default=0.02,
+        help="allowed accuracy gap between in-training and standalone eval (default 0.02)",
+    )
+    ft.add_argument(
+        "--parity-warn-only",
+        action="store_true",
+        help="record an eval-parity failure without failing the run",
+    )
+    ft.add_argument(
+        "--keep-pod-on-failure",
+        action="store_true",
+        help="leave the pod up after a failure for inspection (dead-man lifetime applies)",
+    )
+    ft.add_argument("--name-prefix", default="prft", help="pods are named <prefix>-<flow_run_id>")
+    ft.add_argument(
+        "--local-mode",
+        choices=["gateway", "direct"],
+        default="gateway",
+        help="local pod SSH mode: gateway (PTY only, like RunPod) or direct (exec+SFTP)",
+    )
+    ft.add_argument(
+        "--local-cost-per-hr",
+        type=float,
+        default=0.0,
+        help="pretend price of the local pod in USD/h, to rehearse costs (e.g. 0.22)",
+    )
+    ft.add_argument(
+        "--output-dir",
+        help="where outputs and run-report.json go (default ./prefect-runpod-runs/<flow_run_id>)",
+    )
+    ft.add_argument(
+        "--concurrency-limit", help="Prefect global concurrency limit capping live pods"
+    )
+    ft.add_argument(
+        "--heartbeat-stale-seconds",
+        type=float,
+        default=900.0,
+        help="dead-man switch: the pod removes itself when the flow's heartbeat is older",
+    )
+    ft.add_argument(
+        "--pod-lifetime-seconds",
+        type=float,
+        default=6 * 3600.0,
+        help="dead-man switch: hard cap on the pod's life in seconds",
+    )
+    ft.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
+    ft.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
+    ft.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
+    ft.add_argument(
+        "--json", action="store_true", help="print the RunReport as JSON instead of the summary"
+    )
+
+    pods = sub.add_parser("pods", help="list live pods with a name prefix")
+    _provider_args(pods)
+
+    term = sub.add_parser("terminate", help="terminate a pod by id or name (idempotent, confirmed)")
+    term.add_argument("pod_id", nargs="?", help="the pod id")
+    term.add_argument("--name", help="terminate the pod with this name instead")
+    _provider_args(term)
+
+    reap = sub.add_parser("reaper", help="run the reaper once: terminate orphaned pods")
+    _provider_args(reap)
+    reap.add_argument(
+        "--ttl-seconds", type=float, default=12 * 3600.0, help="terminate any pod older than this"
+    )
+    return parser
+
+
+def _provider_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--provider",
+        choices=["local", "runpod"],
+        default="local",
+        help="local pods (default) or RunPod",
+    )
+    p.add_argument("--name-prefix", default="prft", help="pod name prefix (default prft)")
+    p.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
+    p.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
+    p.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
+
+
+def _provider_params(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "provider": args.provider,
+        "runpod_credentials_block": args.runpod_credentials,
+        "runpod_spec_block": args.runpod_spec,
+        "ssh_key_block": args.ssh_key,
+    }
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    from prefect_runpod.flows.finetune import finetune
+    from prefect_runpod.flows.report import RunReport, render_summary
+    from pydantic import SecretStr
+
+    token = os.environ.get(args.hf_token_env) or None
+    state = finetune(
+        bundle=args.bundle,
+        provider=args.provider,
+        model_id=args.model_id,
+        hf_token=SecretStr(token) if token else None,
+        hf_endpoint=args.hf_endpoint,
+        transfer_method=args.transfer,
+        max_cost_usd=args.max_cost_usd,
+        max_runtime_seconds=args.max_runtime_seconds,
+        parity_tolerance=args.parity_tolerance,
+        parity_warn_only=args.parity_warn_only,
+        keep_pod_on_failure=args.keep_pod_on_failure,
+        name_prefix=args.name_prefix,
+        local_cost_per_hr=args.local_cost_per_hr,
+        local_mode=args.local_mode,
+        output_dir=args.output_dir,
+        concurrency_limit=args.concurrency_limit,
+        heartbeat_stale_seconds=args.heartbeat_stale_seconds,
+        pod_lifetime_seconds=args.pod_lifetime_seconds,
+        runpod_credentials_block=args.runpod_credentials,
+        runpod_spec_block=args.runpod_spec,
+        ssh_key_block=args.ssh_key,
+        return_state=True,
+    )
+    run_id = str(state.state_details.flow_run_id)
+    out = (
+        Path(args.output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()
+    )
+    report_file = out / "run-report.json"
+    if not report_file.is_file():
+        print(
+            f"the run ended {state.type.value} before writing a report: {state.message}",
+            file=sys.stderr,
+        )
+        return 1
+    data = json.loads(report_file.read_text())
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print()
+        print(render_summary(RunReport.model_validate(data)))
+        print(f"report       {report_file}")
+    return 0 if (state.is_completed() and data.get("passed")) else 1
+
+
+def _cmd_pods(args: argparse.Namespace) -> int:
+    from prefect_runpod.flows.providers import build_provider
+
+    provider, _ = build_provider(_provider_params(args))
+    pods = provider.list(args.name_prefix)
+    for h in pods:
+        print(
+            f"{h.pod_id}\t{h.name}\t{h.gpu_type}\t{h.cost_per_hr:.2f} USD/h\t{h.created_at.isoformat()}"
+        )
+    if not pods:
+        print(f"no live pods with prefix {args.name_prefix!r}", file=sys.stderr)
+    return 0
+
+
+def _cmd_terminate(args: argparse.Namespace) -> int:
+    from prefect_runpod.flows.providers import build_provider
+    from prefect_runpod.tasks.terminate import terminate_by_name, terminate_pod
+
+    if not args.pod_id and not args.name:
+        print("give a POD_ID or --name NAME", file=sys.stderr)
+        return 2
+    provider, _ = build_provider(_provider_params(args))
+    if args.name:
+        result = terminate_by_name(provider, args.name)
+        if result is None:
+            print(f"no live pod named {args.name}")
+            return 0
+    else:
+        result = terminate_pod(provider, args.pod_id)
+    gone = "was already gone" if result.already_gone else "terminated"
+    print(f"{result.pod_id} {gone} (confirmed {result.confirmed_at.isoformat()})")
+    return 0
+
+
+def _cmd_reaper(args: argparse.Namespace) -> int:
+    from prefect_runpod.flows.reaper import reaper
+
+    result = reaper(
+        provider=args.provider, name_prefix=args.name_prefix, ttl_seconds=args.ttl_seconds
+    )
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``prefect-runpod``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from prefect_runpod.blocks.exceptions import RunPodFlowError
+
+    try:
+        return {
+            "finetune": _cmd_finetune,
+            "pods": _cmd_pods,
+            "terminate": _cmd_terminate,
+            "reaper": _cmd_reaper,
+        }[args.command](args)
+    except RunPodFlowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

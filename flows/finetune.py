@@ -1,0 +1,435 @@
+"""The fine-tune flow: provision → env → hf_auth → upload → train → eval_parity →
+download → checksum → terminate, with terminate guaranteed (DESIGN §1, §7).
+
+Stages run inline in the flow's main thread, so SIGTERM and cancellation reach the
+``finally`` at once. The RunReport is the persisted (JSON) result; it is also written to
+``<output_dir>/run-report.json`` whatever the outcome.
+
+Run it: ``prefect-runpod finetune`` or ``python -m prefect_runpod.flows.finetune``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.context import get_run_context
+from prefect.logging.loggers import flow_run_logger
+from prefect_runpod.blocks.exceptions import BudgetExceededError, EvalParityError
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
+from prefect_runpod.flows.artifacts import publish_cost_artifact, publish_model_link
+from prefect_runpod.flows.providers import build_provider
+from prefect_runpod.flows.report import RunReport
+from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
+from prefect_runpod.tasks.models import StageState
+from prefect_runpod.tasks.preflight import preflight, validate_settings
+from prefect_runpod.tasks.provision import prepare_pod, provision
+from prefect_runpod.tasks.terminate import terminate, terminate_by_name
+from pydantic import SecretStr
+
+__all__ = ["demo_bundle", "finetune", "pod_name_for"]
+
+def demo_bundle() -> Path:
+    """The stdlib-only demo bundle shipped with the project (used when no bundle is given);
+    installed as the package ``prefect_runpod.examples.demo``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("prefect_runpod.examples.demo")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            if (Path(location) / "bundle.toml").is_file():
+                return Path(location)
+    return Path(__file__).resolve().parent.parent / "examples" / "demo"
+
+_READY_TIMEOUT_SECONDS = 600.0
+"""RunPod can take minutes to pull a large image (dstack allows 20 min); the local pod ~1 s."""
+
+
+def pod_name_for(name_prefix: str, flow_run_id: str) -> str:
+    """The pod name hooks and the reaper find a run's pod by: ``<prefix>-<flow_run_id>``."""
+    return f"{name_prefix}-{flow_run_id}"
+
+
+def _terminate_hook(flow_obj: Any, flow_run: Any, state: Any) -> None:
+    """``on_crashed`` / ``on_cancellation``: find the pod by name from the flow run alone
+    (hooks may run in the runner's process, with none of the flow's memory) and terminate
+    it. Idempotent, so running after the flow's own ``finally`` is harmless."""
+    logger = flow_run_logger(flow_run, flow_obj)
+    params = dict(flow_run.parameters or {})
+    if params.get("keep_pod_on_failure"):
+        logger.warning("keep_pod_on_failure is set: the pod is left for inspection")
+        return
+    name = pod_name_for(params.get("name_prefix", "prft"), str(flow_run.id))
+    try:
+        provider, _ = build_provider(params)
+        terminate_by_name(provider, name, logger)
+    except Exception as exc:  # a hook must never raise; say what to do instead
+        logger.error(
+            "could not terminate pod %s from the %s hook (%s); run `prefect-runpod "
+            "terminate --name %s` or the reaper flow",
+            name,
+            state.type.value if state else "?",
+            type(exc).__name__,
+            name,
+        )
+
+
+def _flow_run_id() -> str:
+    ctx = get_run_context()
+    run = getattr(ctx, "flow_run", None)
+    return str(run.id) if run is not None else uuid.uuid4().hex
+
+
+class _Budget:
+    """Projected spend vs ``max_cost_usd``: price × seconds since create."""
+
+    def __init__(self, max_cost_usd: float | None):
+        self.max_cost_usd = max_cost_usd
+        self.handle: PodHandle | None = None
+
+    def projected_usd(self) -> float:
+        if self.handle is None:
+            return 0.0
+        seconds = (datetime.now(UTC) - self.handle.created_at).total_seconds()
+        return self.handle.cost_per_hr * seconds / 3600.0
+
+    def reason(self) -> str | None:
+        """A sentence when the budget is spent, else None."""
+        if self.max_cost_usd is None or self.handle is None:
+            return None
+        spent = self.projected_usd()
+        if spent >= self.max_cost_usd:
+            return (
+                f"projected spend {spent:.4f} USD reached max_cost_usd {self.max_cost_usd:.4f} USD "
+                f"(pod {self.handle.pod_id} at {self.handle.cost_per_hr:.2f} USD/h)"
+            )
+        return None
+
+    def check(self) -> None:
+        """Raise ``BudgetExceededError`` when the budget is spent."""
+        why = self.reason()
+        if why:
+            raise BudgetExceededError(why, pod_id=self.handle.pod_id if self.handle else None)
+
+
+@flow(
+    name="runpod-finetune",
+    persist_result=True,
+    result_serializer="json",
+    on_crashed=[_terminate_hook],
+    on_cancellation=[_terminate_hook],
+    validate_parameters=True,
+)
+def finetune(
+    bundle: str | None = None,
+    provider: Literal["local", "runpod"] = "local",
+    model_id: str | None = None,
+    hf_token: SecretStr | None = None,
+    hf_endpoint: str | None = None,
+    transfer_method: str = "auto",
+    max_cost_usd: float | None = None,
+    max_runtime_seconds: float = 3600.0,
+    parity_tolerance: float = 0.02,
+    parity_warn_only: bool = False,
+    keep_pod_on_failure: bool = False,
+    name_prefix: str = "prft",
+    local_cost_per_hr: float = 0.0,
+    local_mode: Literal["gateway", "direct"] = "gateway",
+    output_dir: str | None = None,
+    concurrency_limit: str | None = None,
+    heartbeat_stale_seconds: float = 900.0,
+    pod_lifetime_seconds: float = 6 * 3600.0,
+    runpod_credentials_block: str | None = None,
+    runpod_spec_block: str | None = None,
+    ssh_key_block: str | None = None,
+) -> dict[str, Any]:
+    """Fine-tune a bundle on a pod end to end and always terminate the pod.
+
+    Args:
+        bundle: the bundle directory (with ``bundle.toml``); default the demo bundle.
+        provider: ``local`` (the embedded local pod) or ``runpod``.
+        model_id: Hugging Face repo the job downloads (default: the bundle's); checked
+            locally before any spend and again on the pod.
+        hf_token: Hugging Face token (a secret: never logged, typed hidden into the PTY).
+        hf_endpoint: Hub endpoint (default huggingface.co).
+        transfer_method: ``auto``, ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
+        max_cost_usd: budget cap in USD; reaching it ends the run and terminates the pod.
+        max_runtime_seconds: training runtime cap in seconds.
+        parity_tolerance: allowed accuracy gap between in-training and standalone eval.
+        parity_warn_only: record a parity failure without failing the run.
+        keep_pod_on_failure: leave the pod up after a failure for inspection (the dead-man
+            lifetime still ends it).
+        name_prefix: pods are named ``<name_prefix>-<flow_run_id>``.
+        local_cost_per_hr: the local pod's pretend price in USD/h (a rehearsal's cost).
+        local_mode: the local pod's SSH mode: ``gateway`` (PTY only, like RunPod) or ``direct``.
+        output_dir: where downloads and ``run-report.json`` go (default
+            ``./prefect-runpod-runs/<flow_run_id>``).
+        concurrency_limit: a Prefect global concurrency limit (e.g. ``runpod-gpu``) that
+            caps how many pods live at once.
+        heartbeat_stale_seconds / pod_lifetime_seconds: the pod-side dead-man switch.
+        runpod_credentials_block / runpod_spec_block / ssh_key_block: saved block names
+            for ``provider="runpod"``.
+
+    Returns:
+        The RunReport as JSON data (``stages``, ``pod_id``, ``cost``, ``manifest``, ``parity``…).
+
+    Raises:
+        SpecError / HFAuthError before any pod exists; the failing stage's error otherwise
+        (after the pod is terminated); EvalParityError after download when parity fails.
+    """
+    logger = get_run_logger()
+    run_id = _flow_run_id()
+    out = Path(output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()
+    report = RunReport(
+        flow_run_id=run_id,
+        pod_name=pod_name_for(name_prefix, run_id),
+        provider=provider,
+        output_dir=str(out),
+    )
+    report.cost.max_cost_usd = max_cost_usd
+    params = {
+        "provider": provider,
+        "local_mode": local_mode,
+        "local_cost_per_hr": local_cost_per_hr,
+        "runpod_credentials_block": runpod_credentials_block,
+        "runpod_spec_block": runpod_spec_block,
+        "ssh_key_block": ssh_key_block,
+    }
+    budget = _Budget(max_cost_usd)
+    pod_provider = None
+    deferred: BaseException | None = None
+
+    def on_stage(name: str, state: StageState) -> None:
+        logger.info("stage %-11s %s", name, state.value)
+
+    try:
+        with run_stage(report, "preflight", on_stage):
+            settings = validate_settings(
+                bundle=bundle or demo_bundle(),
+                provider=provider,
+                model_id=model_id,
+                transfer_method=transfer_method,
+                max_cost_usd=max_cost_usd,
+                max_runtime_seconds=max_runtime_seconds,
+                name_prefix=name_prefix,
+                output_dir=out,
+                parity_tolerance=parity_tolerance,
+            )
+            report.hf.extend(preflight(settings, hf_token, hf_endpoint))
+            pod_provider, keypair = build_provider(params)
+        with ExitStack() as holds:
+            if concurrency_limit:
+                from prefect.concurrency.sync import concurrency
+
+                holds.enter_context(concurrency(concurrency_limit, occupy=1, strict=True))
+            deferred = _run_on_pod(
+                report,
+                settings,
+                pod_provider,
+                keypair,
+                budget,
+                on_stage,
+                hf_token=hf_token,
+                hf_endpoint=hf_endpoint,
+                parity_tolerance=parity_tolerance,
+                parity_warn_only=parity_warn_only,
+                deadman=DeadmanConfig(
+                    heartbeat_stale_seconds=heartbeat_stale_seconds,
+                    lifetime_seconds=pod_lifetime_seconds,
+                ),
+                keep_pod_on_failure=keep_pod_on_failure,
+            )
+    except BaseException as exc:
+        report.error = report.error or f"{type(exc).__name__}: {str(exc).strip()[:400]}"
+        raise
+    finally:
+        _finish(report, pod_provider, budget, keep_pod_on_failure, on_stage)
+    if deferred is not None:
+        report.error = f"{type(deferred).__name__}: {deferred}"
+        _write_report(report)
+        raise deferred
+    return report.to_json_dict()
+
+
+def _run_on_pod(  # noqa: PLR0913 - the stages need these
+    report: RunReport,
+    settings: Any,
+    pod_provider: Any,
+    keypair: Any,
+    budget: _Budget,
+    on_stage: Any,
+    *,
+    hf_token: SecretStr | None,
+    hf_endpoint: str | None,
+    parity_tolerance: float,
+    parity_warn_only: bool,
+    deadman: DeadmanConfig,
+    keep_pod_on_failure: bool,
+) -> BaseException | None:
+    """Provision … checksum. Returns a deferred error (parity) to raise after download."""
+    from prefect_runpod.tasks.checksum import checksum
+    from prefect_runpod.tasks.download import download
+    from prefect_runpod.tasks.env import env as env_stage
+    from prefect_runpod.tasks.eval_parity import eval_parity
+    from prefect_runpod.tasks.hf_auth import hf_auth
+    from prefect_runpod.tasks.train import train
+    from prefect_runpod.tasks.upload import upload
+
+    logger = get_run_logger()
+    bundle = settings.bundle
+    key = keypair.private_key
+    out = Path(settings.output_dir)
+
+    def record(handle: PodHandle) -> None:
+        report.pod_id = handle.pod_id
+        report.pod = handle
+        report.cost.cost_per_hr = handle.cost_per_hr
+        budget.handle = handle
+
+    with run_stage(report, "provision", on_stage):
+        request = PodRequest(public_key=keypair.public_key, deadman=deadman)
+        try:
+            handle = provision(
+                pod_provider, request, report.pod_name, _READY_TIMEOUT_SECONDS, record
+            )
+        finally:
+            report.provision_attempts = list(getattr(pod_provider, "attempts", []) or [])
+        record(handle)
+        report.ssh_command = handle.ssh_command("<your key>")
+        run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
+        tools_dir = prepare_pod(handle, key, run_dir, deadman)
+        print(f"pod {handle.pod_id} is up; get in with: {report.ssh_command}", flush=True)
+    remote_bundle = f"{run_dir}/bundle"
+
+    with run_stage(report, "env", on_stage):
+        budget.check()
+        plan = env_stage(handle, key, bundle.requirements, tools_dir)
+        report.env = plan
+    python = report.env.python if report.env and report.env.python else "python3"
+
+    with run_stage(report, "hf_auth", on_stage):
+        if settings.model_id is None:
+            raise StageSkipped("no model id: the bundle downloads nothing from the Hub")
+        report.hf.append(
+            hf_auth(handle, key, settings.model_id, hf_token, hf_endpoint, tools_dir, python)
+        )
+
+    with run_stage(report, "upload", on_stage):
+        budget.check()
+        report.upload = upload(
+            handle, key, Path(bundle.root), remote_bundle, settings.transfer_method
+        )
+
+    with run_stage(report, "train", on_stage):
+        budget.check()
+        report.train = train(
+            handle,
+            key,
+            run_dir=run_dir,
+            command=bundle.command(bundle.train, python),
+            tools_dir=tools_dir,
+            max_runtime_seconds=settings.max_runtime_seconds,
+            should_stop=budget.reason,
+        )
+
+    deferred: BaseException | None = None
+    with run_stage(report, "eval_parity", on_stage):
+        if not bundle.eval:
+            raise StageSkipped("the bundle declares no standalone eval command")
+        try:
+            report.parity = eval_parity(
+                handle,
+                key,
+                remote_bundle=remote_bundle,
+                eval_command=bundle.command(bundle.eval, python),
+                train_jsonl=bundle.train_eval_jsonl,
+                eval_jsonl=bundle.standalone_eval_jsonl,
+                output_format=bundle.output_format,
+                local_dir=out / "parity",
+                tolerance=parity_tolerance,
+                warn_only=parity_warn_only,
+                transfer_method=settings.transfer_method,
+            )
+        except EvalParityError as exc:
+            # DESIGN §9: a parity failure fails the run *after* download, artifacts kept.
+            report.parity = exc.report  # type: ignore[assignment]
+            deferred = exc
+            logger.error("eval parity failed; downloading outputs before failing the run")
+    if deferred is not None:
+        report.stage("eval_parity").state = StageState.FAILED
+        report.stage("eval_parity").reason = f"EvalParityError: {deferred}"[:500]
+
+    with run_stage(report, "download", on_stage):
+        budget.check()
+        report.download = download(
+            handle,
+            key,
+            f"{remote_bundle}/{bundle.outputs}",
+            out / "outputs",
+            settings.transfer_method,
+        )
+
+    with run_stage(report, "checksum", on_stage):
+        report.manifest = checksum(out / "outputs", report.download.source_manifest)
+    return deferred
+
+
+def _finish(
+    report: RunReport, pod_provider: Any, budget: _Budget, keep_pod_on_failure: bool, on_stage: Any
+) -> None:
+    """Terminate (unless kept), compute the cost, publish artifacts, write the report."""
+    logger = get_run_logger()
+    failed = any(s.state in (StageState.FAILED, StageState.CANCELLED) for s in report.stages)
+    if report.pod_id and pod_provider is not None:
+        if keep_pod_on_failure and failed:
+            report.stage("terminate").state = StageState.SKIPPED
+            report.stage("terminate").reason = (
+                f"kept for inspection (keep_pod_on_failure); still billing until "
+                f"`prefect-runpod terminate {report.pod_id}` or the dead-man lifetime"
+            )
+        else:
+            try:
+                with run_stage(report, "terminate", on_stage):
+                    result = terminate(pod_provider, report.pod_id)
+                    report.terminated = True
+                    assert report.pod is not None
+                    billed = (result.confirmed_at - report.pod.created_at).total_seconds()
+                    report.cost.billed_seconds = round(max(billed, 0.0), 3)
+            except BaseException as exc:  # never mask the run's own error
+                logger.error("%s: terminate failed: %s", report.pod_id, exc)
+                report.error = report.error or f"terminate failed: {exc}"
+    elif report.pod_id is None:
+        report.stage("terminate").state = StageState.SKIPPED
+        report.stage("terminate").reason = "no pod was created"
+    if report.pod is not None and not report.terminated:
+        # Still billing (kept or unconfirmed): count until now, and say so.
+        report.cost.billed_seconds = round(
+            (datetime.now(UTC) - report.pod.created_at).total_seconds(), 3
+        )
+    report.cost.usd = round(report.cost.cost_per_hr * report.cost.billed_seconds / 3600.0, 8)
+    try:
+        publish_cost_artifact(report)
+        publish_model_link(report)
+    except Exception as exc:
+        logger.warning("could not publish the finetune-costs artifact: %s", exc)
+    _write_report(report)
+
+
+def _write_report(report: RunReport) -> None:
+    if not report.output_dir:
+        return
+    path = Path(report.output_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "run-report.json").write_text(json.dumps(report.to_json_dict(), indent=2))
+
+
+if __name__ == "__main__":
+    from prefect_runpod.flows.cli import main
+
+    raise SystemExit(main(["finetune", *__import__("sys").argv[1:]]))

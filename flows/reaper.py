@@ -1,0 +1,323 @@
+"""The reaper: the last layer of guaranteed termination (DESIGN §7, layer 4).
+
+A scheduled flow that lists the pods carrying our name prefix, reads the flow run each
+pod belongs to (the pod is named ``<prefix>-<flow_run_id>``), and terminates the pods
+no live run stands behind:
+
+- the run is finished (Completed, Failed, Crashed, Cancelled) yet its pod still lives;
+- the run is unknown to the Prefect API (deleted, or never existed), past a short grace;
+- the run still says Running (or Pending, Paused, Cancelling…) but nothing has been heard
+  from it for ``stale_running_seconds``: no state change and no
+  ``prefect.flow-run.heartbeat`` event. A SIGKILLed script run stays Running forever on
+  a self-hosted server, so the state alone is not proof of life;
+- the pod is older than ``ttl_seconds``, whatever its run says.
+
+The decision is the pure function ``decide_reap``; the flow only gathers facts, asks it,
+terminates, and records a ``reaper-report`` table artifact.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+from uuid import UUID
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.events.filters import (
+    EventFilter,
+    EventNameFilter,
+    EventOccurredFilter,
+    EventResourceFilter,
+)
+from prefect.exceptions import ObjectNotFound
+from prefect_runpod.blocks.exceptions import ProviderError, SpecError, TerminateError
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import PodProvider
+from prefect_runpod.tasks.terminate import terminate_pod
+from pydantic import BaseModel
+
+__all__ = [
+    "FINISHED_STATE_TYPES",
+    "HEARTBEAT_EVENT",
+    "ReapDecision",
+    "RunSnapshot",
+    "build_provider",
+    "decide_reap",
+    "flow_run_id_from_pod_name",
+    "read_run_snapshot",
+    "reaper",
+]
+
+FINISHED_STATE_TYPES: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CRASHED", "CANCELLED"})
+"""Prefect state types after which a run never touches its pod again."""
+
+HEARTBEAT_EVENT = "prefect.flow-run.heartbeat"
+"""The event a running flow emits every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds
+(180 s by default, 30 s at least)."""
+
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+class RunSnapshot(BaseModel):
+    """What the Prefect API says about a pod's flow run, reduced to what the reaper needs.
+
+    Attributes:
+        flow_run_id: the run's id.
+        state_type: the Prefect state type (``RUNNING``, ``COMPLETED``, …).
+        state_name: the state's display name (``Running``, ``Crashed``, ``AwaitingRetry``…).
+        last_seen_at: the latest sign of life (UTC): the newest of the state's timestamp
+            and the run's last heartbeat event.
+    """
+
+    flow_run_id: str
+    state_type: str
+    state_name: str
+    last_seen_at: datetime
+
+
+class ReapDecision(BaseModel):
+    """One row of the reaper's report.
+
+    Attributes:
+        pod_id / pod_name: the pod.
+        flow_run_id: the run parsed from the name, or None when the name carries none.
+        run_state: the run's state name, ``unknown`` when the API has no such run,
+            ``-`` when the name carries no run id.
+        age_seconds: the pod's age when decided.
+        reap: True when the pod was (to be) terminated.
+        reason: why, in one line.
+        terminated: True once the provider confirmed the pod gone.
+        error: the terminate error, when terminate failed.
+    """
+
+    pod_id: str
+    pod_name: str
+    flow_run_id: str | None
+    run_state: str
+    age_seconds: float
+    reap: bool
+    reason: str
+    terminated: bool = False
+    error: str | None = None
+
+
+def flow_run_id_from_pod_name(name: str, name_prefix: str) -> UUID | None:
+    """The flow run id in a pod name ``<name_prefix>-<flow_run_id>``, or None when the
+    name has another prefix or its rest is not a UUID."""
+    head = f"{name_prefix}-"
+    if not name.startswith(head):
+        return None
+    rest = name[len(head) :].lower()
+    if not _UUID_RE.match(rest):
+        return None
+    return UUID(rest)
+
+
+def decide_reap(
+    pod: PodHandle,
+    run: RunSnapshot | None,
+    now: datetime,
+    *,
+    name_prefix: str = "prft",
+    ttl_seconds: float | None = 24 * 3600.0,
+    stale_running_seconds: float = 900.0,
+    grace_seconds: float = 60.0,
+) -> tuple[bool, str]:
+    """Decide whether one pod must be terminated. Pure: no I/O.
+
+    Rules, first match wins:
+
+    1. older than ``ttl_seconds`` (None: no TTL) → reap;
+    2. the name carries no flow run id → keep (not a run's pod; only the TTL applies);
+    3. no such run (``run`` is None) → reap, unless younger than ``grace_seconds``;
+    4. run finished (Completed/Failed/Crashed/Cancelled) → reap;
+    5. run not finished but silent (no state change, no heartbeat) for more than
+       ``stale_running_seconds`` → reap (a SIGKILLed run stays Running);
+    6. otherwise keep.
+
+    Args:
+        pod: the pod as the provider lists it (``created_at`` in UTC).
+        run: the pod's flow run, or None when the API does not know it.
+        now: the current time (UTC).
+        name_prefix: the prefix pods are named with.
+        ttl_seconds: the hard maximum pod age in seconds, or None for none.
+        stale_running_seconds: silence after which an unfinished run counts as dead; keep
+            it well above the heartbeat interval (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``).
+        grace_seconds: how long a pod whose run is unknown is spared.
+
+    Returns:
+        ``(reap, reason)`` with a one-line reason.
+    """
+    age = (now - pod.created_at).total_seconds()
+    if ttl_seconds is not None and age > ttl_seconds:
+        return True, f"pod is {age:.0f} s old, past the TTL of {ttl_seconds:.0f} s"
+    if flow_run_id_from_pod_name(pod.name, name_prefix) is None:
+        return False, "name carries no flow run id; only the TTL applies"
+    if run is None:
+        if age < grace_seconds:
+            return (
+                False,
+                f"flow run unknown but pod only {age:.0f} s old (grace {grace_seconds:.0f} s)",
+            )
+        return True, "flow run unknown to the Prefect API"
+    if run.state_type.upper() in FINISHED_STATE_TYPES:
+        return True, f"flow run is {run.state_name} yet its pod still lives"
+    silent = (now - run.last_seen_at).total_seconds()
+    if silent > stale_running_seconds:
+        return True, (
+            f"flow run says {run.state_name} but was silent for {silent:.0f} s "
+            f"(> {stale_running_seconds:.0f} s: no heartbeat, process likely killed)"
+        )
+    return False, f"flow run {run.state_name}, last seen {silent:.0f} s ago"
+
+
+def build_provider(provider: str) -> PodProvider:
+    """The provider named ``local`` or ``runpod`` with its default settings.
+
+    ``runpod`` reads its API key the way ``RunPodProvider`` does by default (its block or
+    ``RUNPOD_API_KEY``).
+
+    Raises:
+        SpecError: for another name.
+    """
+    if provider == "local":
+        from prefect_runpod.blocks.local_pod import LocalPodProvider
+
+        return LocalPodProvider()
+    if provider == "runpod":
+        from prefect_runpod.blocks.runpod_provider import RunPodProvider
+
+        return RunPodProvider()  # type: ignore[call-arg]
+    raise SpecError(f"unknown provider {provider!r}; use 'local' or 'runpod'")
+
+
+def read_run_snapshot(client: SyncPrefectClient, flow_run_id: UUID) -> RunSnapshot | None:
+    """Read one flow run and its last heartbeat event through the Prefect API.
+
+    Returns:
+        The snapshot, or None when the API has no such run.
+    """
+    try:
+        run = client.read_flow_run(flow_run_id)
+    except ObjectNotFound:
+        return None
+    state = run.state
+    seen = [t for t in (state.timestamp if state else None, run.start_time, run.created) if t]
+    page = client.read_events(
+        filter=EventFilter(
+            occurred=EventOccurredFilter(since=datetime.now(UTC) - timedelta(days=7)),
+            event=EventNameFilter(name=[HEARTBEAT_EVENT]),
+            resource=EventResourceFilter(id=[f"prefect.flow-run.{flow_run_id}"]),
+        ),
+        limit=1,
+    )
+    seen.extend(e.occurred for e in page.events)
+    return RunSnapshot(
+        flow_run_id=str(flow_run_id),
+        state_type=state.type.value if state else "SCHEDULED",
+        state_name=(state.name or state.type.value.title()) if state else "Scheduled",
+        last_seen_at=max(_utc(t) for t in seen),
+    )
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+@flow(name="runpod-reaper", log_prints=False)
+def reaper(
+    provider: Literal["local", "runpod"] = "local",
+    name_prefix: str = "prft",
+    ttl_seconds: float | None = 24 * 3600.0,
+    stale_running_seconds: float = 900.0,
+    grace_seconds: float = 60.0,
+    dry_run: bool = False,
+) -> list[dict]:
+    """Terminate pods no live flow run stands behind (see the module docstring).
+
+    Args:
+        provider: ``local`` or ``runpod``.
+        name_prefix: only pods named ``<name_prefix>-…`` are considered.
+        ttl_seconds: hard maximum pod age in seconds; None for none.
+        stale_running_seconds: silence (no state change, no heartbeat) after which an
+            unfinished run counts as dead. Keep it above 2× the heartbeat interval
+            (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, 180 s by default).
+        grace_seconds: a pod whose run is unknown is spared while younger than this.
+        dry_run: decide and report, terminate nothing.
+
+    Returns:
+        One ``ReapDecision`` per pod, as JSON-ready dicts.
+
+    Raises:
+        TerminateError: after reporting, when any terminate was not confirmed (the
+            message lists the pods still billing).
+    """
+    logger = get_run_logger()
+    prov = build_provider(provider)
+    pods = prov.list(name_prefix)
+    now = datetime.now(UTC)
+    decisions: list[ReapDecision] = []
+    with get_client(sync_client=True) as client:
+        for pod in pods:
+            run_id = flow_run_id_from_pod_name(pod.name, name_prefix)
+            run = read_run_snapshot(client, run_id) if run_id is not None else None
+            reap, reason = decide_reap(
+                pod,
+                run,
+                now,
+                name_prefix=name_prefix,
+                ttl_seconds=ttl_seconds,
+                stale_running_seconds=stale_running_seconds,
+                grace_seconds=grace_seconds,
+            )
+            decisions.append(
+                ReapDecision(
+                    pod_id=pod.pod_id,
+                    pod_name=pod.name,
+                    flow_run_id=str(run_id) if run_id else None,
+                    run_state=run.state_name if run else ("unknown" if run_id else "-"),
+                    age_seconds=round((now - _utc(pod.created_at)).total_seconds(), 1),
+                    reap=reap,
+                    reason=reason,
+                )
+            )
+    for decision in decisions:
+        if not decision.reap:
+            logger.info("keep %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason)
+            continue
+        if dry_run:
+            logger.warning(
+                "would reap %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason
+            )
+            continue
+        logger.warning("reaping %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason)
+        try:
+            terminate_pod(prov, decision.pod_id)
+            decision.terminated = True
+        except ProviderError as exc:
+            decision.error = str(exc)
+            logger.error("%s: terminate not confirmed: %s", decision.pod_id, exc)
+    rows = [d.model_dump() for d in decisions]
+    create_table_artifact(
+        table=rows
+        or [
+            {
+                "pod_id": "-",
+                "pod_name": "-",
+                "reap": False,
+                "reason": f"no pods named {name_prefix}-*",
+            }
+        ],
+        key="reaper-report",
+        description=f"Reaper pass over {provider} pods named {name_prefix}-* at {now.isoformat()}",
+    )
+    failed = [d.pod_id for d in decisions if d.error]
+    if failed:
+        raise TerminateError(
+            f"reaper could not confirm termination of {', '.join(failed)}: they may still bill; "
+            f"terminate them by hand (RunPod console or `prefect-runpod terminate POD_ID`)"
+        )
+    return rows

@@ -1,0 +1,131 @@
+"""The RunReport: everything one fine-tune run did, as one JSON document (DESIGN §2).
+
+It is the flow's persisted result and the CLI's ``--json`` output; another pipeline
+reads it through ``run_deployment(...).state.result()`` without our classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.tasks.models import (
+    STAGES,
+    CostReport,
+    EnvPlan,
+    HFDiagnosis,
+    Manifest,
+    ParityReport,
+    StageRecord,
+    TrainReport,
+    TransferReport,
+)
+from pydantic import BaseModel, Field
+
+__all__ = ["RunReport", "render_summary"]
+
+
+class RunReport(BaseModel):
+    """One run, stage by stage.
+
+    Attributes:
+        flow_run_id: the Prefect flow run id ("" outside a run).
+        pod_name: ``<prefix>-<flow_run_id>``.
+        pod_id: the pod's id once created.
+        provider: ``local`` or ``runpod``.
+        ssh_command: what a person types to get into the pod while it runs.
+        stages: one record per stage, in DESIGN order (preflight first).
+        provision_attempts: every create attempt (GPU type/cloud → outcome).
+        cost: the cost record (USD/h, billed seconds, USD).
+        env / hf / upload / train / parity / download: the stage records.
+        manifest: the verified manifest of the downloaded outputs.
+        terminated: True only when the provider confirmed the pod gone.
+        output_dir: where the downloaded outputs and this report lie locally.
+        error: the first failure, one line, when the run failed.
+    """
+
+    flow_run_id: str = ""
+    pod_name: str = ""
+    pod_id: str | None = None
+    provider: str = "local"
+    ssh_command: str | None = None
+    stages: list[StageRecord] = Field(
+        default_factory=lambda: [StageRecord(name=n) for n in ("preflight", *STAGES)]
+    )
+    provision_attempts: list[str] = Field(default_factory=list)
+    cost: CostReport = Field(default_factory=CostReport)
+    env: EnvPlan | None = None
+    hf: list[HFDiagnosis] = Field(default_factory=list)
+    upload: TransferReport | None = None
+    train: TrainReport | None = None
+    parity: ParityReport | None = None
+    download: TransferReport | None = None
+    manifest: Manifest | None = None
+    pod: PodHandle | None = None
+    terminated: bool = False
+    output_dir: str | None = None
+    error: str | None = None
+
+    def stage(self, name: str) -> StageRecord:
+        """The record of stage ``name``. Raises KeyError for an unknown stage."""
+        for record in self.stages:
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    @property
+    def passed(self) -> bool:
+        """True when every stage passed (Skipped with a reason counts) and the pod is
+        confirmed terminated (or none was ever created)."""
+        pod_gone = self.terminated or self.pod_id is None
+        return pod_gone and all(s.passed for s in self.stages)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (datetimes as ISO strings)."""
+        data = self.model_dump(mode="json")
+        data["passed"] = self.passed
+        return data
+
+
+def _fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def render_summary(report: RunReport) -> str:
+    """A readable, fixed-width summary for the terminal: stage, state, seconds; the pod;
+    bytes moved; manifest verified; parity verdict; cost."""
+    lines = [f"{'stage':<12} {'state':<10} {'seconds':>8}  note"]
+    for s in report.stages:
+        note = s.reason or ""
+        lines.append(f"{s.name:<12} {s.state.value:<10} {s.seconds:>8.2f}  {note}")
+    lines.append("")
+    lines.append(f"pod          {report.pod_id or '-'} ({report.provider}, {report.pod_name})")
+    lines.append(f"terminated   {'yes, confirmed' if report.terminated else 'NO'}")
+    moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
+    lines.append(f"bytes moved  {_fmt_bytes(moved)}")
+    verified = (
+        report.manifest is not None and report.download is not None and report.download.verified
+    )
+    nfiles = len(report.manifest.entries) if report.manifest else 0
+    lines.append(f"manifest     {'verified' if verified else 'NOT verified'} ({nfiles} files)")
+    if report.parity is not None:
+        p = report.parity
+        lines.append(
+            f"eval parity  {p.verdict} (in-training {p.accuracy_train:.3f} vs standalone "
+            f"{p.accuracy_eval:.3f}, gap {p.accuracy_gap:.3f}, tolerance {p.tolerance})"
+        )
+    c = report.cost
+    lines.append(
+        f"cost         {c.usd:.6f} USD ({c.cost_per_hr:.2f} USD/h x {c.billed_seconds:.1f} s billed)"
+    )
+    if report.output_dir:
+        lines.append(f"outputs      {report.output_dir}")
+    if report.error:
+        lines.append(f"error        {report.error}")
+    lines.append(f"result       {'PASSED' if report.passed else 'FAILED'}")
+    return "\n".join(lines)

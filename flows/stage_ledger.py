@@ -1,0 +1,68 @@
+"""Stage bookkeeping for a run: state, times and reasons of each stage in the RunReport,
+with one context manager so every stage is recorded the same way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from prefect_runpod.flows.report import RunReport
+from prefect_runpod.tasks.models import StageState
+
+__all__ = ["StageSkipped", "run_stage", "skip_stage"]
+
+
+class StageSkipped(Exception):
+    """Raised inside ``run_stage`` to mark the stage Skipped; the message is the reason."""
+
+
+@contextmanager
+def run_stage(report: RunReport, name: str, on_change=None) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """Record stage ``name`` around the block: Running, then Completed, Skipped (when the
+    block raises ``StageSkipped``) or Failed/Cancelled (re-raising the error).
+
+    Args:
+        report: the run's report, updated in place.
+        name: one of ``preflight`` and ``STAGES``.
+        on_change: called with ``(name, state)`` at each change (live terminal output).
+    """
+    record = report.stage(name)
+    record.state = StageState.RUNNING
+    record.started_at = datetime.now(UTC)
+    start = time.monotonic()
+    if on_change:
+        on_change(name, record.state)
+    try:
+        yield
+    except StageSkipped as skip:
+        record.state = StageState.SKIPPED
+        record.reason = str(skip) or "skipped"
+    except BaseException as exc:
+        cancelled = type(exc).__name__ in ("TerminationSignal", "KeyboardInterrupt", "CancelledRun")
+        record.state = StageState.CANCELLED if cancelled else StageState.FAILED
+        record.reason = _one_line(exc)
+        raise
+    else:
+        record.state = StageState.COMPLETED
+    finally:
+        record.ended_at = datetime.now(UTC)
+        record.seconds = round(time.monotonic() - start, 3)
+        report.cost.stage_seconds[name] = record.seconds
+        if on_change:
+            on_change(name, record.state)
+
+
+def skip_stage(report: RunReport, name: str, reason: str) -> None:
+    """Mark a stage that never ran as Skipped with ``reason`` (e.g. after a failure)."""
+    record = report.stage(name)
+    if record.state == StageState.PENDING:
+        record.state = StageState.SKIPPED
+        record.reason = reason
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:500]

@@ -1,0 +1,101 @@
+"""Provision: create the pod, record it at once, wait until its SSH answers, and make it
+ready for the run (pod tools in place, dead-man switch armed). DESIGN §3, §7."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
+from pydantic import SecretStr
+
+__all__ = ["arm_deadman", "prepare_pod", "provision"]
+
+
+@task(name="provision", cache_policy=NO_CACHE)
+def provision(
+    provider: PodProvider,
+    request: PodRequest,
+    name: str,
+    ready_timeout_seconds: float,
+    on_created: Callable[[PodHandle], None],
+) -> PodHandle:
+    """Create the pod named ``name`` (adopting a live one of that name), hand its handle to
+    ``on_created`` as soon as the id exists, then wait until SSH answers.
+
+    Args:
+        provider: where to rent the pod.
+        request: public key, env, CUDA floor, dead-man settings.
+        name: ``<prefix>-<flow_run_id>``.
+        ready_timeout_seconds: the bound on the wait for RUNNING + SSH.
+        on_created: called with the fresh handle before any wait (so a crash while
+            waiting can still terminate the pod).
+
+    Returns:
+        The ready handle (SSH endpoint filled in).
+
+    Raises:
+        ProviderError subclasses from create; PodTimeoutError from the wait (the pod is
+        terminated first).
+    """
+    logger = get_run_logger()
+    handle = provider.create(request, name)
+    on_created(handle)
+    logger.info(
+        "%s: created (%s, %s, %.2f USD/h)", handle.pod_id, name, handle.gpu_type, handle.cost_per_hr
+    )
+    try:
+        handle = provider.wait_ready(handle, ready_timeout_seconds)
+    except BaseException:
+        logger.warning("%s: not ready; terminating it before giving up", handle.pod_id)
+        provider.terminate(handle.pod_id)
+        raise
+    logger.info("%s: ready; get in with: %s", handle.pod_id, handle.ssh_command())
+    return handle
+
+
+def arm_deadman(console, tools_dir: str, run_dir: str, deadman: DeadmanConfig) -> None:  # type: ignore[no-untyped-def]
+    """Start the pod-side dead-man switch (``watchdog.py``) detached, with a fresh
+    heartbeat file in ``run_dir``. The flow refreshes the heartbeat; when it goes stale for
+    ``heartbeat_stale_seconds``, or ``lifetime_seconds`` pass, the pod removes itself
+    (``runpodctl remove pod $RUNPOD_POD_ID``, RunPod docs).
+
+    Raises:
+        ConsoleError: when the watchdog cannot be started.
+    """
+    q = shlex.quote
+    watchdog = f"{tools_dir}/watchdog.py"
+    console.run(f"mkdir -p {q(run_dir)} && touch {q(run_dir)}/heartbeat", check=True)
+    console.run(
+        "setsid nohup python3 "
+        f"{q(watchdog)} --run-dir {q(run_dir)} "
+        f"--heartbeat-stale-seconds {deadman.heartbeat_stale_seconds:g} "
+        f"--lifetime-seconds {deadman.lifetime_seconds:g} "
+        f"--check-interval-seconds {deadman.check_interval_seconds:g} "
+        f"> {q(run_dir)}/watchdog.out 2>&1 < /dev/null &",
+        check=True,
+    )
+
+
+def prepare_pod(
+    handle: PodHandle, private_key: SecretStr, run_dir: str, deadman: DeadmanConfig | None
+) -> str:
+    """Copy the pod-side tools onto the pod and arm the dead-man switch.
+
+    Returns:
+        The pod-side tools directory.
+
+    Raises:
+        ConsoleError / TransferError when the pod cannot be reached or written.
+    """
+    from prefect_runpod.blocks.console import PodConsole
+    from prefect_runpod.blocks.transfer import bootstrap_pod_tools
+
+    with PodConsole.for_pod(handle, private_key) as console:
+        tools_dir = bootstrap_pod_tools(console, handle)
+        if deadman is not None:
+            arm_deadman(console, tools_dir, run_dir, deadman)
+    return tools_dir

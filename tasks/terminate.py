@@ -1,0 +1,55 @@
+"""Terminate: the idempotent, confirmed end of a pod, shared by the flow's ``finally``,
+its crash/cancel hooks and the reaper (DESIGN §7)."""
+
+from __future__ import annotations
+
+import logging
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect_runpod.blocks.provider import PodProvider, TerminateResult
+
+__all__ = ["terminate", "terminate_by_name", "terminate_pod"]
+
+
+def terminate_pod(
+    provider: PodProvider, pod_id: str, timeout_seconds: float = 120.0
+) -> TerminateResult:
+    """Terminate ``pod_id`` and return once the provider confirms it gone.
+
+    Idempotent: a pod already gone returns ``already_gone=True``.
+
+    Raises:
+        TerminateError: when not confirmed in ``timeout_seconds`` (the pod may still bill;
+            the message names it and the manual command).
+    """
+    return provider.terminate(pod_id, timeout_seconds=timeout_seconds)
+
+
+def terminate_by_name(
+    provider: PodProvider, name: str, logger: logging.Logger | logging.LoggerAdapter | None = None
+) -> TerminateResult | None:
+    """Find the pod named ``name`` and terminate it; None when no such pod lives.
+
+    Used by hooks that run in another process with nothing but the flow run: the pod's
+    name is ``<prefix>-<flow_run_id>``.
+    """
+    handle = provider.find(name)
+    if handle is None:
+        if logger:
+            logger.info("no live pod named %s: nothing to terminate", name)
+        return None
+    result = terminate_pod(provider, handle.pod_id)
+    if logger:
+        logger.info(
+            "%s: terminated (pod %s), confirmed at %s", handle.pod_id, name, result.confirmed_at
+        )
+    return result
+
+
+@task(name="terminate", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def terminate(
+    provider: PodProvider, pod_id: str, timeout_seconds: float = 120.0
+) -> TerminateResult:
+    """The ``terminate`` stage: see ``terminate_pod``. Retried twice on failure."""
+    return terminate_pod(provider, pod_id, timeout_seconds)
