@@ -1,0 +1,229 @@
+"""The reaper (DESIGN §7 layer 4): the pure decision table, then real local pods and
+real flow runs on a real Prefect server, including a SIGKILLed flow process whose pod
+only the reaper can end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.flows.reaper import (
+    RunSnapshot,
+    decide_reap,
+    flow_run_id_from_pod_name,
+)
+
+NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+RUN_ID = "3f1b2c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d"
+
+
+def _pod(age_seconds: float, name: str = f"prft-{RUN_ID}") -> PodHandle:
+    return PodHandle(
+        pod_id="lp-1", name=name, provider="local", created_at=NOW - timedelta(seconds=age_seconds)
+    )
+
+
+def _run(state_type: str, state_name: str, silent_seconds: float) -> RunSnapshot:
+    return RunSnapshot(
+        flow_run_id=RUN_ID,
+        state_type=state_type,
+        state_name=state_name,
+        last_seen_at=NOW - timedelta(seconds=silent_seconds),
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "run", "reap", "reason_has"),
+    [
+        (_pod(100), _run("COMPLETED", "Completed", 50), True, "Completed"),
+        (_pod(100), _run("FAILED", "Failed", 50), True, "Failed"),
+        (_pod(100), _run("CRASHED", "Crashed", 50), True, "Crashed"),
+        (_pod(100), _run("CANCELLED", "Cancelled", 50), True, "Cancelled"),
+        (_pod(100), None, True, "unknown"),
+        (_pod(10), None, False, "grace"),
+        (_pod(100), _run("RUNNING", "Running", 30), False, "last seen"),
+        (_pod(5000), _run("RUNNING", "Running", 1000), True, "silent"),
+        (_pod(5000), _run("CANCELLING", "Cancelling", 10), False, "last seen"),
+        (_pod(5000), _run("SCHEDULED", "AwaitingRetry", 2000), True, "silent"),
+        (_pod(5000), _run("PAUSED", "Paused", 100), False, "last seen"),
+        (_pod(90_000), _run("RUNNING", "Running", 5), True, "TTL"),
+        (_pod(100, name="prft-debug-box"), None, False, "no flow run id"),
+        (_pod(90_000, name="prft-debug-box"), None, True, "TTL"),
+    ],
+)
+def test_decide_reap_table(pod: PodHandle, run: RunSnapshot | None, reap: bool, reason_has: str):
+    got, reason = decide_reap(
+        pod, run, NOW, ttl_seconds=86_400, stale_running_seconds=900, grace_seconds=60
+    )
+    assert got is reap, reason
+    assert reason_has in reason
+
+
+def test_decide_reap_without_ttl_keeps_an_old_pod_of_a_live_run():
+    got, _ = decide_reap(_pod(10**7), _run("RUNNING", "Running", 1), NOW, ttl_seconds=None)
+    assert got is False
+
+
+def test_flow_run_id_from_pod_name():
+    assert str(flow_run_id_from_pod_name(f"prft-{RUN_ID}", "prft")) == RUN_ID
+    assert str(flow_run_id_from_pod_name(f"my-team-{RUN_ID}", "my-team")) == RUN_ID
+    assert flow_run_id_from_pod_name(f"other-{RUN_ID}", "prft") is None
+    assert flow_run_id_from_pod_name("prft-not-a-uuid", "prft") is None
+    assert flow_run_id_from_pod_name(f"prft-{RUN_ID}x", "prft") is None
+
+
+# --- against a real server and real local pods ---------------------------------------
+
+
+def _provider():
+    from prefect_runpod.blocks.local_pod import LocalPodProvider
+
+    return LocalPodProvider()
+
+
+def _public_key() -> str:
+    from prefect_runpod.blocks.keys import generate_keypair
+
+    return generate_keypair().public_key
+
+
+def _make_run(client, final: str | None):  # type: ignore[no-untyped-def]
+    """A flow run of a throwaway flow, left Running or moved to a final state."""
+    from prefect import flow
+    from prefect.states import Completed, Pending, Running
+
+    @flow(name="reaper-test-subject")
+    def subject() -> None:  # pragma: no cover - never executed, only named
+        return None
+
+    run = client.create_flow_run(subject, state=Pending())
+    client.set_flow_run_state(run.id, Running(), force=True)
+    if final == "Completed":
+        client.set_flow_run_state(run.id, Completed(), force=True)
+    return run.id
+
+
+@pytest.mark.slow
+def test_reaper_reaps_finished_and_unknown_keeps_live(prefect_api, runpod_home):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect_runpod.blocks.provider import PodRequest
+    from prefect_runpod.flows.reaper import reaper
+
+    prefix = f"rt{uuid.uuid4().hex[:6]}"
+    provider = _provider()
+    request = PodRequest(public_key=_public_key())
+    with get_client(sync_client=True) as client:
+        done_id = _make_run(client, "Completed")
+        live_id = _make_run(client, None)
+    names = {
+        "done": f"{prefix}-{done_id}",
+        "live": f"{prefix}-{live_id}",
+        "unknown": f"{prefix}-{uuid.uuid4()}",
+    }
+    pods = {k: provider.create(request, n) for k, n in names.items()}
+    try:
+        state = reaper(
+            provider="local",
+            name_prefix=prefix,
+            stale_running_seconds=600,
+            grace_seconds=0,
+            return_state=True,
+        )
+        rows = {r["pod_name"]: r for r in state.result()}
+        assert rows[names["done"]]["reap"] and rows[names["done"]]["terminated"]
+        assert rows[names["done"]]["run_state"] == "Completed"
+        assert rows[names["unknown"]]["reap"] and rows[names["unknown"]]["run_state"] == "unknown"
+        assert not rows[names["live"]]["reap"] and rows[names["live"]]["run_state"] == "Running"
+        left = {p.name for p in provider.list(prefix)}
+        assert left == {names["live"]}
+
+        with get_client(sync_client=True) as client:
+            arts = client.read_artifacts(
+                flow_run_filter=FlowRunFilter(
+                    id=FlowRunFilterId(any_=[state.state_details.flow_run_id])
+                )
+            )
+        assert [a.key for a in arts] == ["reaper-report"]
+        assert names["live"] in str(arts[0].data)
+    finally:
+        for pod in pods.values():
+            provider.terminate(pod.pod_id)
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from prefect import flow
+    from prefect.runtime import flow_run
+    from prefect_runpod.blocks.local_pod import LocalPodProvider
+    from prefect_runpod.blocks.provider import PodRequest
+
+    @flow(name="pod-holder")
+    def hold(prefix: str, public_key: str) -> None:
+        LocalPodProvider().create(PodRequest(public_key=public_key), f"{prefix}-{flow_run.id}")
+        print("POD-CREATED", flush=True)
+        time.sleep(600)
+
+    hold(sys.argv[1], sys.argv[2])
+    """
+)
+
+
+@pytest.mark.slow
+def test_reaper_ends_the_pod_of_a_sigkilled_flow_process(prefect_api, runpod_home, tmp_path: Path):
+    """SIGKILL runs no finally and no hook; the run stays Running on a self-hosted
+    server. The reaper keeps the pod while the run is fresh, and reaps it once the
+    run has been silent longer than ``stale_running_seconds``."""
+    from prefect.client.orchestration import get_client
+    from prefect_runpod.flows.reaper import flow_run_id_from_pod_name, reaper
+
+    prefix = f"rk{uuid.uuid4().hex[:6]}"
+    provider = _provider()
+    script = tmp_path / "holder.py"
+    script.write_text(_HOLDER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), prefix, _public_key()],
+        env=prefect_api.client_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not provider.list(prefix):
+            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")
+            assert time.monotonic() < deadline, "holder flow made no pod within 90 s"
+            time.sleep(0.5)
+        (pod,) = provider.list(prefix)
+        run_id = flow_run_id_from_pod_name(pod.name, prefix)
+
+        kept = reaper(provider="local", name_prefix=prefix, stale_running_seconds=600)
+        assert [r["reap"] for r in kept] == [False]
+
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        with get_client(sync_client=True) as client:
+            assert client.read_flow_run(run_id).state.type.value == "RUNNING"
+        assert provider.find(pod.name) is not None, "the pod must outlive its flow process"
+
+        stale = 3.0
+        time.sleep(stale + 1.0)
+        rows = reaper(provider="local", name_prefix=prefix, stale_running_seconds=stale)
+        assert len(rows) == 1 and rows[0]["reap"] and rows[0]["terminated"], rows
+        assert "silent" in rows[0]["reason"]
+        assert provider.find(pod.name) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for left in provider.list(prefix):
+            provider.terminate(left.pod_id)
