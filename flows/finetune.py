@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import Flow, State, flow, get_run_logger
+from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
 from prefect_runpod.blocks.exceptions import BudgetExceededError, EvalParityError
@@ -56,11 +57,11 @@ def pod_name_for(name_prefix: str, flow_run_id: str) -> str:
     return f"{name_prefix}-{flow_run_id}"
 
 
-def _terminate_hook(flow_obj: Any, flow_run: Any, state: Any) -> None:
+def _terminate_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:  # noqa: F811
     """``on_crashed`` / ``on_cancellation``: find the pod by name from the flow run alone
     (hooks may run in the runner's process, with none of the flow's memory) and terminate
     it. Idempotent, so running after the flow's own ``finally`` is harmless."""
-    logger = flow_run_logger(flow_run, flow_obj)
+    logger = flow_run_logger(flow_run, flow)
     params = dict(flow_run.parameters or {})
     if params.get("keep_pod_on_failure"):
         logger.warning("keep_pod_on_failure is set: the pod is left for inspection")
