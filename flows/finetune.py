@@ -22,6 +22,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
 from prefect_runpod.blocks.exceptions import BudgetExceededError, EvalParityError
+from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
 from prefect_runpod.flows.artifacts import publish_cost_artifact, publish_model_link
@@ -36,6 +37,7 @@ from pydantic import SecretStr
 
 __all__ = ["demo_bundle", "finetune", "pod_name_for"]
 
+
 def demo_bundle() -> Path:
     """The stdlib-only demo bundle shipped with the project (used when no bundle is given);
     installed as the package ``prefect_runpod.examples.demo``."""
@@ -47,6 +49,7 @@ def demo_bundle() -> Path:
             if (Path(location) / "bundle.toml").is_file():
                 return Path(location)
     return Path(__file__).resolve().parent.parent / "examples" / "demo"
+
 
 _READY_TIMEOUT_SECONDS = 600.0
 """RunPod can take minutes to pull a large image (dstack allows 20 min); the local pod ~1 s."""
@@ -288,10 +291,14 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     out = Path(settings.output_dir)
 
     def record(handle: PodHandle) -> None:
+        first = report.pod_id is None
         report.pod_id = handle.pod_id
         report.pod = handle
         report.cost.cost_per_hr = handle.cost_per_hr
         budget.handle = handle
+        if first:
+            _write_report(report)  # the pod is on record before any wait
+            fault_point("provision")
 
     with run_stage(report, "provision", on_stage):
         request = PodRequest(public_key=keypair.public_key, deadman=deadman)

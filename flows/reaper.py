@@ -33,9 +33,9 @@ from prefect.events.filters import (
     EventResourceFilter,
 )
 from prefect.exceptions import ObjectNotFound
-from prefect_runpod.blocks.exceptions import ProviderError, SpecError, TerminateError
+from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import PodProvider
+from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.tasks.terminate import terminate_pod
 from pydantic import BaseModel
 
@@ -44,7 +44,6 @@ __all__ = [
     "HEARTBEAT_EVENT",
     "ReapDecision",
     "RunSnapshot",
-    "build_provider",
     "decide_reap",
     "flow_run_id_from_pod_name",
     "read_run_snapshot",
@@ -174,26 +173,6 @@ def decide_reap(
     return False, f"flow run {run.state_name}, last seen {silent:.0f} s ago"
 
 
-def build_provider(provider: str) -> PodProvider:
-    """The provider named ``local`` or ``runpod`` with its default settings.
-
-    ``runpod`` reads its API key the way ``RunPodProvider`` does by default (its block or
-    ``RUNPOD_API_KEY``).
-
-    Raises:
-        SpecError: for another name.
-    """
-    if provider == "local":
-        from prefect_runpod.blocks.local_pod import LocalPodProvider
-
-        return LocalPodProvider()
-    if provider == "runpod":
-        from prefect_runpod.blocks.runpod_provider import RunPodProvider
-
-        return RunPodProvider()  # type: ignore[call-arg]
-    raise SpecError(f"unknown provider {provider!r}; use 'local' or 'runpod'")
-
-
 def read_run_snapshot(client: SyncPrefectClient, flow_run_id: UUID) -> RunSnapshot | None:
     """Read one flow run and its last heartbeat event through the Prefect API.
 
@@ -235,6 +214,9 @@ def reaper(
     stale_running_seconds: float = 900.0,
     grace_seconds: float = 60.0,
     dry_run: bool = False,
+    runpod_credentials_block: str | None = None,
+    runpod_spec_block: str | None = None,
+    ssh_key_block: str | None = None,
 ) -> list[dict]:
     """Terminate pods no live flow run stands behind (see the module docstring).
 
@@ -247,6 +229,9 @@ def reaper(
             (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, 180 s by default).
         grace_seconds: a pod whose run is unknown is spared while younger than this.
         dry_run: decide and report, terminate nothing.
+        runpod_credentials_block / runpod_spec_block / ssh_key_block: saved block names
+            for ``provider="runpod"``, as the fine-tune flow takes them (without them,
+            ``RUNPOD_API_KEY`` and ``RUNPOD_SSH_KEY_PATH``).
 
     Returns:
         One ``ReapDecision`` per pod, as JSON-ready dicts.
@@ -256,7 +241,14 @@ def reaper(
             message lists the pods still billing).
     """
     logger = get_run_logger()
-    prov = build_provider(provider)
+    prov, _ = build_provider(
+        {
+            "provider": provider,
+            "runpod_credentials_block": runpod_credentials_block,
+            "runpod_spec_block": runpod_spec_block,
+            "ssh_key_block": ssh_key_block,
+        }
+    )
     pods = prov.list(name_prefix)
     now = datetime.now(UTC)
     decisions: list[ReapDecision] = []

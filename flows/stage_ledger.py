@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
+from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.tasks.models import StageState
 
@@ -35,6 +36,8 @@ def run_stage(report: RunReport, name: str, on_change=None) -> Iterator[None]:  
     if on_change:
         on_change(name, record.state)
     try:
+        if name != "provision":  # provision's point fires once the pod id exists
+            fault_point(name)
         yield
     except StageSkipped as skip:
         record.state = StageState.SKIPPED
