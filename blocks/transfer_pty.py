@@ -154,7 +154,7 @@ class _Session:
                 if kind == "line" and ev[0] == "#READY":
                     return
         raise _Dropped(
-            "the pod's receiver did not start within %.0f s" % self.opts.ready_timeout_seconds
+            f"the pod's receiver did not start within {self.opts.ready_timeout_seconds:.0f} s"
         )
 
     def blob(self, request: dict[str, Any], timeout_seconds: float) -> dict[str, Any]:
@@ -166,10 +166,10 @@ class _Session:
             for kind, ev in self.poll(0.5):
                 if kind == "frame" and ev.fid == "M":
                     if ev.raw is None:
-                        raise _Dropped("manifest answer garbled (%s)" % ev.error)
+                        raise _Dropped(f"manifest answer garbled ({ev.error})")
                     result: dict[str, Any] = json.loads(ev.raw)
                     return result
-        raise _Dropped("no manifest answer within %.0f s" % timeout_seconds)
+        raise _Dropped(f"no manifest answer within {timeout_seconds:.0f} s")
 
     def close(self) -> None:
         try:
@@ -615,10 +615,13 @@ def _download_files(
     pending = []
     for f in todo:
         assert f.local is not None
-        if f.local.is_file() and f.local.stat().st_size == f.size:
-            if mf.hash_file(str(f.local))[2] == f.sha256:
-                f.done = True
-                continue
+        if (
+            f.local.is_file()
+            and f.local.stat().st_size == f.size
+            and mf.hash_file(str(f.local))[2] == f.sha256
+        ):
+            f.done = True
+            continue
         _local_part_open(f)
         f.epoch += 1
         s.line("#GET", f.fid, f.epoch, f.next, b64text(f.rel))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def test_upload_resumes_from_part_file(tmp_path: Path, pipe_streams) -> None:
     source = mf.compute_manifest(str(src))
     (remote / "f.bin.part").write_bytes(data[:300_000])
     (remote / "f.bin.part.json").write_text(
-        '{"size": %d, "sha256": "%s"}' % (len(data), source["entries"][0]["sha256"])
+        json.dumps({"size": len(data), "sha256": source["entries"][0]["sha256"]})
     )
     sent = []
     hooks = FaultHooks()

@@ -343,7 +343,7 @@ class Receiver(object):
             if keep == 0:
                 with open(up.sidecar, "w") as fh:
                     json.dump({"size": size, "sha256": sha256}, fh)
-            up.fh = open(up.part, "r+b" if keep else "wb", buffering=0)
+            up.fh = open(up.part, "r+b" if keep else "wb", buffering=0)  # noqa: SIM115
             up.fh.truncate(keep)
             if keep:
                 up.fh.seek(0)
@@ -430,7 +430,7 @@ class Receiver(object):
                 job[1], job[2] = epoch, offset
                 return
         try:
-            fh = open(safe_join(self.root, rel), "rb")
+            fh = open(safe_join(self.root, rel), "rb")  # noqa: SIM115
         except (OSError, ValueError) as exc:
             return self.reply("#X", fid, "ENOENT", b64text("%s: %s" % (rel, exc)))
         self.jobs.append([fid, epoch, offset, rel, fh])
