@@ -1,0 +1,493 @@
+"""The ``hf_auth`` stage: why Hugging Face access fails, decided from evidence (DESIGN §8).
+
+One decision table, used for both places a download can run — locally in preflight
+(through ``huggingface_hub``) and on the pod (through the stdlib script
+``blocks/pod_side/hf_check.py``, because a token that works here may not be exported
+in the pod's shell). Both produce the same evidence dict; :func:`diagnose_evidence`
+turns it into an :class:`HFDiagnosis` with :func:`classify_hf_access`.
+
+Evidence comes first (status, ``X-Error-Code``, the server's message — strings as the
+Hub sends them, see huggingface_hub 2.4.0 ``hf_raise_for_status``). The field guide's
+rule of thumb — 401 means the licence was not accepted, 403 means the token lacks the
+gated-repo scope — decides only when the message is not one we recognise, and the
+diagnosis is then flagged ``recognised=False``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, State
+from prefect_runpod.blocks.exceptions import HFAuthError
+from prefect_runpod.blocks.huggingface import collect_access_evidence
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.tasks.models import HFCause, HFDiagnosis
+from pydantic import SecretStr
+
+__all__ = [
+    "HF_WEB",
+    "TOKENS_URL",
+    "classify_hf_access",
+    "diagnose_evidence",
+    "diagnose_local",
+    "diagnose_on_pod",
+    "hf_auth",
+    "parse_hf_check_output",
+    "raise_if_blocking",
+    "skip_reason",
+]
+
+HF_WEB = "https://huggingface.co"
+"""Where people act on a remediation (licence pages, token settings)."""
+TOKENS_URL = f"{HF_WEB}/settings/tokens"
+_SCOPE_URL = f"{HF_WEB}/settings/tokens/new?canReadGatedRepos=true&tokenType=fineGrained"
+_STATUS_URL = "https://status.huggingface.co"
+
+# Server phrases, lower-cased (reference: the Hub's gated-repo answers).
+_SCOPE_PHRASE = "enable access to public gated repositories"
+_UNLISTED_PHRASE = "not in the authorized list"
+_PENDING_PHRASE = "awaiting a review"
+_REJECTED_PHRASE = "has been rejected"
+_LOGIN_PHRASE = "must have access to it and be authenticated"
+_INVALID_PHRASES = ("invalid credentials", "invalid username or password", "invalid user token")
+
+
+class _Console(Protocol):
+    """What :func:`diagnose_on_pod` needs of a PodConsole."""
+
+    def run(self, command: str, *, timeout_seconds: float = ..., check: bool = ...) -> Any: ...
+
+    def set_secret_env(self, name: str, value: SecretStr) -> Any: ...
+
+
+def _remedy(cause: HFCause, repo_id: str | None, where: str, user: str | None) -> tuple[str, str]:
+    repo_url = f"{HF_WEB}/{repo_id}" if repo_id else HF_WEB
+    who = f" as {user}" if user else ""
+    if cause == HFCause.OK:
+        return "Access works; nothing to do.", repo_url
+    if cause == HFCause.NO_TOKEN:
+        return (
+            f"No Hugging Face token is set where the download runs ({where}); create a read "
+            "token and put it in the HuggingFaceCredentials block (it reaches the pod as HF_TOKEN).",
+            TOKENS_URL,
+        )
+    if cause == HFCause.INVALID_TOKEN:
+        return (
+            "The Hub refused the token itself (revoked, expired or mistyped); create a new "
+            "token and update the HuggingFaceCredentials block.",
+            TOKENS_URL,
+        )
+    if cause == HFCause.LICENCE_NOT_ACCEPTED:
+        return (
+            f"Open {repo_url}, sign in{who} and accept the licence "
+            '("Agree and access repository"), then run again.',
+            repo_url,
+        )
+    if cause == HFCause.TOKEN_SCOPE:
+        return (
+            "The token cannot read gated repos: edit the fine-grained token and enable "
+            '"Read access to contents of all public gated repos you can access" '
+            "(or use a classic read token).",
+            TOKENS_URL,
+        )
+    if cause == HFCause.ACCESS_PENDING:
+        return (
+            f"Your access request for {repo_id} is waiting for the authors' review; run again "
+            "once it is approved (the repo page shows the status).",
+            repo_url,
+        )
+    if cause == HFCause.ACCESS_REJECTED:
+        return (
+            f"The authors of {repo_id} rejected your access request; contact them from the "
+            "repo page or choose another model.",
+            repo_url,
+        )
+    if cause == HFCause.REPO_NOT_FOUND:
+        return (
+            f"No repo {repo_id!r} is visible with this token: check the id and revision, and "
+            "for a private repo use a token of an account that can see it.",
+            repo_url,
+        )
+    return (
+        "The Hub answered unexpectedly; retry, and run with HF_DEBUG=1 to see each request "
+        "(tokens redacted).",
+        _STATUS_URL,
+    )
+
+
+def classify_hf_access(
+    *,
+    repo_id: str | None,
+    status: int | None,
+    error_code: str | None = None,
+    message: str | None = None,
+    token_present: bool,
+    token_valid: bool | None = None,
+    token_can_read_gated: bool | None = None,
+    where: str = "local",
+    user: str | None = None,
+) -> HFDiagnosis:
+    """Decide why a request to a repo failed (or that it works). Pure.
+
+    The table (DESIGN §8), evidence first:
+
+    ==============================================  ==========================
+    evidence                                        cause
+    ==============================================  ==========================
+    2xx/3xx, or 404 ``EntryNotFound`` (repo access  ``ok``
+    fine, only that file is missing)
+    401/403 and no token where the request runs     ``no_token``
+    ``whoami`` 401 / "Invalid credentials…"         ``invalid_token``
+    404 or ``RepoNotFound``                         ``repo_not_found``
+    "enable access to public gated repositories",   ``token_scope``
+    or 403 for a fine-grained token whose whoami
+    says ``canReadGatedRepos: false``
+    "awaiting a review"                             ``access_pending``
+    "has been rejected"                             ``access_rejected``
+    403 GatedRepo "not in the authorized list"      ``licence_not_accepted``
+    401 GatedRepo with a token valid here           ``licence_not_accepted``
+    other 401 / 403                                 fallback: 401 → licence,
+                                                    403 → scope, unrecognised
+    anything else (5xx, 429, unreachable)           ``unknown``
+    ==============================================  ==========================
+
+    Args:
+        repo_id: the repo checked.
+        status: HTTP status of the decisive request; None when the Hub was unreachable.
+        error_code: the ``X-Error-Code`` header.
+        message: the server's message (``X-Error-Message`` or body ``error``).
+        token_present: whether a token was sent.
+        token_valid: ``whoami`` outcome — True (200), False (401), None (not asked/unknown).
+        token_can_read_gated: a fine-grained token's ``canReadGatedRepos``; None otherwise.
+        where: ``local`` or ``pod``.
+        user: the account the token belongs to, for the remediation text.
+
+    Returns:
+        An :class:`HFDiagnosis` carrying the evidence and one remediation + URL.
+    """
+    text = (message or "").lower()
+    code = error_code or None
+    recognised = True
+    if status is not None and (status < 400 or (status == 404 and code == "EntryNotFound")):
+        cause = HFCause.OK
+    elif not token_present and status in (401, 403) and code != "RepoNotFound":
+        cause = HFCause.NO_TOKEN
+    elif token_present and (
+        token_valid is False or (status == 401 and any(p in text for p in _INVALID_PHRASES))
+    ):
+        cause = HFCause.INVALID_TOKEN
+    elif status == 404 or code == "RepoNotFound":
+        cause = HFCause.REPO_NOT_FOUND
+    elif _SCOPE_PHRASE in text or (status == 403 and token_can_read_gated is False):
+        cause = HFCause.TOKEN_SCOPE
+    elif _PENDING_PHRASE in text:
+        cause = HFCause.ACCESS_PENDING
+    elif _REJECTED_PHRASE in text:
+        cause = HFCause.ACCESS_REJECTED
+    elif (
+        status == 403
+        and code == "GatedRepo"
+        and _UNLISTED_PHRASE in text
+        or status == 401
+        and code == "GatedRepo"
+        and token_present
+    ):
+        cause = HFCause.LICENCE_NOT_ACCEPTED
+    elif status == 401:
+        cause, recognised = HFCause.LICENCE_NOT_ACCEPTED, False
+    elif status == 403:
+        cause, recognised = HFCause.TOKEN_SCOPE, False
+    else:
+        cause, recognised = HFCause.UNKNOWN, False
+    remediation, url = _remedy(cause, repo_id, where, user)
+    if not recognised and cause != HFCause.UNKNOWN:
+        remediation = (
+            f"Unrecognised answer; by the usual rule (401 → licence, 403 → token scope): "
+            f"{remediation}"
+        )
+    return HFDiagnosis(
+        repo_id=repo_id,
+        cause=cause,
+        where="pod" if where == "pod" else "local",
+        http_status=status,
+        error_code=code,
+        server_message=message,
+        recognised=recognised,
+        remediation=remediation,
+        remediation_url=url,
+    )
+
+
+def diagnose_evidence(evidence: Mapping[str, Any], *, where: str = "local") -> HFDiagnosis:
+    """Turn an ``hf_check`` evidence dict into a diagnosis. Pure.
+
+    The decisive answer is the first failure among auth-check then the file HEAD; when
+    both pass the repo is readable. ``whoami`` supplies token validity and scope.
+
+    Args:
+        evidence: the dict printed by ``hf_check.py`` or built by
+            :func:`~prefect_runpod.blocks.huggingface.collect_access_evidence`.
+        where: ``local`` or ``pod``.
+
+    Returns:
+        An :class:`HFDiagnosis`.
+    """
+    who = evidence.get("whoami") or {}
+    token_present = bool(evidence.get("token_present"))
+    token_valid: bool | None = None
+    if who.get("status") == 200:
+        token_valid = True
+    elif who.get("status") == 401:
+        token_valid = False
+    decisive = evidence.get("auth_check") or {}
+    file_answer = evidence.get("file")
+    if decisive.get("status") is not None and decisive["status"] < 400 and file_answer:
+        decisive = file_answer
+    if token_valid is False and (decisive.get("status") or 0) < 400:
+        decisive = who  # a refused token is the finding even if the repo is public
+    return classify_hf_access(
+        repo_id=evidence.get("repo_id"),
+        status=decisive.get("status"),
+        error_code=decisive.get("error_code"),
+        message=decisive.get("message"),
+        token_present=token_present,
+        token_valid=token_valid,
+        token_can_read_gated=who.get("can_read_gated"),
+        where=where,
+        user=who.get("user"),
+    )
+
+
+def diagnose_local(
+    repo_id: str,
+    token: SecretStr | None,
+    endpoint: str | None = None,
+    *,
+    repo_type: str = "model",
+    revision: str = "main",
+    filename: str | None = "config.json",
+) -> HFDiagnosis:
+    """Diagnose access from this machine with the real ``huggingface_hub`` client.
+
+    Args:
+        repo_id: ``namespace/name``.
+        token: the token to test; None means none is configured (no saved-login fallback).
+        endpoint: the Hub base URL (default ``https://huggingface.co``); passed explicitly
+            because huggingface_hub reads ``HF_ENDPOINT`` only at import.
+        repo_type / revision / filename: what to probe.
+
+    Returns:
+        An :class:`HFDiagnosis` with ``where="local"``.
+    """
+    evidence = collect_access_evidence(
+        repo_id,
+        token=token,
+        endpoint=endpoint,
+        repo_type=repo_type,
+        revision=revision,
+        filename=filename,
+    )
+    return diagnose_evidence(evidence, where="local")
+
+
+def parse_hf_check_output(output: str) -> dict[str, Any] | None:
+    """Find the evidence line ``hf_check.py`` printed (the last JSON object with
+    ``"kind": "hf_check"``) in console output; None when there is none."""
+    for line in reversed(output.replace("\r", "\n").splitlines()):
+        line = line.strip()
+        start = line.find('{"')
+        if start < 0:
+            continue
+        try:
+            data = json.loads(line[start:])
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("kind") == "hf_check":
+            return data
+    return None
+
+
+def diagnose_on_pod(
+    console: _Console,
+    repo_id: str,
+    token: SecretStr | None,
+    endpoint: str | None,
+    python: str,
+    *,
+    script_path: str,
+    repo_type: str = "model",
+    revision: str = "main",
+    filename: str | None = "config.json",
+    timeout_seconds: float = 60.0,
+) -> HFDiagnosis:
+    """Diagnose access from the pod, where the download really runs.
+
+    Runs the pod-side ``hf_check.py`` (already on the pod at ``script_path``) with the
+    given Python. The token travels only as ``HF_TOKEN`` set through
+    ``console.set_secret_env`` (echo off, never in a command line); with ``token=None``
+    the script sees whatever the pod's shell already has.
+
+    Args:
+        console: a PodConsole (``run(cmd, timeout_seconds=, check=)``, ``set_secret_env``).
+        repo_id / token / endpoint: as for :func:`diagnose_local`.
+        python: the interpreter on the pod (e.g. the one the env stage chose).
+        script_path: where ``hf_check.py`` lies on the pod.
+        timeout_seconds: deadline for the check command.
+
+    Returns:
+        An :class:`HFDiagnosis` with ``where="pod"``; ``unknown`` when the script printed
+        no evidence (the output tail is kept as the server message).
+
+    Raises:
+        CommandTimeoutError: from the console, when the check passes its deadline.
+    """
+    if token is not None:
+        console.set_secret_env("HF_TOKEN", token)
+    parts = [
+        python,
+        script_path,
+        "--repo-id",
+        repo_id,
+        "--repo-type",
+        repo_type,
+        "--revision",
+        revision,
+        "--filename",
+        filename or "",
+    ]
+    if endpoint:
+        parts += ["--endpoint", endpoint]
+    parts += ["--timeout-seconds", str(max(1.0, timeout_seconds / 4))]
+    command = " ".join(shlex.quote(p) for p in parts)
+    result = console.run(command, timeout_seconds=timeout_seconds, check=False)
+    evidence = parse_hf_check_output(result.output)
+    if evidence is None:
+        tail = "\n".join(result.output.strip().splitlines()[-5:])
+        if token is not None:
+            tail = tail.replace(token.get_secret_value(), "<redacted>")
+        return classify_hf_access(
+            repo_id=repo_id,
+            status=None,
+            message=f"hf_check printed no evidence (exit {result.exit_code}): {tail}",
+            token_present=token is not None,
+            where="pod",
+        )
+    return diagnose_evidence(evidence, where="pod")
+
+
+def skip_reason(repo_id: str | None) -> str | None:
+    """Why the stage is skipped, or None when it must run (no model id → skipped)."""
+    if not repo_id or not repo_id.strip():
+        return "no Hugging Face model id in the run spec; nothing to download"
+    return None
+
+
+def raise_if_blocking(diagnosis: HFDiagnosis, *, pod_id: str | None = None) -> None:
+    """Raise when the diagnosis says the download will fail.
+
+    Raises:
+        HFAuthError: carrying the diagnosis; the message names the pod (if any), the
+            cause, the remediation and its URL.
+    """
+    if not diagnosis.blocking:
+        return
+    prefix = f"{pod_id}: " if pod_id else ""
+    flag = "" if diagnosis.recognised else " (unrecognised answer)"
+    raise HFAuthError(
+        f"{prefix}Hugging Face access to {diagnosis.repo_id} will fail on {diagnosis.where}: "
+        f"{diagnosis.cause.value}{flag}, HTTP {diagnosis.http_status}. "
+        f"{diagnosis.remediation} {diagnosis.remediation_url or ''}".rstrip(),
+        diagnosis=diagnosis,
+        pod_id=pod_id,
+        stage="hf_auth",
+    )
+
+
+def _retry_only_unknown(task: Any, task_run: Any, state: State) -> bool:
+    """Retry a Hub hiccup (5xx, unreachable → ``unknown``), never a definite answer."""
+    try:
+        state.result()
+    except HFAuthError as exc:
+        return getattr(exc.diagnosis, "cause", None) == HFCause.UNKNOWN
+    except Exception:  # noqa: BLE001 - a console drop is worth one more try
+        return True
+    return False
+
+
+@task(
+    name="hf_auth",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=_retry_only_unknown,
+)
+def hf_auth(
+    handle: PodHandle,
+    private_key: SecretStr,
+    repo_id: str | None,
+    token: SecretStr | None,
+    endpoint: str | None,
+    tools_dir: str,
+    python: str = "python3",
+    *,
+    revision: str = "main",
+    filename: str | None = "config.json",
+    timeout_seconds: float = 60.0,
+) -> HFDiagnosis | State:
+    """Diagnose Hugging Face access on the pod, where the download really runs.
+
+    Args:
+        handle: the pod.
+        private_key: the SSH key for its console.
+        repo_id: the model repo; empty/None skips the stage with a recorded reason.
+        token: the HF token (reaches the pod only as ``HF_TOKEN`` in the console session).
+        endpoint: the Hub base URL (None → ``https://huggingface.co``).
+        tools_dir: the pod folder holding the pod-side scripts (``hf_check.py``).
+        python: the pod interpreter (the env stage's choice).
+        revision / filename: the file a download would fetch first.
+        timeout_seconds: deadline for the check command.
+
+    Returns:
+        The :class:`HFDiagnosis`, or a ``Completed`` state named ``Skipped`` whose message
+        is the reason when there is no model id.
+
+    Raises:
+        HFAuthError: when access will fail (retried only when the cause is ``unknown``).
+    """
+    from prefect_runpod.blocks.console import PodConsole
+
+    logger = get_run_logger()
+    reason = skip_reason(repo_id)
+    if reason is not None:
+        logger.info("%s: hf_auth skipped: %s", handle.pod_id, reason)
+        return Completed(name="Skipped", message=reason)
+    assert repo_id is not None
+    with PodConsole.for_pod(handle, private_key) as console:
+        diagnosis = diagnose_on_pod(
+            console,
+            repo_id,
+            token,
+            endpoint,
+            python,
+            script_path=f"{tools_dir.rstrip('/')}/hf_check.py",
+            revision=revision,
+            filename=filename,
+            timeout_seconds=timeout_seconds,
+        )
+    logger.info(
+        "%s: hf_auth %s for %s (HTTP %s, %s)%s: %s",
+        handle.pod_id,
+        diagnosis.cause.value,
+        repo_id,
+        diagnosis.http_status,
+        diagnosis.error_code,
+        "" if diagnosis.recognised else " [unrecognised answer]",
+        diagnosis.remediation,
+    )
+    raise_if_blocking(diagnosis, pod_id=handle.pod_id)
+    return diagnosis
