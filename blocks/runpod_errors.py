@@ -1,0 +1,263 @@
+"""Classify RunPod's error answers into what the provider does next.
+
+RunPod's GraphQL API answers most failures with HTTP 200 and an ``errors`` array; the
+``runpod`` SDK (1.12) turns that into ``runpod.error.QueryError(errors[0].message)``,
+an HTTP 401 into ``AuthenticationError``, a non-JSON body (a proxy's 5xx page) into
+``requests``' ``JSONDecodeError``, and lets network errors through raw. This module
+maps each of those, keyed on RunPod's exact strings, to one ``FailoverAction``:
+
+===============================================================  ===============
+answer                                                            action
+===============================================================  ===============
+``There are no longer any instances available…``                  NEXT_OPTION
+``There are not enough free GPUs on the host machine…``           RECREATE
+``Something went wrong…`` / INTERNAL_SERVER_ERROR / 5xx / network  RETRY
+HTTP 401 (``Unauthorized request, please check your API key.``)  STOP
+``No GPU found with the specified ID`` (the SDK, client side)     STOP
+GraphQL syntax / validation error                                 STOP
+``pod not found to terminate`` / ``Cluster not found``            GONE
+anything else                                                     STOP
+===============================================================  ===============
+
+Sources: the SDK's ``runpod/api/graphql.py`` and ``ctl_commands.py``; the strings as
+reported in runpod/runpod-python#168 and #239, mlabonne/llm-autoeval#3, and dstack's
+RunPod backend (``pod not found to terminate``). Unknown answers stop rather than
+loop, so an unrecognised failure never keeps spending.
+
+Pure functions: no network, no Prefect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from prefect_runpod.blocks.exceptions import (
+    CapacityError,
+    ProviderAuthError,
+    ProviderError,
+    ProviderTransientError,
+    SpecError,
+)
+
+__all__ = [
+    "CAPACITY_MESSAGE",
+    "HOST_GPUS_BUSY_MESSAGE",
+    "NOT_FOUND_TO_TERMINATE_MESSAGE",
+    "SOMETHING_WENT_WRONG_MESSAGE",
+    "UNAUTHORIZED_MESSAGE",
+    "UNKNOWN_GPU_MESSAGE",
+    "ErrorKind",
+    "FailoverAction",
+    "RunPodErrorClass",
+    "classify_exception",
+    "classify_message",
+    "to_provider_error",
+]
+
+CAPACITY_MESSAGE = (
+    "There are no longer any instances available with the requested specifications. "
+    "Please refresh and try again."
+)
+"""RunPod's answer to a create when no machine of that GPU type/cloud is free."""
+
+HOST_GPUS_BUSY_MESSAGE = "There are not enough free GPUs on the host machine to start this pod."
+"""RunPod's answer to ``podResume`` when the pod's host gave its GPUs away."""
+
+SOMETHING_WENT_WRONG_MESSAGE = "Something went wrong. Please try again later or contact support."
+"""RunPod's generic server-side failure (``extensions.code=INTERNAL_SERVER_ERROR``)."""
+
+UNAUTHORIZED_MESSAGE = "Unauthorized request, please check your API key."
+"""What the SDK raises (``AuthenticationError``) on HTTP 401."""
+
+UNKNOWN_GPU_MESSAGE = (
+    "No GPU found with the specified ID, run runpod.get_gpus() to get a list of all GPUs"
+)
+"""What the SDK raises (``ValueError``) when ``gpuTypes(input:{id})`` returns ``[]``."""
+
+NOT_FOUND_TO_TERMINATE_MESSAGE = "pod not found to terminate"
+"""RunPod's answer to ``podTerminate`` for a pod that no longer exists."""
+
+_CAPACITY_MARKERS = (
+    "there are no longer any instances available",
+    "this machine does not have the resources to deploy this pod",
+)
+_HOST_BUSY_MARKERS = ("not enough free gpus on the host",)
+_TRANSIENT_MARKERS = ("something went wrong", "internal server error", "try again later")
+_NOT_FOUND_MARKERS = ("pod not found", "cluster not found")
+_INVALID_MARKERS = (
+    "syntax error",
+    "cannot query field",
+    "is not defined by type",
+    "unknown argument",
+    "expected value of type",
+    "expected type",
+    "must have a selection",
+    "must not have a selection",
+)
+
+
+class FailoverAction(StrEnum):
+    """What the provider does after an error."""
+
+    NEXT_OPTION = "next_option"
+    """Try the next GPU type / data center; this one has no capacity."""
+    RETRY = "retry"
+    """Same request again after a backoff (server or network trouble)."""
+    RECREATE = "recreate"
+    """Create a fresh pod; never resume one whose host lost its GPUs."""
+    STOP = "stop"
+    """Give up at once: retrying cannot help (bad key, bad input, unknown answer)."""
+    GONE = "gone"
+    """The pod does not exist: for terminate, that is success."""
+
+
+class ErrorKind(StrEnum):
+    """What went wrong, in a word (used in attempt lines: ``<gpu>/<cloud>: <kind>``)."""
+
+    CAPACITY = "capacity"
+    HOST_GPUS_BUSY = "host_gpus_busy"
+    TRANSIENT = "transient"
+    AUTH = "auth"
+    UNKNOWN_GPU = "unknown_gpu"
+    INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"
+    UNKNOWN = "unknown"
+
+
+_ACTIONS: dict[ErrorKind, FailoverAction] = {
+    ErrorKind.CAPACITY: FailoverAction.NEXT_OPTION,
+    ErrorKind.HOST_GPUS_BUSY: FailoverAction.RECREATE,
+    ErrorKind.TRANSIENT: FailoverAction.RETRY,
+    ErrorKind.AUTH: FailoverAction.STOP,
+    ErrorKind.UNKNOWN_GPU: FailoverAction.STOP,
+    ErrorKind.INVALID_REQUEST: FailoverAction.STOP,
+    ErrorKind.NOT_FOUND: FailoverAction.GONE,
+    ErrorKind.UNKNOWN: FailoverAction.STOP,
+}
+
+
+@dataclass(frozen=True)
+class RunPodErrorClass:
+    """One classified answer.
+
+    Attributes:
+        kind: what went wrong.
+        action: what to do next.
+        message: RunPod's (or the SDK's) text, verbatim; it never holds the API key.
+    """
+
+    kind: ErrorKind
+    action: FailoverAction
+    message: str
+
+
+def classify_message(
+    message: str, *, code: str | None = None, http_status: int | None = None
+) -> RunPodErrorClass:
+    """Classify one RunPod answer by its exact text.
+
+    Args:
+        message: ``errors[0].message`` of a GraphQL answer, or the SDK's error text.
+        code: ``errors[0].extensions.code`` when known (``INTERNAL_SERVER_ERROR`` …).
+        http_status: the HTTP status when known (401, 5xx …).
+
+    Returns:
+        A ``RunPodErrorClass``; unknown text gives ``ErrorKind.UNKNOWN`` / ``STOP``.
+    """
+    text = (message or "").lower()
+    kind = ErrorKind.UNKNOWN
+    if http_status == 401 or "unauthorized request" in text:
+        kind = ErrorKind.AUTH
+    elif any(m in text for m in _CAPACITY_MARKERS):
+        kind = ErrorKind.CAPACITY
+    elif any(m in text for m in _HOST_BUSY_MARKERS):
+        kind = ErrorKind.HOST_GPUS_BUSY
+    elif "no gpu found with the specified id" in text:
+        kind = ErrorKind.UNKNOWN_GPU
+    elif any(m in text for m in _NOT_FOUND_MARKERS) or code == "Cluster not found":
+        kind = ErrorKind.NOT_FOUND
+    elif (
+        any(m in text for m in _TRANSIENT_MARKERS)
+        or code == "INTERNAL_SERVER_ERROR"
+        or (http_status is not None and 500 <= http_status <= 599)
+        or http_status == 429
+    ):
+        kind = ErrorKind.TRANSIENT
+    elif any(m in text for m in _INVALID_MARKERS) or (code or "").startswith("GRAPHQL_"):
+        kind = ErrorKind.INVALID_REQUEST
+    return RunPodErrorClass(kind=kind, action=_ACTIONS[kind], message=message)
+
+
+def classify_exception(exc: BaseException) -> RunPodErrorClass:
+    """Classify an exception raised by a ``runpod`` SDK call.
+
+    Handles ``runpod.error.AuthenticationError`` (401), ``runpod.error.QueryError``
+    (GraphQL ``errors``), the SDK's ``ValueError`` for an unknown GPU id, and
+    ``requests`` errors (connection refused, timeout, a non-JSON 5xx body), which are
+    all transient.
+
+    Args:
+        exc: the exception.
+
+    Returns:
+        A ``RunPodErrorClass``.
+    """
+    import requests
+
+    name = type(exc).__name__
+    if name == "AuthenticationError":
+        return classify_message(str(exc) or UNAUTHORIZED_MESSAGE, http_status=401)
+    if isinstance(exc, requests.exceptions.RequestException):
+        response = getattr(exc, "response", None)
+        status = getattr(response, "status_code", None)
+        text = f"{name}: network or server error" + (f" (HTTP {status})" if status else "")
+        return RunPodErrorClass(ErrorKind.TRANSIENT, FailoverAction.RETRY, text)
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return RunPodErrorClass(ErrorKind.TRANSIENT, FailoverAction.RETRY, f"{name}: {exc}")
+    return classify_message(str(exc))
+
+
+def to_provider_error(
+    classified: RunPodErrorClass,
+    *,
+    what: str,
+    pod_id: str | None = None,
+    attempts: list[str] | None = None,
+) -> Exception:
+    """The prefect-runpod exception for a classified answer, with a next step.
+
+    Args:
+        classified: the classified answer.
+        what: the operation, for the message (``create pod prft-…``, ``terminate``).
+        pod_id: the pod concerned, if any.
+        attempts: the attempt lines so far (kept on ``CapacityError``).
+
+    Returns:
+        ``ProviderAuthError`` (401), ``CapacityError``, ``ProviderTransientError``,
+        ``SpecError`` (unknown GPU id, invalid request) or ``ProviderError``.
+    """
+    msg = classified.message
+    kind = classified.kind
+    if kind is ErrorKind.AUTH:
+        return ProviderAuthError(
+            f"{what}: RunPod refused the API key (HTTP 401: {msg}). Nothing was created; "
+            "check the RunPodCredentials block's api_key (RunPod console → Settings → API Keys).",
+            pod_id=pod_id,
+        )
+    if kind is ErrorKind.CAPACITY:
+        return CapacityError(
+            f"{what}: no capacity ({msg}). Add GPU types, data centers or cloud ALL to the "
+            "pod spec, or try again later.",
+            pod_id=pod_id,
+            attempts=attempts,
+        )
+    if kind is ErrorKind.TRANSIENT:
+        return ProviderTransientError(
+            f"{what}: RunPod had trouble ({msg}); retried with backoff and still failing. "
+            "Check https://uptime.runpod.io and try again.",
+            pod_id=pod_id,
+        )
+    if kind in (ErrorKind.UNKNOWN_GPU, ErrorKind.INVALID_REQUEST):
+        return SpecError(f"{what}: RunPod rejected the request ({msg}).", pod_id=pod_id)
+    return ProviderError(f"{what}: RunPod answered: {msg}", pod_id=pod_id)
