@@ -11,6 +11,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
+# Transfer records live with the transfer code in blocks/ (blocks never import tasks/).
+from prefect_runpod.blocks.transfer_models import Manifest, ManifestEntry, TransferReport
 from pydantic import BaseModel, Field
 
 __all__ = [
@@ -181,56 +183,6 @@ class HFDiagnosis(BaseModel):
     def blocking(self) -> bool:
         """True when the run cannot succeed with this access."""
         return self.cause != HFCause.OK
-
-
-class ManifestEntry(BaseModel):
-    """One file: path relative to the manifest root (POSIX separators), size in bytes,
-    md5 and sha256 hex digests."""
-
-    path: str
-    size_bytes: int = Field(ge=0)
-    md5: str
-    sha256: str
-
-
-class Manifest(BaseModel):
-    """The integrity record of a directory tree (or a single file).
-
-    Attributes:
-        root: where the files are (a local path or a pod path).
-        entries: one per file, sorted by path.
-    """
-
-    root: str
-    entries: list[ManifestEntry] = Field(default_factory=list)
-
-    @property
-    def total_bytes(self) -> int:
-        """Sum of all entry sizes, in bytes."""
-        return sum(e.size_bytes for e in self.entries)
-
-
-class TransferReport(BaseModel):
-    """One upload or download.
-
-    Attributes:
-        direction: ``upload`` (local → pod) or ``download`` (pod → local).
-        method: ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
-        bytes: payload bytes moved (files' sizes, not the encoded wire bytes).
-        seconds: wall time.
-        retries: chunks/files re-sent after a drop or a mismatch.
-        source_manifest / dest_manifest: computed at each end.
-        verified: True only when both manifests match entry for entry.
-    """
-
-    direction: Literal["upload", "download"]
-    method: str
-    bytes: int = 0
-    seconds: float = 0.0
-    retries: int = 0
-    source_manifest: Manifest | None = None
-    dest_manifest: Manifest | None = None
-    verified: bool = False
 
 
 class TrainReport(BaseModel):
