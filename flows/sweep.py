@@ -71,7 +71,6 @@ def sweep(
             deployment_name,
             parameters={**config, "concurrency_limit": concurrency_limit},
             timeout=0,
-            flow_run_name=None,
         )
         for config in configs
     ]

@@ -1,0 +1,266 @@
+"""Set up and serve prefect-runpod's deployments (DESIGN §7 layer 4, §10).
+
+Two commands::
+
+    python -m prefect_runpod.deployments.register setup   # limit, automation, work pool
+    python -m prefect_runpod.deployments.register serve   # setup, then serve every deployment
+
+``setup`` is idempotent and creates, on the Prefect server ``PREFECT_API_URL`` points at:
+
+- the global concurrency limit ``runpod-gpu`` (2 slots): the fine-tune flow holds one
+  slot from provision to confirmed terminate, so at most two pods bill at once;
+- the ``runpod-crash-zombie-flows`` automation: a flow run that stops sending
+  ``prefect.flow-run.heartbeat`` events (its process was killed, its host died) is
+  marked Crashed, as Prefect's docs advise for self-hosted servers
+  (``advanced/detect-zombie-flows``); the reaper then ends its pod;
+- the process work pool ``runpod-pool`` that ``prefect deploy --all`` (prefect.yaml)
+  targets. The GPU lives on RunPod, not under the worker, so a process pool is enough.
+
+``serve`` runs the same deployments as ``prefect.yaml`` in this process (no work pool,
+no worker): handy on a laptop, and what the tests use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+from typing import Any
+
+from prefect import serve
+from prefect.automations import Automation
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import StateType
+from prefect.deployments.runner import RunnerDeployment
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import EventTrigger, Posture
+from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+from prefect.exceptions import ObjectAlreadyExists
+from prefect.schedules import Cron, Interval
+from prefect_runpod.flows.finetune import finetune
+from prefect_runpod.flows.reaper import reaper
+from prefect_runpod.flows.sweep import sweep
+
+__all__ = [
+    "CONCURRENCY_LIMIT",
+    "DATASET_EVENT",
+    "WORK_POOL",
+    "ZOMBIE_AUTOMATION",
+    "build_deployments",
+    "dataset_trigger",
+    "ensure_concurrency_limit",
+    "ensure_work_pool",
+    "ensure_zombie_automation",
+    "main",
+    "serve_all",
+    "setup",
+]
+
+CONCURRENCY_LIMIT = "runpod-gpu"
+"""The global concurrency limit capping simultaneous pods."""
+WORK_POOL = "runpod-pool"
+"""The process work pool ``prefect.yaml`` deploys to."""
+ZOMBIE_AUTOMATION = "runpod-crash-zombie-flows"
+"""The automation that marks heartbeat-less flow runs Crashed."""
+DATASET_EVENT = "dataset.updated"
+"""The event an upstream pipeline emits when a training set changes; its payload's
+``bundle`` is the bundle directory to fine-tune on."""
+
+HEARTBEATS_MISSED = 3
+"""A run is a zombie after this many missed heartbeat intervals."""
+
+
+def ensure_concurrency_limit(name: str = CONCURRENCY_LIMIT, limit: int = 2) -> int:
+    """Create the global concurrency limit ``name`` with ``limit`` slots, or set the
+    limit of an existing one (its held slots are left as they are).
+
+    Returns:
+        The limit now on the server.
+    """
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(name, limit)
+        return client.read_global_concurrency_limit_by_name(name).limit
+
+
+def ensure_work_pool(name: str = WORK_POOL) -> str:
+    """Create the process work pool ``name`` unless it exists. Returns its type."""
+    with get_client(sync_client=True) as client:
+        try:
+            pool = client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+        except ObjectAlreadyExists:
+            pool = client.read_work_pool(name)
+        return pool.type
+
+
+def zombie_automation(heartbeat_seconds: float = 180.0) -> Automation:
+    """The automation that marks a flow run Crashed when no heartbeat, and no final
+    state, followed its last heartbeat within ``HEARTBEATS_MISSED`` intervals.
+
+    Args:
+        heartbeat_seconds: the flows' heartbeat interval
+            (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, 180 s by default, 30 s at least).
+    """
+    finals = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")}
+    return Automation(
+        name=ZOMBIE_AUTOMATION,
+        description=(
+            "Marks a flow run Crashed when its heartbeats stop (killed process, lost host), "
+            "so on_crashed hooks elsewhere and the runpod reaper can end its pod."
+        ),
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *finals},
+            match={"prefect.resource.id": ["prefect.flow-run.*"]},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=heartbeat_seconds * HEARTBEATS_MISSED),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=f"No heartbeat for {HEARTBEATS_MISSED} intervals: the flow process is gone.",
+            )
+        ],
+    )
+
+
+def ensure_zombie_automation(heartbeat_seconds: float = 180.0) -> str:
+    """Create (or replace) the zombie-run automation. Returns its id."""
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(ZOMBIE_AUTOMATION):
+            client.delete_automation(old.id)
+    created = zombie_automation(heartbeat_seconds).create()
+    return str(created.id)
+
+
+def setup(limit: int = 2, heartbeat_seconds: float = 180.0) -> dict[str, Any]:
+    """The concurrency limit, the zombie automation and the work pool, all idempotent.
+
+    Returns:
+        What exists now: ``{"concurrency_limit": …, "automation_id": …, "work_pool": …}``.
+    """
+    return {
+        "concurrency_limit": {CONCURRENCY_LIMIT: ensure_concurrency_limit(limit=limit)},
+        "automation_id": ensure_zombie_automation(heartbeat_seconds),
+        "work_pool": {WORK_POOL: ensure_work_pool()},
+    }
+
+
+def dataset_trigger() -> DeploymentEventTrigger:
+    """Run the fine-tune when a ``dataset.updated`` event arrives, on the bundle the
+    event names (``payload.bundle``): one run per event."""
+    return DeploymentEventTrigger(
+        name="fine-tune-on-dataset-update",
+        expect={DATASET_EVENT},
+        match={"prefect.resource.id": "dataset.*"},
+        posture=Posture.Reactive,
+        threshold=1,
+        parameters={
+            "bundle": "{{ event.payload.bundle }}",
+            "concurrency_limit": CONCURRENCY_LIMIT,
+        },
+    )
+
+
+def build_deployments(
+    *, schedules: bool = True, finetune_defaults: dict[str, Any] | None = None
+) -> list[RunnerDeployment]:
+    """The deployments ``prefect.yaml`` declares, as runner deployments for ``serve``.
+
+    - ``runpod-finetune/on-demand``: for ``run_deployment`` from other pipelines and the sweep;
+    - ``runpod-finetune/nightly``: cron ``0 3 * * *`` UTC;
+    - ``runpod-finetune/on-dataset-updated``: the ``dataset.updated`` trigger;
+    - ``runpod-reaper/every-10-min``: the reaper, every 600 s;
+    - ``runpod-sweep/on-demand``: a sweep of configs under the ``runpod-gpu`` cap.
+
+    Args:
+        schedules: False leaves out the cron and interval schedules (tests, or a
+            laptop where the shared reaper already runs elsewhere).
+        finetune_defaults: default parameters for every fine-tune deployment.
+    """
+    base = {"concurrency_limit": CONCURRENCY_LIMIT, **(finetune_defaults or {})}
+    tags = ["prefect-runpod"]
+    return [
+        finetune.to_deployment("on-demand", parameters=base, tags=tags),
+        finetune.to_deployment(
+            "nightly",
+            schedules=[Cron("0 3 * * *", timezone="UTC")] if schedules else None,
+            parameters=base,
+            tags=tags,
+        ),
+        finetune.to_deployment(
+            "on-dataset-updated", parameters=base, triggers=[dataset_trigger()], tags=tags
+        ),
+        reaper.to_deployment(
+            "every-10-min",
+            schedules=[Interval(timedelta(minutes=10))] if schedules else None,
+            parameters={"provider": "local", "name_prefix": "prft"},
+            tags=tags,
+        ),
+        sweep.to_deployment(
+            "on-demand", parameters={"concurrency_limit": CONCURRENCY_LIMIT}, tags=tags
+        ),
+    ]
+
+
+def serve_all(
+    *,
+    limit: int | None = None,
+    query_seconds: float | None = None,
+    schedules: bool = True,
+    finetune_defaults: dict[str, Any] | None = None,
+) -> None:
+    """Serve every deployment from this process until interrupted (SIGINT/SIGTERM).
+
+    Args:
+        limit: most flow runs at once in this process (None: no limit). The pod cap
+            is the ``runpod-gpu`` limit, not this.
+        query_seconds: how often the runner polls for scheduled runs (default
+            ``PREFECT_RUNNER_POLL_FREQUENCY``, 10 s).
+        schedules / finetune_defaults: see ``build_deployments``.
+    """
+    kwargs: dict[str, Any] = {}
+    if query_seconds is not None:
+        kwargs["query_seconds"] = query_seconds
+    serve(
+        *build_deployments(schedules=schedules, finetune_defaults=finetune_defaults),
+        limit=limit,
+        **kwargs,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``setup`` or ``serve`` (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m prefect_runpod.deployments.register")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("setup", "serve"):
+        cmd = sub.add_parser(name)
+        cmd.add_argument(
+            "--gpu-limit", type=int, default=2, help="slots of runpod-gpu (pods at once)"
+        )
+        cmd.add_argument(
+            "--heartbeat-seconds",
+            type=float,
+            default=180.0,
+            help="the flows' heartbeat interval, for the zombie automation",
+        )
+    serve_cmd = sub.choices["serve"]
+    serve_cmd.add_argument("--limit", type=int, default=None, help="most runs at once here")
+    serve_cmd.add_argument("--query-seconds", type=float, default=None)
+    serve_cmd.add_argument("--no-schedules", action="store_true", help="leave out cron/interval")
+    serve_cmd.add_argument("--no-setup", action="store_true", help="skip the setup step")
+    args = parser.parse_args(argv)
+    if args.command == "setup" or not args.no_setup:
+        done = setup(limit=args.gpu_limit, heartbeat_seconds=args.heartbeat_seconds)
+        print(f"setup: {done}", flush=True)
+    if args.command == "serve":
+        serve_all(
+            limit=args.limit, query_seconds=args.query_seconds, schedules=not args.no_schedules
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
