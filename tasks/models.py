@@ -255,6 +255,11 @@ class ParityReport(BaseModel):
     verdict: Literal["pass", "fail"] = "fail"
     reasons: list[str] = Field(default_factory=list)
     first_divergent: list[ParityRecordDiff] = Field(default_factory=list)
+    # Added for the eval-parity artifact: the per-side split of ``format_violations``
+    # and the regex the records were judged against.
+    format_violations_train: int = 0
+    format_violations_eval: int = 0
+    output_format: str = ""
 
 
 class CostReport(BaseModel):
