@@ -570,6 +570,8 @@ class PodConsole:
         assert self._io is not None
         self._io.send(b"\x03", self._feed)
         code, lines = self._read_to_prompt(time.monotonic() + _INTERRUPT_GRACE_SECONDS, on_line)
+        while lines and not lines[-1]:
+            lines.pop()  # bash prints a line break after an interrupted job
         self._record(f"[timeout; Ctrl-C; exit {code}]")
         if code is None:
             self._needs_resync = True
