@@ -143,6 +143,10 @@ class _Session:
         except _DROP_ERRORS as exc:
             raise _Dropped(str(exc)) from exc
         if not data:
+            if getattr(self.stream, "ended", False):
+                raise _Dropped(
+                    "the receiver exited (code {})".format(getattr(self.stream, "exit_code", "?"))
+                )
             return []
         self.last_rx = time.monotonic()
         return self.parser.feed(self.hooks.data_in(data))
@@ -150,7 +154,16 @@ class _Session:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.opts.ready_timeout_seconds
         while time.monotonic() < deadline:
-            for kind, ev in self.poll(0.5):
+            try:
+                events = self.poll(0.5)
+            except _Dropped as exc:
+                if getattr(self.stream, "ended", False):
+                    raise TransferError(
+                        f"the pod's receiver did not start ({exc}); check that "
+                        f"`{self.opts.python}` runs on the pod and the tools are installed"
+                    ) from exc
+                raise
+            for kind, ev in events:
                 if kind == "line" and ev[0] == "#READY":
                     return
         raise _Dropped(
@@ -219,6 +232,7 @@ def _resilient(
 ) -> dict[str, Any]:
     reconnects = 0
     while True:
+        session = None
         try:
             session = _Session(open_stream(command), hooks, opts)
             session.wait_ready()
@@ -226,6 +240,10 @@ def _resilient(
             session.close()
             result["reconnects"] = reconnects
             return result
+        except (TransferError, KeyboardInterrupt):
+            if session is not None:
+                session.close()  # end the receiver so the console is usable again
+            raise
         except (_Dropped, *_DROP_ERRORS) as exc:
             reconnects += 1
             if reconnects > opts.max_reconnects or reconnect is None:
