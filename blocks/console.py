@@ -37,16 +37,16 @@ from pathlib import Path
 from types import TracebackType
 
 import paramiko
-from prefect_runpod.blocks.console_io import ChannelIO, PtyStream, host_key_line
+from prefect_runpod.blocks.console_io import ChannelIO, PtyStream
 from prefect_runpod.blocks.exceptions import (
     CommandTimeoutError,
     ConsoleConnectError,
     ConsoleError,
     SpecError,
 )
-from prefect_runpod.blocks.keys import load_private_key
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
-from prefect_runpod.blocks.terminal_text import TerminalDecoder, redact
+from prefect_runpod.blocks.ssh_connect import exec_command, open_ssh_client
+from prefect_runpod.blocks.terminal_text import TerminalDecoder, clean_output, redact
 from pydantic import BaseModel, SecretStr
 
 __all__ = ["CommandResult", "PodConsole", "PtyStream", "run_remote"]
@@ -183,7 +183,15 @@ class PodConsole:
         if self._io is not None:
             return
         deadline = time.monotonic() + self._connect_timeout_seconds
-        client = self._open_client()
+        client = open_ssh_client(
+            self._endpoint,
+            self._private_key,
+            pinned_host_key=self._pinned_host_key,
+            on_new_host_key=self._record_host_key,
+            timeout_seconds=self._connect_timeout_seconds,
+            where=self._where(),
+            pod_id=self._pod_id,
+        )
         try:
             transport = client.get_transport()
             assert transport is not None
@@ -395,6 +403,44 @@ class PodConsole:
             self._stream._feed(rest)
         return self._stream
 
+    def exec_command(self, command: str, *, timeout_seconds: float = 60.0) -> CommandResult:
+        """Run ``command`` on an SSH exec channel instead of the PTY shell (a direct-mode
+        pod's full sshd: no tty, so no echo, line limit or escape codes to undo). It
+        runs in a fresh non-interactive shell, not the console's.
+
+        Returns:
+            A ``CommandResult``; ``output`` is stdout then stderr, cleaned and masked.
+
+        Raises:
+            ExecRefusedError: a PTY-only gateway (RunPod's ``ssh.runpod.io``) refused it;
+                use ``run`` instead.
+            CommandTimeoutError: no exit status within ``timeout_seconds``.
+            ConsoleConnectError: not connected, or the connection dropped.
+        """
+        if self._client is None:
+            raise ConsoleConnectError(
+                f"{self._where()}: the console is not connected; call connect()",
+                pod_id=self._pod_id,
+            )
+        started = time.monotonic()
+        shown = self._redact(command)
+        self._record(f"$ [exec] {shown}")
+        out, err, code = exec_command(
+            self._client,
+            command,
+            timeout_seconds=timeout_seconds,
+            where=self._where(),
+            pod_id=self._pod_id,
+        )
+        text = "\n".join(t for t in (clean_output(out), clean_output(err)) if t)
+        output = self._redact(text)
+        for line in output.splitlines():
+            self._record(line)
+        self._record(f"[exit {code}]")
+        return CommandResult(
+            command=shown, output=output, exit_code=code, seconds=time.monotonic() - started
+        )
+
     def _await_ready(self, ready: bytes, shown: str) -> bytes:
         """Read raw bytes up to the stream's ready marker; return what follows it.
 
@@ -431,73 +477,11 @@ class PodConsole:
 
     # -- internals -------------------------------------------------------------------
 
-    def _open_client(self) -> paramiko.SSHClient:
-        ep = self._endpoint
-        pkey = load_private_key(self._private_key)
-        client = paramiko.SSHClient()
-        known_name = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
-        pinned = self._pinned_host_key
-        if pinned:
-            try:
-                kind, blob = pinned.split()[:2]
-                key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
-            except (ValueError, paramiko.SSHException) as exc:
-                raise SpecError(
-                    f"{self._where()}: the pinned host key is not an OpenSSH public-key "
-                    f"line ({exc}); record it again"
-                ) from exc
-            client.get_host_keys().add(known_name, kind, key)
-        client.set_missing_host_key_policy(_HostKeyPolicy(self))
-        try:
-            client.connect(
-                ep.host,
-                port=ep.port,
-                username=ep.user,
-                pkey=pkey,
-                timeout=self._connect_timeout_seconds,
-                banner_timeout=self._connect_timeout_seconds,
-                auth_timeout=self._connect_timeout_seconds,
-                allow_agent=False,
-                look_for_keys=False,
-            )
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise self._host_key_error(host_key_line(exc.key)) from exc
-        except ConsoleConnectError:
-            client.close()
-            raise
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            raise ConsoleConnectError(
-                f"{self._where()}: the SSH key was refused for user {ep.user!r}; add its "
-                "public key to the pod (RunPod: account Settings → SSH public keys, or the "
-                "PUBLIC_KEY env) and retry",
-                pod_id=self._pod_id,
-            ) from exc
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            client.close()
-            raise ConsoleConnectError(
-                f"{self._where()}: could not connect ({type(exc).__name__}: {exc}); check "
-                "the pod is running and its SSH endpoint, then retry",
-                pod_id=self._pod_id,
-            ) from exc
-        return client
-
-    def _accept_host_key(self, seen: str) -> None:
-        if self._pinned_host_key:
-            raise self._host_key_error(seen)
+    def _record_host_key(self, seen: str) -> None:
+        """Trust on first use: pin the key seen for reconnects and report it."""
         self._pinned_host_key = seen
         if self._on_host_key is not None:
             self._on_host_key(seen)
-
-    def _host_key_error(self, seen: str) -> ConsoleConnectError:
-        return ConsoleConnectError(
-            f"{self._where()}: the server's host key ({_fingerprint(seen)}) is not the pinned "
-            f"one ({_fingerprint(self._pinned_host_key or '')}); refusing to connect. If the "
-            "pod was re-created on purpose, clear the recorded host key; otherwise do not "
-            "connect",
-            pod_id=self._pod_id,
-        )
 
     def _start_shell(self, deadline: float) -> None:
         """Set the shell up and sync on the first sentinel prompt; what came before
@@ -687,18 +671,6 @@ class PodConsole:
             self._transcript_chars -= len(self._transcript.pop(0)) + 1
 
 
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse an unknown key when one is pinned; otherwise record it (trust on first use)."""
-
-    def __init__(self, console: PodConsole) -> None:
-        self._console = console
-
-    def missing_host_key(
-        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
-        self._console._accept_host_key(host_key_line(key))
-
-
 def run_remote(
     pod: PodHandle,
     key: SecretStr | Path,
@@ -732,15 +704,6 @@ def run_remote(
 
 def _needs_staging(command: str) -> bool:
     return len(command.encode()) > _MAX_LINE_BYTES or bool(_CONTROL_RE.search(command))
-
-
-def _fingerprint(line: str) -> str:
-    try:
-        blob = base64.b64decode(line.split()[1])
-    except (IndexError, ValueError):
-        return "unreadable key"
-    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-    return f"{line.split()[0]} SHA256:{digest}"
 
 
 def _short(command: str, limit: int = 120) -> str:

@@ -22,18 +22,13 @@ from prefect_runpod.blocks.exceptions import (
     ConsoleError,
 )
 
-__all__ = ["ChannelIO", "PtyStream", "host_key_line"]
+__all__ = ["ChannelIO", "PtyStream"]
 
 _RECV_BYTES = 1 << 20
 # paramiko sends at most one packet (32 KiB with OpenSSH) per call: slices of that size
 # avoid copying more than is sent.
 _SEND_SLICE_BYTES = 32768
 _SEND_WAIT_SECONDS = 0.05
-
-
-def host_key_line(key: paramiko.PKey) -> str:
-    """A public key as one OpenSSH line without comment (``ssh-ed25519 AAAA…``)."""
-    return f"{key.get_name()} {key.get_base64()}"
 
 
 class ChannelIO:

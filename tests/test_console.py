@@ -263,3 +263,9 @@ class TestPtyStream:
         stream.write(b"abc")
         assert stream.finish() == 0
         assert re.fullmatch("ok", console.run("echo ok").output)
+
+
+class TestExec:
+    def test_exec_channel_on_a_full_sshd(self, console: PodConsole) -> None:
+        result = console.exec_command("printf 'a\\nb\\n'; exit 6", timeout_seconds=30)
+        assert (result.output, result.exit_code) == ("a\nb", 6)
