@@ -1,0 +1,237 @@
+"""The ``train`` stage: launch the job detached on the pod, follow its log, stop it on
+cancel / runtime cap / budget, and report (DESIGN §6).
+
+The pod side is ``blocks/pod_side/launcher.py`` (already on the pod in ``tools_dir``).
+Everything here talks to it through a console's ``run(command)``, so a dropped SSH
+channel costs nothing: training runs in its own session on the pod, and the log is
+read by byte offset, which advances only when an answer arrived whole. After a drop
+the follower reconnects and asks again from the same offset, so no line is lost and
+none is repeated.
+
+The core (``launch_training``, ``LogFollower``, ``follow_training``, ``kill_training``)
+is plain Python; the ``train`` task adds Prefect logs and artifacts only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
+from prefect_runpod.tasks.models import TrainReport
+from prefect_runpod.tasks.train_log import Progress, parse_metrics, parse_progress
+from prefect_runpod.tasks.train_remote import (
+    ConsoleLike,
+    LogChunk,
+    LogFollower,
+    kill_training,
+    launch_training,
+    sleep_in_steps,
+)
+
+__all__ = [
+    "ConsoleLike",
+    "LogChunk",
+    "LogFollower",
+    "Progress",
+    "follow_training",
+    "kill_training",
+    "launch_training",
+    "parse_metrics",
+    "parse_progress",
+    "terminal_progress_bar",
+]
+
+
+def _last_lines_message(tail: deque[str] | list[str]) -> str:
+    lines = list(tail)[-20:]
+    return "\n".join(f"    {line}" for line in lines) if lines else "    (the log is empty)"
+
+
+def follow_training(
+    console: ConsoleLike,
+    run_dir: str,
+    tools_dir: str,
+    *,
+    command: str = "",
+    python: str = "python3",
+    max_runtime_seconds: float | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_metrics: Callable[[dict[str, float]], None] | None = None,
+    poll_interval_seconds: float = 1.0,
+    kill_grace_seconds: float = 30.0,
+    heartbeat_path: str | None = None,
+    tail_lines: int = 50,
+    reconnect_timeout_seconds: float = 300.0,
+    pod_id: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> TrainReport:
+    """Follow a launched training run to its end and report it.
+
+    Polls ``launcher.py read`` every ``poll_interval_seconds`` (sleeping in steps of
+    at most 1 s, so SIGTERM / cancellation land at once), streams lines to
+    ``on_line``, progress to ``on_progress`` and each line's metrics to ``on_metrics``.
+    On the runtime cap, on ``should_stop()`` returning a reason, or on any exception
+    (cancellation included) it kills the remote process group first.
+
+    Args:
+        console, run_dir, tools_dir, python: as for ``launch_training``.
+        command: recorded in the report.
+        max_runtime_seconds: runtime cap from the start of following; None for none.
+        should_stop: returns a reason to stop (e.g. the budget is spent) or None.
+        kill_grace_seconds: SIGTERM → SIGKILL grace on the pod.
+        heartbeat_path: the dead-man heartbeat refreshed at each poll (default
+            ``<run_dir>/heartbeat``).
+
+    Returns:
+        ``TrainReport`` of a run that exited 0.
+
+    Raises:
+        TrainingError: non-zero exit, the process vanished, or the pod stayed
+            unreachable; the message carries the last log lines.
+        BudgetExceededError: the runtime cap passed or ``should_stop`` gave a reason.
+        Both carry the partial ``TrainReport`` as ``.report``.
+    """
+    metrics: dict[str, float] = {}
+
+    def _text(text: str) -> None:
+        progress = parse_progress(text)
+        if progress is not None and on_progress is not None:
+            on_progress(progress)
+        found = parse_metrics(text)
+        if found:
+            metrics.update(found)
+            if on_metrics is not None:
+                on_metrics(found)
+
+    follower = LogFollower(
+        console,
+        run_dir,
+        tools_dir,
+        python=python,
+        on_line=on_line,
+        on_text=_text,
+        heartbeat_path=heartbeat_path,
+        tail_lines=tail_lines,
+        pod_id=pod_id,
+        sleep=sleep,
+        clock=clock,
+        reconnect_timeout_seconds=reconnect_timeout_seconds,
+    )
+    started = clock()
+    stop_reason: str | None = None
+    chunk: LogChunk | None = None
+    try:
+        while True:
+            chunk = follower.read_once()
+            if not chunk.running:
+                if chunk.next_offset < chunk.log_bytes:
+                    chunk = follower.drain()
+                break
+            if chunk.next_offset < chunk.log_bytes:
+                continue  # more log waiting: read on before sleeping
+            if max_runtime_seconds is not None and clock() - started >= max_runtime_seconds:
+                stop_reason = f"runtime cap of {max_runtime_seconds:g} s reached"
+            elif should_stop is not None:
+                stop_reason = should_stop()
+            if stop_reason:
+                break
+            sleep_in_steps(poll_interval_seconds, sleep)
+    except BaseException:
+        _kill_quietly(follower, kill_grace_seconds)
+        raise
+
+    if stop_reason:
+        killed = _kill_quietly(follower, kill_grace_seconds)
+        with contextlib.suppress(TrainingError):
+            chunk = follower.drain()
+        exit_code = (killed or {}).get("exit_code")
+    else:
+        exit_code = chunk.exit_code if chunk else None
+    report = TrainReport(
+        command=command,
+        run_dir=run_dir,
+        exit_code=exit_code,
+        seconds=round(clock() - started, 3),
+        last_log_lines=list(follower.tail),
+        metrics=metrics,
+        log_bytes=follower.offset,
+        reconnects=follower.reconnects,
+    )
+    error: TrainingError | BudgetExceededError | None = None
+    if stop_reason:
+        error = BudgetExceededError(
+            f"pod {pod_id}: training stopped: {stop_reason}; the process group was killed "
+            f"(exit {exit_code}) after {report.seconds:.0f} s. Last log lines:\n"
+            f"{_last_lines_message(follower.tail)}\nRaise the cap or resume from a checkpoint.",
+            pod_id=pod_id,
+            stage="train",
+        )
+    elif chunk is None or chunk.state == "lost" or exit_code is None:
+        error = TrainingError(
+            f"pod {pod_id}: the training process ended without an exit code (killed with its "
+            f"supervisor?) after {report.seconds:.0f} s. Last log lines:\n"
+            f"{_last_lines_message(follower.tail)}\nSee {run_dir}/train.log on the pod.",
+            pod_id=pod_id,
+            stage="train",
+        )
+    elif exit_code != 0:
+        error = TrainingError(
+            f"pod {pod_id}: training exited with code {exit_code} after {report.seconds:.0f} s. "
+            f"Last log lines:\n{_last_lines_message(follower.tail)}\n"
+            f"Fix the job and rerun; the full log is {run_dir}/train.log on the pod.",
+            pod_id=pod_id,
+            stage="train",
+        )
+    if error is not None:
+        error.report = report  # type: ignore[attr-defined]
+        raise error
+    return report
+
+
+def _kill_quietly(follower: LogFollower, grace_seconds: float) -> dict[str, Any] | None:
+    """Kill the remote run; never raises (the caller is already failing)."""
+    try:
+        if follower.in_command:  # interrupted mid-command: the shell is in an unknown state
+            follower.console.reconnect()
+            follower.in_command = False
+        return kill_training(
+            follower.console,
+            follower.run_dir,
+            follower.tools_dir,
+            python=follower.python,
+            grace_seconds=grace_seconds,
+            pod_id=follower.pod_id,
+        )
+    except Exception:  # noqa: BLE001 - best effort; the pod is terminated after this anyway
+        return None
+
+
+def terminal_progress_bar(
+    stream: TextIO | None = None, width: int = 30
+) -> Callable[[Progress], None]:
+    """A callback drawing ``[#######.......]  40.0% step 40/100`` on one terminal line.
+
+    Args:
+        stream: where to draw (default ``sys.stderr``).
+        width: bar width in characters.
+    """
+
+    def _draw(progress: Progress) -> None:
+        out = stream or sys.stderr
+        filled = int(round(progress.fraction * width))
+        counter = f" {progress.unit} {progress.step}/{progress.total}" if progress.total else ""
+        end = "\n" if progress.fraction >= 1.0 else ""
+        out.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {progress.percent:5.1f}%{counter}{end}"
+        )
+        out.flush()
+
+    return _draw

@@ -1,0 +1,370 @@
+"""The pod's ``launcher.py``, driven through a console: start, read by offset, kill.
+
+The byte offset advances only when a ``read`` answer arrived whole, so after an SSH
+drop the follower reconnects and asks again from the same offset: no line lost, none
+repeated (DESIGN §6). Plain Python; the ``train`` task (``tasks/train.py``) wraps it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prefect_runpod.blocks.exceptions import ConsoleError, TrainingError
+from prefect_runpod.tasks.train_log import strip_ansi
+
+__all__ = [
+    "ConsoleLike",
+    "LogChunk",
+    "LogFollower",
+    "kill_training",
+    "launch_training",
+    "sleep_in_steps",
+]
+
+_MAX_SLEEP_SECONDS = 1.0
+_MAX_PENDING_BYTES = 1 << 20  # a "line" longer than this is emitted in pieces
+_MAX_GARBLED_ANSWERS = 3
+
+
+class ConsoleLike(Protocol):
+    """What the train stage needs of a console (``PodConsole`` fills it in)."""
+
+    def run(self, command: str, *, timeout_seconds: float = 60.0, **kw: Any) -> Any:
+        """Run one shell command; return an object with ``output`` and ``exit_code``."""
+        ...
+
+    def reconnect(self) -> None:
+        """Open a fresh SSH session and shell after a drop."""
+        ...
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """One ``launcher.py read`` answer.
+
+    Attributes:
+        offset / next_offset: byte range of the log this answer covers.
+        data: the log bytes (whole lines unless the process ended).
+        running: the process (group) was alive when the pod looked.
+        exit_code: the recorded exit code, None while running or when lost.
+        state: ``absent``, ``running``, ``exited`` or ``lost``.
+        log_bytes: the log's size when read.
+    """
+
+    offset: int
+    next_offset: int
+    data: bytes
+    running: bool
+    exit_code: int | None
+    state: str
+    log_bytes: int
+
+
+def _json_answer(output: str, key: str) -> dict[str, Any] | None:
+    """The last line of ``output`` that is a JSON object holding ``key``."""
+    for line in reversed(output.replace("\r", "\n").splitlines()):
+        text = strip_ansi(line).strip()
+        start = text.find("{")
+        if start < 0:
+            continue
+        try:
+            value = json.loads(text[start:])
+        except ValueError:
+            continue
+        if isinstance(value, dict) and key in value:
+            return value
+    return None
+
+
+def sleep_in_steps(seconds: float, sleep: Callable[[float], None]) -> None:
+    """Sleep ``seconds`` in steps of at most 1 s, so signals are handled at once."""
+    end = time.monotonic() + max(0.0, seconds)
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        sleep(min(_MAX_SLEEP_SECONDS, left))
+
+
+class LogFollower:
+    """Follows ``<run_dir>/train.log`` on the pod through a console, by byte offset.
+
+    Each complete line (ended by ``\\n`` or ``\\r\\n``) goes to ``on_line`` exactly once,
+    ANSI escapes removed. ``\\r`` redraws (tqdm) go to ``on_text`` for progress parsing;
+    of a burst of redraws only the last one still on screen reaches ``on_line``.
+    Every segment (lines and redraws) goes to ``on_text``. Each read refreshes the
+    heartbeat file (the dead-man switch's sign of life).
+
+    Args:
+        console: a ``PodConsole`` (or anything with ``run`` and ``reconnect``).
+        run_dir: the pod-side run directory.
+        tools_dir: the pod directory holding ``launcher.py``.
+        python: the pod interpreter that runs ``launcher.py``.
+        on_line / on_text: callbacks taking one ``str``.
+        heartbeat_path: file whose mtime each read refreshes; default
+            ``<run_dir>/heartbeat``; ``""`` for none.
+        max_bytes: log bytes per read.
+        command_timeout_seconds: deadline of one console command.
+        reconnect_timeout_seconds: how long to keep reconnecting after a drop before
+            giving up with ``TrainingError``.
+        tail_lines: how many last lines to keep for reports and errors.
+        pod_id: named in error messages.
+        sleep / clock: injectable for tests.
+    """
+
+    def __init__(
+        self,
+        console: ConsoleLike,
+        run_dir: str,
+        tools_dir: str,
+        *,
+        python: str = "python3",
+        on_line: Callable[[str], None] | None = None,
+        on_text: Callable[[str], None] | None = None,
+        heartbeat_path: str | None = None,
+        max_bytes: int = 65536,
+        command_timeout_seconds: float = 60.0,
+        reconnect_timeout_seconds: float = 300.0,
+        tail_lines: int = 50,
+        pod_id: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.console = console
+        self.run_dir = run_dir
+        self.tools_dir = tools_dir.rstrip("/")
+        self.python = python
+        self.on_line = on_line
+        self.on_text = on_text
+        self.heartbeat_path = f"{run_dir}/heartbeat" if heartbeat_path is None else heartbeat_path
+        self.max_bytes = max_bytes
+        self.command_timeout_seconds = command_timeout_seconds
+        self.reconnect_timeout_seconds = reconnect_timeout_seconds
+        self.pod_id = pod_id
+        self.sleep = sleep
+        self.clock = clock
+        self.offset = 0
+        self.reconnects = 0
+        self.tail: deque[str] = deque(maxlen=max(1, tail_lines))
+        self.in_command = False
+        self._pending = b""
+
+    # -- the console, with reconnects ------------------------------------------------
+    def launcher_command(self, action: str, *args: str) -> str:
+        """The shell command running ``launcher.py ACTION --run-dir RUN_DIR ARGS…``."""
+        parts = [self.python, f"{self.tools_dir}/launcher.py", action, "--run-dir", self.run_dir]
+        return " ".join(shlex.quote(p) for p in [*parts, *args])
+
+    def call(self, command: str, key: str, timeout_seconds: float | None = None) -> dict[str, Any]:
+        """Run ``command`` and return its JSON answer (the object holding ``key``).
+
+        Reconnects after a ``ConsoleError`` (backoff up to 5 s) until
+        ``reconnect_timeout_seconds`` pass.
+
+        Raises:
+            TrainingError: the pod stayed unreachable, or ``launcher.py`` gave no
+                JSON answer three times in a row.
+        """
+        first_failure: float | None = None
+        garbled = 0
+        delay = 0.5
+        while True:
+            try:
+                self.in_command = True
+                result = self.console.run(
+                    command, timeout_seconds=timeout_seconds or self.command_timeout_seconds
+                )
+                self.in_command = False
+            except ConsoleError as exc:
+                self.in_command = False
+                now = self.clock()
+                first_failure = now if first_failure is None else first_failure
+                if now - first_failure >= self.reconnect_timeout_seconds:
+                    raise TrainingError(
+                        f"pod {self.pod_id}: the console stayed down for "
+                        f"{now - first_failure:.0f} s ({exc}); training may still run on the "
+                        "pod until its dead-man switch removes it; terminate the pod or "
+                        "reconnect and read the log in " + self.run_dir,
+                        pod_id=self.pod_id,
+                        stage="train",
+                    ) from exc
+                sleep_in_steps(delay, self.sleep)
+                delay = min(5.0, delay * 2)
+                try:
+                    self.console.reconnect()
+                    self.reconnects += 1
+                except ConsoleError:
+                    pass
+                continue
+            answer = _json_answer(getattr(result, "output", "") or "", key)
+            if answer is not None:
+                return answer
+            garbled += 1
+            if garbled >= _MAX_GARBLED_ANSWERS:
+                output = (getattr(result, "output", "") or "")[-800:]
+                raise TrainingError(
+                    f"pod {self.pod_id}: launcher.py gave no answer to {command!r} (exit "
+                    f"{getattr(result, 'exit_code', None)}): {output!r}; check that "
+                    f"{self.tools_dir}/launcher.py exists and {self.python} runs it",
+                    pod_id=self.pod_id,
+                    stage="train",
+                )
+
+    # -- reading ---------------------------------------------------------------------
+    def read_once(self) -> LogChunk:
+        """One read from the current offset; emits what it got; advances the offset."""
+        args = ["--offset", str(self.offset), "--max-bytes", str(self.max_bytes)]
+        if self.heartbeat_path:
+            args += ["--heartbeat", self.heartbeat_path]
+        answer = self.call(self.launcher_command("read", *args), "next_offset")
+        if int(answer["offset"]) != self.offset:
+            raise TrainingError(
+                f"pod {self.pod_id}: launcher.py answered for offset {answer['offset']}, "
+                f"asked {self.offset}",
+                pod_id=self.pod_id,
+                stage="train",
+            )
+        data = base64.b64decode(answer.get("data_b64") or "")
+        chunk = LogChunk(
+            offset=self.offset,
+            next_offset=int(answer["next_offset"]),
+            data=data,
+            running=bool(answer.get("running")),
+            exit_code=answer.get("exit_code"),
+            state=str(answer.get("state", "")),
+            log_bytes=int(answer.get("log_bytes") or 0),
+        )
+        self.offset = chunk.next_offset
+        final = not chunk.running and chunk.next_offset >= chunk.log_bytes
+        self._feed(data, final=final)
+        return chunk
+
+    def drain(self) -> LogChunk:
+        """Read until the offset reaches the log's end; return the last answer."""
+        while True:
+            chunk = self.read_once()
+            if chunk.next_offset >= chunk.log_bytes or not chunk.data:
+                return chunk
+
+    def _emit(self, text: str) -> None:
+        self.tail.append(text)
+        if self.on_line is not None:
+            self.on_line(text)
+
+    def _feed(self, data: bytes, *, final: bool) -> None:
+        """Split ``pending + data`` into segments; hold an unfinished last one."""
+        buf = self._pending + data
+        segments: list[tuple[str, bool]] = []  # (text, is_redraw)
+        start = 0
+        i = 0
+        while i < len(buf):
+            byte = buf[i]
+            if byte == 0x0A:
+                segments.append((buf[start:i].decode("utf-8", "replace"), False))
+                start = i + 1
+            elif byte == 0x0D:
+                if i + 1 == len(buf) and not final:
+                    break  # a lone trailing \r: wait to see whether \n follows
+                crlf = i + 1 < len(buf) and buf[i + 1] == 0x0A
+                segments.append((buf[start:i].decode("utf-8", "replace"), not crlf))
+                i += 1 if crlf else 0
+                start = i + 1
+            i += 1
+        self._pending = buf[start:]
+        if (final and self._pending) or len(self._pending) > _MAX_PENDING_BYTES:
+            segments.append((self._pending.decode("utf-8", "replace"), False))
+            self._pending = b""
+        for index, (raw, is_redraw) in enumerate(segments):
+            text = strip_ansi(raw)
+            if self.on_text is not None and (text or not is_redraw):
+                self.on_text(text)
+            if not is_redraw:
+                self._emit(text)
+            elif text.strip() and index + 1 == len(segments):
+                self._emit(text)  # the redraw still on screen at the end of this read
+
+
+def launch_training(
+    console: ConsoleLike,
+    run_dir: str,
+    tools_dir: str,
+    command: str,
+    *,
+    python: str = "python3",
+    cwd: str | None = None,
+    timeout_seconds: float = 60.0,
+    pod_id: str | None = None,
+) -> dict[str, Any]:
+    """Start ``command`` detached on the pod through ``launcher.py start``.
+
+    Args:
+        console: the pod's console.
+        run_dir: the pod-side run directory.
+        tools_dir: the pod directory holding ``launcher.py``.
+        command: one shell command line, run by ``/bin/sh -c`` in ``cwd``. No secrets:
+            it is written to ``train.cmd``; secrets reach the job through the pod's env.
+        python: the pod interpreter that runs ``launcher.py``.
+        cwd: the working directory, default ``<run_dir>/bundle``.
+        timeout_seconds: deadline of the start command.
+        pod_id: named in error messages.
+
+    Returns:
+        ``{"pid": …, "pgid": …, "supervisor_pid": …}`` as the pod reported it.
+
+    Raises:
+        TrainingError: the launcher refused (a run already going, no such cwd), or
+            the pod could not be reached (see ``LogFollower.call``).
+    """
+    follower = LogFollower(console, run_dir, tools_dir, python=python, pod_id=pod_id)
+    workdir = cwd or f"{run_dir}/bundle"
+    start = follower.launcher_command("start", "--cwd", workdir, "--", command)
+    answer: dict[str, Any] | None
+    try:
+        output = console.run(start, timeout_seconds=timeout_seconds).output or ""
+        answer = _json_answer(output, "pid") or _json_answer(output, "error")
+    except ConsoleError:
+        # The start may or may not have happened: look before starting again.
+        state = follower.call(follower.launcher_command("status"), "state")
+        if state["state"] == "absent":
+            answer = follower.call(start, "pid", timeout_seconds)
+        else:
+            answer = {"pid": state.get("pid"), "pgid": state.get("pgid")}
+    if not answer or answer.get("error") or not answer.get("pid"):
+        detail = (answer or {}).get("error", "no answer from launcher.py")
+        raise TrainingError(
+            f"pod {pod_id}: could not start training in {run_dir}: {detail}; check that the "
+            f"bundle is in {workdir} and that no other run is going there",
+            pod_id=pod_id,
+            stage="train",
+        )
+    return answer
+
+
+def kill_training(
+    console: ConsoleLike,
+    run_dir: str,
+    tools_dir: str,
+    *,
+    python: str = "python3",
+    grace_seconds: float = 30.0,
+    pod_id: str | None = None,
+) -> dict[str, Any]:
+    """SIGTERM the training's process group, SIGKILL it after ``grace_seconds``.
+
+    Returns:
+        The pod's answer: ``state``, ``exit_code`` (143 after SIGTERM, 137 after
+        SIGKILL unless the job chose its own), ``signals`` sent.
+
+    Raises:
+        TrainingError: the pod could not be reached (see ``LogFollower.call``).
+    """
+    follower = LogFollower(console, run_dir, tools_dir, python=python, pod_id=pod_id)
+    command = follower.launcher_command("kill", "--grace-seconds", f"{grace_seconds:g}")
+    return follower.call(command, "state", grace_seconds + 30.0)
