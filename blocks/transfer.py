@@ -296,7 +296,16 @@ def upload_dir(
     else:
         from prefect_runpod.blocks.transfer_runpodctl import runpodctl_upload
 
-        result = runpodctl_upload(console, handle, local_dir, remote, source)
+        extra = (options or PtyOptions()).extra
+        result = runpodctl_upload(
+            console,
+            handle,
+            local_dir,
+            remote,
+            source,
+            local_exe=extra.get("runpodctl_local", "runpodctl"),
+            pod_exe=extra.get("runpodctl_pod", "runpodctl"),
+        )
         dest = result["dest_manifest"]
     report = _report("upload", chosen, started, result, source, dest)
     if not report.verified:  # the methods raise first; this is the last guard
@@ -369,7 +378,15 @@ def download_dir(
     else:
         from prefect_runpod.blocks.transfer_runpodctl import runpodctl_download
 
-        result = runpodctl_download(console, handle, remote, local_dir)
+        extra = (options or PtyOptions()).extra
+        result = runpodctl_download(
+            console,
+            handle,
+            remote,
+            local_dir,
+            local_exe=extra.get("runpodctl_local", "runpodctl"),
+            pod_exe=extra.get("runpodctl_pod", "runpodctl"),
+        )
     report = _report(
         "download", chosen, started, result, result["source_manifest"], result["dest_manifest"]
     )

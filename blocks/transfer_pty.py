@@ -93,6 +93,8 @@ class PtyOptions:
         python: the pod's interpreter.
         shell_prefix: shell text run before the receiver in the same subshell
             (e.g. ``ulimit -f 64;``); never secrets.
+        extra: method-specific settings (``runpodctl_local`` / ``runpodctl_pod``: the
+            runpodctl executables on each side).
     """
 
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
