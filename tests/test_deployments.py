@@ -1,0 +1,323 @@
+"""Deployments, triggers and the pod cap, against a real ``prefect server start``.
+
+The deployments are served by ``python -m prefect_runpod.deployments.register serve``
+in a subprocess (a real runner: each flow run is its own process), and driven the way
+other pipelines drive them: ``run_deployment`` (waiting and fire-and-forget), a
+``dataset.updated`` event, cancellation through the API, and a sweep under the
+``runpod-gpu`` limit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fixtures.demo_bundle import copy_demo_bundle
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFECT_YAML = ROOT / "deployments" / "prefect.yaml"
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+# --- static: prefect.yaml and register agree ------------------------------------------
+
+
+def test_prefect_yaml_declares_what_register_serves():
+    from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect_runpod.deployments.register import build_deployments
+
+    doc = yaml.safe_load(PREFECT_YAML.read_text())
+    declared = set()
+    for dep in doc["deployments"]:
+        flow = load_flow_from_entrypoint(dep["entrypoint"])
+        declared.add(f"{flow.name}/{dep['name']}")
+        assert dep["work_pool"]["name"] == "runpod-pool"
+        for trig in dep.get("triggers", []):
+            parsed = DeploymentEventTrigger(**{k: v for k, v in trig.items() if k != "type"})
+            assert parsed.expect == {"dataset.updated"}
+            assert parsed.parameters["bundle"] == "{{ event.payload.bundle }}"
+    served = {f"{d.flow_name}/{d.name}" for d in build_deployments()}
+    assert (
+        declared
+        == served
+        == {
+            "runpod-finetune/on-demand",
+            "runpod-finetune/nightly",
+            "runpod-finetune/on-dataset-updated",
+            "runpod-reaper/every-10-min",
+            "runpod-sweep/on-demand",
+        }
+    )
+    by_name = {f"{d.flow_name}/{d.name}": d for d in build_deployments()}
+    assert by_name["runpod-finetune/nightly"].schedules[0].schedule.cron == "0 3 * * *"
+    reaper_every = by_name["runpod-reaper/every-10-min"].schedules[0].schedule.interval
+    assert reaper_every == timedelta(minutes=10)
+    assert by_name["runpod-finetune/on-demand"].parameters["concurrency_limit"] == "runpod-gpu"
+
+
+# --- live: a served runner on a real server -------------------------------------------
+
+
+def _slow_bundle(dest: Path, sleep_per_epoch_seconds: float) -> Path:
+    """The demo bundle whose training sleeps per epoch, for runs that last a while."""
+    bundle = copy_demo_bundle(dest)
+    spec = bundle / "bundle.toml"
+    text = spec.read_text()
+    slow = f"--out outputs --sleep-per-epoch-seconds {sleep_per_epoch_seconds}"
+    assert '--out outputs"' in text
+    spec.write_text(text.replace('--out outputs"', f'{slow}"', 1))
+    return bundle
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api_server, tmp_path_factory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """``register setup`` then ``register serve`` in a subprocess, until the module ends."""
+    work = tmp_path_factory.mktemp("served")
+    env = prefect_api_server.client_env(PREFECT_LOGGING_LEVEL="INFO")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefect_runpod.deployments.register",
+            "setup",
+            "--heartbeat-seconds",
+            "30",
+        ],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = open(work / "runner.log", "wb")  # noqa: SIM115 - closed at teardown
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect_runpod.deployments.register",
+            "serve",
+            "--no-setup",
+            "--no-schedules",
+            "--limit",
+            "10",
+            "--query-seconds",
+            "1",
+        ],
+        env=env,
+        cwd=work,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        yield {"work": work, "runner": runner, "log": work / "runner.log"}
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGINT)
+            try:
+                runner.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(runner.pid, signal.SIGKILL)
+                runner.wait(timeout=10)
+        log.close()
+
+
+def _runner_log(served: dict[str, Any]) -> str:
+    return served["log"].read_bytes()[-4000:].decode(errors="replace")
+
+
+def _wait_deployment(name: str, served: dict[str, Any], timeout_seconds: float = 120.0) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    deadline = time.monotonic() + timeout_seconds
+    with get_client(sync_client=True) as client:
+        while True:
+            assert served["runner"].poll() is None, _runner_log(served)
+            try:
+                client.read_deployment_by_name(name)
+                return
+            except ObjectNotFound:
+                pass
+            assert time.monotonic() < deadline, f"{name} not served:\n{_runner_log(served)}"
+            time.sleep(1.0)
+
+
+def _wait_run(run_id: Any, served: dict[str, Any], timeout_seconds: float, want=FINAL):  # type: ignore[no-untyped-def]
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_seconds
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(run_id)
+            if run.state is not None and run.state.type.value in want:
+                return run
+            assert time.monotonic() < deadline, (
+                f"run {run_id} is {run.state.name if run.state else '-'} after "
+                f"{timeout_seconds} s\n{_runner_log(served)}"
+            )
+            time.sleep(1.0)
+
+
+@pytest.mark.slow
+def test_setup_creates_the_cap_and_the_zombie_automation(prefect_api, served):
+    from prefect.client.orchestration import get_client
+    from prefect_runpod.deployments.register import ZOMBIE_AUTOMATION
+
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name("runpod-gpu").limit == 2
+        (auto,) = client.read_automations_by_name(ZOMBIE_AUTOMATION)
+        assert auto.trigger.posture.value == "Proactive"
+        assert auto.trigger.after == {"prefect.flow-run.heartbeat"}
+        assert auto.trigger.within == timedelta(seconds=90)
+        assert [a.type for a in auto.actions] == ["change-flow-run-state"]
+        assert auto.actions[0].state.value == "CRASHED"
+        assert client.read_work_pool("runpod-pool").type == "process"
+
+
+@pytest.mark.slow
+def test_upstream_waits_for_the_finetune_and_reads_its_report(prefect_api, served, tmp_path):
+    """``run_deployment(timeout=None)`` from another flow; the RunReport comes back
+    through ``.state.result()``; history and artifacts are read back through the client."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect_runpod.flows.upstream_example import train_and_wait
+
+    _wait_deployment("runpod-finetune/on-demand", served)
+    bundle = copy_demo_bundle(tmp_path / "bundle")
+    prefix = f"up{uuid.uuid4().hex[:6]}"
+    state = train_and_wait(
+        bundle=str(bundle), parameters={"name_prefix": prefix}, return_state=True
+    )
+    out = state.result()
+    report = out["report"]
+    assert out["state"] == "Completed" and out["passed"] is True, report.get("error")
+    assert report["terminated"] is True and report["pod_name"].startswith(f"{prefix}-")
+
+    with get_client(sync_client=True) as client:
+        child = client.read_flow_run(uuid.UUID(out["flow_run_id"]))
+        assert child.parent_task_run_id is not None, "run_deployment links it as a subflow"
+        parent = client.read_task_run(child.parent_task_run_id)
+        assert parent.flow_run_id == state.state_details.flow_run_id
+        arts = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[child.id]))
+        )
+        assert "finetune-costs" in {a.key for a in arts}
+        history = client.read_flow_run_states(child.id)
+        assert [s.type.value for s in history][-2:] == ["RUNNING", "COMPLETED"]
+    from prefect_runpod.blocks.local_pod import LocalPodProvider
+
+    assert LocalPodProvider().list(prefix) == []
+
+
+@pytest.mark.slow
+def test_cancel_through_the_api_terminates_the_pod(prefect_api, served, tmp_path):
+    """Fire and forget (``timeout=0``), wait for the pod, cancel the run the way the
+    UI's Cancel button does: the run ends Cancelled and its pod is gone."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+    from prefect_runpod.blocks.local_pod import LocalPodProvider
+    from prefect_runpod.flows.upstream_example import train_and_go
+
+    _wait_deployment("runpod-finetune/on-demand", served)
+    bundle = _slow_bundle(tmp_path / "slow", sleep_per_epoch_seconds=20)
+    prefix = f"cx{uuid.uuid4().hex[:6]}"
+    run_id = uuid.UUID(train_and_go(bundle=str(bundle), parameters={"name_prefix": prefix}))
+    provider = LocalPodProvider()
+    name = f"{prefix}-{run_id}"
+    deadline = time.monotonic() + 120
+    while provider.find(name) is None:
+        assert time.monotonic() < deadline, f"no pod {name}\n{_runner_log(served)}"
+        time.sleep(0.5)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Cancelling(), force=True)
+    run = _wait_run(run_id, served, timeout_seconds=90)
+    assert run.state.type.value == "CANCELLED", run.state
+    assert provider.find(name) is None
+    assert provider.list(prefix) == []
+
+
+@pytest.mark.slow
+def test_dataset_event_starts_a_finetune_on_that_bundle(prefect_api, served, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect_runpod.flows.upstream_example import announce_dataset
+
+    _wait_deployment("runpod-finetune/on-dataset-updated", served)
+    bundle = copy_demo_bundle(tmp_path / f"ds-{uuid.uuid4().hex[:6]}")
+    announce_dataset(bundle=str(bundle), dataset="tickets")
+    deadline = time.monotonic() + 90
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = [
+                r
+                for r in client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(
+                        name=DeploymentFilterName(any_=["on-dataset-updated"])
+                    )
+                )
+                if r.parameters.get("bundle") == str(bundle)
+            ]
+            if runs:
+                break
+            assert time.monotonic() < deadline, f"no triggered run\n{_runner_log(served)}"
+            time.sleep(1.0)
+    (run,) = runs
+    assert run.parameters["concurrency_limit"] == "runpod-gpu"
+    done = _wait_run(run.id, served, timeout_seconds=120)
+    assert done.state.type.value == "COMPLETED", done.state
+
+
+def _peak_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
+    """The most intervals open at one instant (an end before a start at a tie)."""
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    peak = cur = 0
+    for _, step in points:
+        cur += step
+        peak = max(peak, cur)
+    return peak
+
+
+@pytest.mark.slow
+def test_sweep_of_four_never_has_more_than_two_pods(prefect_api, served, tmp_path):
+    """Four runs, all started at once, on a cap of two: pod lifetimes (create →
+    terminate confirmed, from each RunReport) overlap two at a time, never three."""
+    from prefect_runpod.flows.sweep import sweep
+
+    _wait_deployment("runpod-finetune/on-demand", served)
+    bundle = _slow_bundle(tmp_path / "slow", sleep_per_epoch_seconds=1)
+    prefix = f"sw{uuid.uuid4().hex[:6]}"
+    rows = sweep(
+        configs=[{"bundle": str(bundle), "name_prefix": prefix}] * 4,
+        concurrency_limit="runpod-gpu",
+        poll_interval_seconds=1.0,
+        timeout_seconds=240,
+    )
+    assert [r["state"] for r in rows] == ["Completed"] * 4, rows
+    intervals = []
+    for row in rows:
+        report = row["report"]
+        created = datetime.fromisoformat(report["pod"]["created_at"])
+        intervals.append((created, created + timedelta(seconds=report["cost"]["billed_seconds"])))
+    assert _peak_overlap(intervals) == 2, intervals
+
+
+def test_peak_overlap_counts_open_intervals():
+    t = datetime(2025, 1, 1)
+    s = timedelta(seconds=1)
+    assert _peak_overlap([(t, t + 2 * s), (t + s, t + 3 * s), (t + 2 * s, t + 4 * s)]) == 2
+    assert _peak_overlap([(t, t + 5 * s), (t + s, t + 2 * s), (t + s, t + 3 * s)]) == 3
+    assert _peak_overlap([]) == 0
