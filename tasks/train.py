@@ -21,7 +21,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
+from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, parse_metrics, parse_progress
 from prefect_runpod.tasks.train_remote import (
@@ -32,6 +35,7 @@ from prefect_runpod.tasks.train_remote import (
     launch_training,
     sleep_in_steps,
 )
+from pydantic import SecretStr
 
 __all__ = [
     "ConsoleLike",
@@ -44,6 +48,7 @@ __all__ = [
     "parse_metrics",
     "parse_progress",
     "terminal_progress_bar",
+    "train",
 ]
 
 
@@ -235,3 +240,127 @@ def terminal_progress_bar(
         out.flush()
 
     return _draw
+
+
+def _tools_dir(handle: PodHandle, tools_dir: str | None) -> str:
+    return tools_dir or f"{handle.workdir.rstrip('/')}/.prefect-runpod/bin"
+
+
+@task(name="train", cache_policy=NO_CACHE, retries=0)
+def train(
+    handle: PodHandle,
+    private_key: SecretStr,
+    run_dir: str,
+    command: str,
+    python: str = "python3",
+    max_runtime_seconds: float | None = None,
+    *,
+    tools_dir: str | None = None,
+    cwd: str | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    heartbeat_path: str | None = None,
+    poll_interval_seconds: float = 1.0,
+    kill_grace_seconds: float = 30.0,
+    console: ConsoleLike | None = None,
+) -> TrainReport:
+    """Launch ``command`` detached on the pod, stream its log into Prefect, and report.
+
+    Creates the ``train-progress`` progress artifact (updated as progress lines
+    arrive) and, when the log had metrics, the ``train-metrics`` table artifact (last
+    value of each). On cancellation, the runtime cap or ``should_stop`` the remote
+    process group is killed before the error propagates.
+
+    Args:
+        handle: the pod.
+        private_key: the SSH key (unwrapped only inside the console).
+        run_dir: the pod-side run directory (``<run_dir>/bundle`` holds the job).
+        command: the training command line (``{python}`` is replaced by ``python``);
+            never put secrets in it, they belong in the pod's env.
+        python: the pod interpreter for the pod-side tools (and ``{python}``).
+        max_runtime_seconds: runtime cap; None for none.
+        tools_dir: where ``launcher.py`` is on the pod, default
+            ``<workdir>/.prefect-runpod/bin``.
+        cwd: the job's working directory, default ``<run_dir>/bundle``.
+        should_stop: returns a reason to stop (budget) or None; polled each step.
+        on_progress: e.g. ``terminal_progress_bar()`` for a live bar in the terminal.
+        heartbeat_path: the dead-man heartbeat file (default ``<run_dir>/heartbeat``).
+        poll_interval_seconds: log poll period (slept in ≤ 1 s steps).
+        kill_grace_seconds: SIGTERM → SIGKILL grace on the pod.
+        console: an open console to reuse; by default one is opened and closed here.
+
+    Returns:
+        The ``TrainReport`` of a run that exited 0.
+
+    Raises:
+        TrainingError: launch refused, non-zero exit, process lost, pod unreachable.
+        BudgetExceededError: runtime cap or ``should_stop``.
+        ConsoleConnectError: the console could not be opened.
+
+    Example:
+        ```python
+        @flow
+        def finetune(handle, key):
+            report = train(handle, key, "/workspace/run", "{python} -u train.py",
+                           max_runtime_seconds=3600, on_progress=terminal_progress_bar())
+        ```
+    """
+    from prefect.artifacts import (
+        create_progress_artifact,
+        create_table_artifact,
+        update_progress_artifact,
+    )
+    from prefect.logging import get_run_logger
+    from prefect_runpod.blocks.console import PodConsole
+
+    logger = get_run_logger()
+    pod = handle.pod_id
+    tools = _tools_dir(handle, tools_dir)
+    command = command.replace("{python}", python)
+    own_console = console is None
+    live: Any = console if console is not None else PodConsole.for_pod(handle, private_key)
+    artifact_id = create_progress_artifact(
+        0.0, key="train-progress", description=f"Training on pod {pod}: {command}"
+    )
+    shown = {"percent": -1}
+
+    def _on_progress(progress: Progress) -> None:
+        percent = int(progress.percent)
+        if percent != shown["percent"]:
+            shown["percent"] = percent
+            update_progress_artifact(artifact_id, float(percent))
+        if on_progress is not None:
+            on_progress(progress)
+
+    def _publish_metrics(report: TrainReport | None) -> None:
+        if report is not None and report.metrics:
+            rows = [{"metric": k, "value": v} for k, v in sorted(report.metrics.items())]
+            create_table_artifact(rows, key="train-metrics", description=f"Pod {pod}: last values")
+
+    try:
+        if own_console:
+            live.connect()
+        started = launch_training(live, run_dir, tools, command, python=python, cwd=cwd, pod_id=pod)
+        logger.info(
+            "%s: training started (pid %s) in %s: %s", pod, started["pid"], run_dir, command
+        )
+        report = follow_training(
+            live, run_dir, tools, command=command, python=python,
+            max_runtime_seconds=max_runtime_seconds, should_stop=should_stop,
+            on_line=lambda line: logger.info("%s | %s", pod, line), on_progress=_on_progress,
+            poll_interval_seconds=poll_interval_seconds, kill_grace_seconds=kill_grace_seconds,
+            heartbeat_path=heartbeat_path, pod_id=pod,
+        )  # fmt: skip
+    except (TrainingError, BudgetExceededError) as exc:
+        _publish_metrics(getattr(exc, "report", None))
+        raise
+    finally:
+        if own_console:
+            live.close()
+    update_progress_artifact(artifact_id, 100.0)
+    _publish_metrics(report)
+    logger.info(
+        "%s: training exited 0 after %.0f s (%d log bytes, %d reconnects)",
+        pod, report.seconds, report.log_bytes, report.reconnects,
+    )  # fmt: skip
+    return report
