@@ -27,17 +27,29 @@ exact:
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import re
 import secrets as _secrets
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import paramiko
 from prefect_runpod.blocks.console_io import ChannelIO, PtyStream
+from prefect_runpod.blocks.console_shell import (
+    MAX_LINE_BYTES,
+    PROMPT_TAG,
+    READY_TAG,
+    SYNC_TAG,
+    needs_staging,
+    session_setup_line,
+    short,
+    staging_lines,
+    stream_line,
+    sync_line,
+    tail,
+)
 from prefect_runpod.blocks.exceptions import (
     CommandTimeoutError,
     ConsoleConnectError,
@@ -51,13 +63,6 @@ from pydantic import BaseModel, SecretStr
 
 __all__ = ["CommandResult", "PodConsole", "PtyStream", "run_remote"]
 
-_PROMPT_TAG = "__PRX_"
-_SYNC_TAG = "__PRS_"
-_READY_TAG = "__PRR_"
-# Commands longer than this (bytes), or with line breaks / control characters, are sent
-# through a temporary file: a canonical-mode tty line holds at most 4096 bytes.
-_MAX_LINE_BYTES = 3000
-_STAGE_CHUNK_CHARS = 2800
 _STAGE_STEP_TIMEOUT_SECONDS = 30.0
 _INTERRUPT_GRACE_SECONDS = 10.0
 _SECRET_TIMEOUT_SECONDS = 30.0
@@ -65,14 +70,7 @@ _TERMINAL_WIDTH = 250
 _TERMINAL_HEIGHT = 50
 _TRANSCRIPT_MAX_CHARS = 4_000_000
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-# Typed once per session. Pagers would wait for a key; history and line editing off
-# keep typed text (and secrets) out of ~/.bash_history and out of the echo.
-_SESSION_SETUP = (
-    "stty -echo; unset HISTFILE; HISTSIZE=0; set +o history; set +o emacs +o vi 2>/dev/null; "
-    "unset PROMPT_COMMAND; PS0=; PS2=; trap - DEBUG 2>/dev/null; "
-    "export PAGER=cat GIT_PAGER=cat MANPAGER=cat SYSTEMD_PAGER=; "
-)
+_SECRET_BAD_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class CommandResult(BaseModel):
@@ -135,7 +133,7 @@ class PodConsole:
         self._client: paramiko.SSHClient | None = None
         self._io: ChannelIO | None = None
         self._decoder = TerminalDecoder()
-        self._lines: list[str] = []  # finished lines not yet consumed
+        self._lines: deque[str] = deque()  # finished lines not yet consumed
         self._prompt_re = re.compile("")
         self._nonce = ""
         self._staged = 0
@@ -211,10 +209,10 @@ class PodConsole:
         self._client = client
         self._io = ChannelIO(channel, self._dropped)
         self._decoder = TerminalDecoder()
-        self._lines = []
+        self._lines.clear()
         self._stream = None
         self._nonce = _secrets.token_hex(8)
-        self._prompt_re = re.compile(re.escape(_PROMPT_TAG + self._nonce) + r":(\d+)")
+        self._prompt_re = re.compile(re.escape(PROMPT_TAG + self._nonce) + r":(\d+)")
         try:
             self._start_shell(deadline)
         except BaseException:
@@ -285,7 +283,7 @@ class PodConsole:
         self._ready()
         shown = self._redact(command)
         self._record(f"$ {shown}")
-        line = self._stage(command) if _needs_staging(command) else command
+        line = self._stage(command) if needs_staging(command) else command
         self._type_line(line)
         code, lines = self._read_to_prompt(started + timeout_seconds, on_line)
         if code is None:
@@ -293,9 +291,9 @@ class PodConsole:
             lines += more
             output = "\n".join(lines)
             raise CommandTimeoutError(
-                f"{self._where()}: `{_short(shown)}` passed its {timeout_seconds:g} s deadline; "
+                f"{self._where()}: `{short(shown)}` passed its {timeout_seconds:g} s deadline; "
                 f"Ctrl-C sent ({'prompt back' if code is not None else 'no prompt yet'}). "
-                f"Last output:\n{_tail(output)}\nNext: raise the timeout or run it detached "
+                f"Last output:\n{tail(output)}\nNext: raise the timeout or run it detached "
                 "(nohup/setsid) and poll its log",
                 command=shown,
                 output=output,
@@ -311,8 +309,8 @@ class PodConsole:
         )
         if check and code != 0:
             raise ConsoleError(
-                f"{self._where()}: `{_short(shown)}` exited with code {code}. Last output:\n"
-                f"{_tail(result.output)}\nNext: fix the command or the pod's environment "
+                f"{self._where()}: `{short(shown)}` exited with code {code}. Last output:\n"
+                f"{tail(result.output)}\nNext: fix the command or the pod's environment "
                 "and run it again",
                 pod_id=self._pod_id,
             )
@@ -356,10 +354,10 @@ class PodConsole:
         raw = value.get_secret_value()
         if not _NAME_RE.match(name):
             raise SpecError(f"{name!r} is not a shell variable name (letters, digits, _)")
-        if _CONTROL_RE.search(raw) or len(raw.encode()) > _MAX_LINE_BYTES:
+        if _SECRET_BAD_RE.search(raw) or len(raw.encode()) > MAX_LINE_BYTES:
             raise SpecError(
                 f"the value for {name} has line breaks or control characters or is longer "
-                f"than {_MAX_LINE_BYTES} bytes; pass such data as a file instead"
+                f"than {MAX_LINE_BYTES} bytes; pass such data as a file instead"
             )
         if raw and raw not in self._secret_values:
             self._secret_values.append(raw)
@@ -382,22 +380,14 @@ class PodConsole:
         self._ready()
         shown = self._redact(command)
         self._record(f"$ [stream] {shown}")
-        body = self._stage(command) if _needs_staging(command) else command
+        body = self._stage(command) if needs_staging(command) else command
         # Input may be sent only once the tty is raw (random bytes in canonical mode
         # would be line-edited, or end the shell with a Ctrl-D), so the line prints a
         # ready marker just before the command starts.
-        ready = f"printf '%s%s\\n' {_READY_TAG} {self._nonce}"
-        if raw:
-            line = (
-                f"stty raw -echo -iexten; {ready}; {body}; __prx_rc=$?; stty sane -echo; "
-                "(exit $__prx_rc)"
-            )
-        else:
-            line = f"{ready}; {body}"
-        self._type_line(line)
-        rest = self._await_ready((_READY_TAG + self._nonce).encode(), shown)
+        self._type_line(stream_line(body, self._nonce, raw=raw))
+        rest = self._await_ready((READY_TAG + self._nonce).encode(), shown)
         assert self._io is not None
-        marker = (_PROMPT_TAG + self._nonce).encode()
+        marker = (PROMPT_TAG + self._nonce).encode()
         self._stream = PtyStream(self._io, marker, self._end_stream, pod_id=self._pod_id)
         if rest:
             self._stream._feed(rest)
@@ -450,26 +440,26 @@ class PodConsole:
         assert self._io is not None
         raw = bytearray()
         deadline = time.monotonic() + _STAGE_STEP_TIMEOUT_SECONDS
-        prompt = (_PROMPT_TAG + self._nonce).encode()
+        prompt = (PROMPT_TAG + self._nonce).encode()
         while True:
             idx = raw.find(ready)
             end = raw.find(b"\n", idx) if idx >= 0 else -1
             if end >= 0:
-                self._lines = []
+                self._lines.clear()
                 self._decoder = TerminalDecoder()
                 return bytes(raw[end + 1 :])
             if idx < 0 and prompt in raw:
                 self._feed(bytes(raw))
                 code, lines = self._read_to_prompt(time.monotonic(), None)
                 raise ConsoleError(
-                    f"{self._where()}: the stream command `{_short(shown)}` did not start "
-                    f"(exit {code}): {_tail(chr(10).join(lines))}",
+                    f"{self._where()}: the stream command `{short(shown)}` did not start "
+                    f"(exit {code}): {tail(chr(10).join(lines))}",
                     pod_id=self._pod_id,
                 )
             if time.monotonic() > deadline:
                 self._needs_resync = True
                 raise ConsoleError(
-                    f"{self._where()}: the stream command `{_short(shown)}` did not start "
+                    f"{self._where()}: the stream command `{short(shown)}` did not start "
                     f"within {_STAGE_STEP_TIMEOUT_SECONDS:g} s; the console will resync",
                     pod_id=self._pod_id,
                 )
@@ -486,8 +476,7 @@ class PodConsole:
     def _start_shell(self, deadline: float) -> None:
         """Set the shell up and sync on the first sentinel prompt; what came before
         (banner, the pod's coloured prompt) goes to the transcript only."""
-        setup = f"{_SESSION_SETUP}PS1='{_PROMPT_TAG}'\"{self._nonce}\"':$?\\n'"
-        self._type_line(setup)
+        self._type_line(session_setup_line(self._nonce))
         code, _lines = self._read_to_prompt(deadline, None)
         if code is None:
             raise ConsoleConnectError(
@@ -532,7 +521,7 @@ class PodConsole:
         out: list[str] = []
         while True:
             while self._lines:
-                line = self._lines.pop(0)
+                line = self._lines.popleft()
                 match = self._prompt_re.search(line)
                 text = line[: match.start()] if match else line
                 if match is None or text:
@@ -540,7 +529,11 @@ class PodConsole:
                     out.append(shown)
                     self._record(shown)
                     if on_line is not None:
-                        on_line(shown)
+                        try:
+                            on_line(shown)
+                        except BaseException:
+                            self._needs_resync = True  # the command's prompt is still due
+                            raise
                 if match is not None:
                     return int(match.group(1)), out
             remaining = deadline - time.monotonic()
@@ -570,12 +563,12 @@ class PodConsole:
         assert self._io is not None
         token = _secrets.token_hex(6)
         self._io.send(b"\x03", self._feed)
-        self._type_line(f"stty sane -echo; printf '%s%s\\n' {_SYNC_TAG} {token}")
+        self._type_line(sync_line(token))
         deadline = time.monotonic() + _INTERRUPT_GRACE_SECONDS
         seen = False
         while time.monotonic() < deadline:
             code, lines = self._read_to_prompt(deadline, None)
-            seen = seen or any(f"{_SYNC_TAG}{token}" in line for line in lines)
+            seen = seen or any(f"{SYNC_TAG}{token}" in line for line in lines)
             if code is not None and seen:
                 self._needs_resync = False
                 return
@@ -594,7 +587,7 @@ class PodConsole:
             if code is None:
                 self._interrupt(None)
             raise ConsoleError(
-                f"{self._where()}: {what} failed (exit {code}): {_tail(chr(10).join(lines))}. "
+                f"{self._where()}: {what} failed (exit {code}): {tail(chr(10).join(lines))}. "
                 "Next: check the pod's /tmp is writable and has space, then retry",
                 pod_id=self._pod_id,
             )
@@ -603,20 +596,10 @@ class PodConsole:
         """Send a long or multi-line command as a verified temporary file; return the
         short line that sources it and removes it, keeping its exit code."""
         self._staged += 1
-        path = f"/tmp/.prx_{self._nonce}_{self._staged}"
-        payload = command.encode()
-        b64 = base64.b64encode(payload).decode()
-        digest = hashlib.sha256(payload).hexdigest()
-        self._checked(f"(umask 077; : > {path}.b64)", "creating the command file")
-        for i in range(0, len(b64), _STAGE_CHUNK_CHARS):
-            chunk = b64[i : i + _STAGE_CHUNK_CHARS]
-            self._checked(f"printf %s '{chunk}' >> {path}.b64", "sending the command")
-        self._checked(
-            f"base64 -d {path}.b64 > {path} && rm -f {path}.b64 && "
-            f'[ "$(sha256sum < {path} | cut -c1-64)" = {digest} ]',
-            "checking the command file",
-        )
-        return f". {path}; __prx_rc=$?; rm -f {path}; (exit $__prx_rc)"
+        setup, run_line = staging_lines(command, f"/tmp/.prx_{self._nonce}_{self._staged}")
+        for line in setup:
+            self._checked(line, "sending the command through a temporary file")
+        return run_line
 
     def _apply_secret(self, name: str, raw: str) -> None:
         assert self._io is not None
@@ -630,7 +613,7 @@ class PodConsole:
                 self._interrupt(None)
             raise ConsoleError(
                 f"{self._where()}: setting {name} failed (exit {code}): "
-                f"{_tail(chr(10).join(lines))}. Next: reconnect() and try again",
+                f"{tail(chr(10).join(lines))}. Next: reconnect() and try again",
                 pod_id=self._pod_id,
             )
 
@@ -639,7 +622,7 @@ class PodConsole:
         the line model, which starts afresh (raw bytes may have left it mid-sequence)."""
         self._stream = None
         self._decoder = TerminalDecoder()
-        self._lines = []
+        self._lines.clear()
         if exit_code is None:
             self._needs_resync = True
         else:
@@ -700,16 +683,3 @@ def run_remote(
             raise SpecError(f"the SSH key file {key} cannot be read ({exc.strerror})") from exc
     with PodConsole.for_pod(pod, key) as console:
         return console.run_many(commands, per_command_timeout)
-
-
-def _needs_staging(command: str) -> bool:
-    return len(command.encode()) > _MAX_LINE_BYTES or bool(_CONTROL_RE.search(command))
-
-
-def _short(command: str, limit: int = 120) -> str:
-    one = command.replace("\n", " ⏎ ")
-    return one if len(one) <= limit else one[: limit - 1] + "…"
-
-
-def _tail(output: str, lines: int = 20) -> str:
-    return "\n".join(output.splitlines()[-lines:]) or "(no output)"
