@@ -285,7 +285,7 @@ class PodConsole:
         self._record(f"$ {shown}")
         line = self._stage(command) if needs_staging(command) else command
         self._type_line(line)
-        code, lines = self._read_to_prompt(started + timeout_seconds, on_line)
+        code, lines = self._read_to_prompt(started + timeout_seconds, on_line, echo_of=line)
         if code is None:
             code, more = self._interrupt(on_line)
             lines += more
@@ -514,7 +514,11 @@ class PodConsole:
             self._io.send(reply, self._feed)
 
     def _read_to_prompt(
-        self, deadline: float, on_line: Callable[[str], None] | None
+        self,
+        deadline: float,
+        on_line: Callable[[str], None] | None,
+        *,
+        echo_of: str | None = None,
     ) -> tuple[int | None, list[str]]:
         """Collect output lines until the sentinel prompt; ``(None, lines)`` at the deadline."""
         assert self._io is not None
@@ -524,6 +528,11 @@ class PodConsole:
                 line = self._lines.popleft()
                 match = self._prompt_re.search(line)
                 text = line[: match.start()] if match else line
+                if echo_of is not None:
+                    if text == echo_of and match is None:
+                        echo_of = None
+                        continue  # an echo of the typed line (echo turned back on)
+                    echo_of = None
                 if match is None or text:
                     shown = self._redact(text)
                     out.append(shown)

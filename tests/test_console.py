@@ -86,6 +86,14 @@ class TestRun:
         assert result.output == "line one\n  $NOT_EXPANDED"
         assert result.exit_code == 1
 
+    def test_echo_of_the_typed_line_is_dropped_if_echo_comes_back(
+        self, console: PodConsole
+    ) -> None:
+        console.run("stty echo", check=True)
+        assert console.run("echo visible").output == "visible"
+        assert console.run("stty -echo").exit_code == 0
+        assert console.run("echo quiet").output == "quiet"
+
     def test_output_without_final_newline(self, console: PodConsole) -> None:
         assert console.run("printf 'a\\nb'").output == "a\nb"
 
