@@ -180,21 +180,21 @@ def test_pod_script_reads_saved_login_file(hf_hub, tmp_path):
         ("classic", "t/pending", HFCause.ACCESS_PENDING),
     ],
 )
-def test_diagnose_on_pod_through_console(hf_hub, shell_console, tok, repo, cause):
+def test_diagnose_on_pod_through_console(hf_hub, hf_shell_console, tok, repo, cause):
     token = hf_hub.tokens[tok] if tok else None
     d = diagnose_on_pod(
-        shell_console, repo, token, hf_hub.endpoint, sys.executable, script_path=str(HF_CHECK)
+        hf_shell_console, repo, token, hf_hub.endpoint, sys.executable, script_path=str(HF_CHECK)
     )
     assert (d.cause, d.where) == (cause, "pod")
     if token is not None:
-        assert token.get_secret_value() not in "".join(shell_console.transcript)
+        assert token.get_secret_value() not in "".join(hf_shell_console.transcript)
 
 
-def test_diagnose_on_pod_without_evidence_is_unknown(shell_console, tmp_path):
+def test_diagnose_on_pod_without_evidence_is_unknown(hf_shell_console, tmp_path):
     broken = tmp_path / "hf_check.py"
     broken.write_text("import sys; print('Traceback: boom'); sys.exit(1)\n")
     d = diagnose_on_pod(
-        shell_console,
+        hf_shell_console,
         "t/public",
         None,
         "http://127.0.0.1:9",
