@@ -414,7 +414,8 @@ class RunPodProvider:
         RunPod answers ``runtime: null`` until the container is up (image pulls can take
         many minutes), so this polls ``get_pod``; then an SSH key exchange on the gateway
         (user ``podHostId``) and, when ``runtime.ports`` has 22/tcp on a public IP, on the
-        direct endpoint (whose host key is recorded on first use).
+        direct endpoint. Host keys: the gateway's pinned key (else the one seen now,
+        recorded on first use); the direct endpoint's recorded on first use.
 
         Returns:
             A copy of ``handle`` with ``ssh``/``direct_ssh``, ``cost_per_hr`` and
@@ -509,6 +510,8 @@ class RunPodProvider:
                 "RunPodSSHKey block.",
                 pod_id=handle.pod_id,
             )
+        # pinned key from the block, or the key seen now recorded on first use
+        handle.ssh.host_key = pinned or key
         return True
 
     # -- terminate --------------------------------------------------------------------

@@ -167,6 +167,7 @@ class RunPodEmulator:
         self._http = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
         self._http.daemon_threads = True
         self._gw = socket.create_server(("127.0.0.1", 0))
+        self._gw.settimeout(0.1)
         self._threads: list[threading.Thread] = []
         self._open: set[socket.socket] = set()
         self._closed = threading.Event()
@@ -185,7 +186,7 @@ class RunPodEmulator:
 
     def start(self) -> RunPodEmulator:
         """Serve HTTP and the gateway forwarder in background threads."""
-        for target in (self._http.serve_forever, self._gateway_loop):
+        for target in (lambda: self._http.serve_forever(poll_interval=0.05), self._gateway_loop):
             thread = threading.Thread(target=target, daemon=True, name="runpod-emulator")
             thread.start()
             self._threads.append(thread)
@@ -420,6 +421,8 @@ class RunPodEmulator:
         while not self._closed.is_set():
             try:
                 client, _ = self._gw.accept()
+            except TimeoutError:
+                continue  # wake up to notice stop()
             except OSError:
                 return
             with self._lock:
