@@ -1,0 +1,194 @@
+"""The real LoRA example bundle (examples/lora-sft): its pure parts always; a full tiny
+CPU run (random 2-layer Llama, char tokenizer, real peft LoRA) when torch, transformers
+and peft import in the interpreter named by ``PREFECT_RUNPOD_LORA_PYTHON`` (default:
+this one)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prefect_runpod.tasks.bundle import load_bundle
+from prefect_runpod.tasks.eval_parity import compare_eval, load_jsonl
+
+LORA_BUNDLE = Path(__file__).resolve().parents[1] / "examples" / "lora-sft"
+DEMO_BUNDLE = LORA_BUNDLE.parent / "demo"
+
+
+def _load(bundle: Path, name: str):
+    spec = importlib.util.spec_from_file_location(f"{bundle.name}_{name}", bundle / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+textproc = _load(LORA_BUNDLE, "textproc")
+sft = _load(LORA_BUNDLE, "sft")
+LABELS = ["account", "billing", "shipping", "technical"]
+
+
+@pytest.mark.parametrize("path", sorted(LORA_BUNDLE.glob("*.py")), ids=lambda p: p.name)
+def test_scripts_parse_as_python_3_8(path: Path):
+    ast.parse(path.read_text(encoding="utf-8"), filename=str(path), feature_version=(3, 8))
+
+
+def test_bundle_toml_declares_requirements_and_model():
+    spec = load_bundle(LORA_BUNDLE)
+    assert spec.requirements == ["transformers>=4.46", "peft>=0.13", "torch>=2.4"]
+    assert spec.model_id == "meta-llama/Llama-3.2-1B"
+    assert f"--model-id {spec.model_id}" in spec.train
+    assert "--checkpoint outputs/adapter" in spec.eval
+
+
+def test_cleaning_rules_are_the_demo_bundles():
+    demo = _load(DEMO_BUNDLE, "textproc")
+    texts = [
+        json.loads(line)["text"]
+        for line in (LORA_BUNDLE / "data" / "tickets.jsonl")
+        .read_text(encoding="utf-8")
+        .splitlines()
+    ]
+    assert all(textproc.preprocess(t) == demo.preprocess(t) for t in texts)
+
+
+class TestPrompt:
+    def test_prompt_holds_the_cleaned_ticket_and_the_labels(self):
+        prompt = textproc.build_prompt(
+            textproc.preprocess("<p>My  PARCEL&nbsp;is late</p>"), LABELS
+        )
+        assert "Ticket: my parcel is late\n" in prompt
+        assert "account, billing, shipping, technical" in prompt
+        assert prompt.endswith("Answer: ")
+
+    def test_target_round_trips_through_the_parser(self):
+        for label in LABELS:
+            assert textproc.parse_output("noise " + textproc.format_target(label)) == label
+        assert textproc.parse_output("<output>billing") is None
+
+
+class TestEncoding:
+    tok = sft.CharTokenizer.from_texts(["abcdefghijklmnopqrstuvwxyz <>/:"])
+
+    def test_loss_covers_only_the_answer_and_eos(self):
+        ex = sft.encode_example(self.tok, "q: ab", "<output>a</output>", max_tokens=64)
+        answer = self.tok.encode("<output>a</output>") + [self.tok.eos_token_id]
+        assert len(ex["input_ids"]) == len(ex["labels"]) == 5 + len(answer)
+        assert ex["labels"][:5] == [sft.IGNORE_INDEX] * 5
+        assert ex["labels"][5:] == answer == ex["input_ids"][5:]
+
+    def test_long_prompt_is_cut_never_the_answer(self):
+        ex = sft.encode_example(self.tok, "x" * 100, "ab", max_tokens=10)
+        assert len(ex["input_ids"]) == 10
+        assert ex["labels"][-3:] == self.tok.encode("ab") + [self.tok.eos_token_id]
+        with pytest.raises(ValueError, match="cannot hold"):
+            sft.encode_example(self.tok, "x", "abcdef", max_tokens=5)
+
+    def test_collate_right_pads_with_masks(self):
+        a = sft.encode_example(self.tok, "ab", "c", 32)
+        b = sft.encode_example(self.tok, "abcdef", "c", 32)
+        batch = sft.collate([a, b], pad_token_id=self.tok.pad_token_id)
+        assert [len(row) for row in batch["input_ids"]] == [len(b["input_ids"])] * 2
+        assert batch["attention_mask"][0] == [1] * len(a["input_ids"]) + [0] * 4
+        assert batch["labels"][0][-4:] == [sft.IGNORE_INDEX] * 4
+        assert batch["input_ids"][0][-4:] == [self.tok.pad_token_id] * 4
+
+    def test_char_tokenizer_round_trip_save_and_unknowns(self, tmp_path):
+        assert self.tok.decode(self.tok.encode("<output>ab</output>")) == "<output>ab</output>"
+        assert self.tok.encode("é") == [self.tok.unk_token_id]
+        self.tok.save(tmp_path / "t.json")
+        again = sft.CharTokenizer.load(tmp_path / "t.json")
+        assert again.encode("hello") == self.tok.encode("hello")
+        assert again.vocab_size == self.tok.vocab_size
+
+    def test_batches(self):
+        assert sft.batches(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
+
+
+def test_readme_says_how_to_run_it_on_a_pod():
+    text = (LORA_BUNDLE / "README.md").read_text(encoding="utf-8")
+    assert "prefect-runpod finetune" in text and "--bundle examples/lora-sft" in text
+    assert "HF_TOKEN" in text and "--tiny-random" in text
+
+
+def _lora_python() -> str:
+    return os.environ.get("PREFECT_RUNPOD_LORA_PYTHON") or sys.executable
+
+
+@pytest.fixture(scope="module")
+def lora_python() -> str:
+    python = _lora_python()
+    probe = subprocess.run(
+        [python, "-c", "import torch, transformers, peft"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"torch/transformers/peft not importable in {python}")
+    return python
+
+
+@pytest.mark.lora
+@pytest.mark.slow
+def test_tiny_random_run_trains_and_both_evals_agree(lora_python, tmp_path):
+    bundle = tmp_path / "lora-sft"
+    shutil.copytree(LORA_BUNDLE, bundle, ignore=shutil.ignore_patterns("outputs", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    env["HF_HUB_OFFLINE"] = "1"  # proves the tiny run needs no download
+    train = subprocess.run(
+        [
+            lora_python,
+            "-u",
+            "train.py",
+            "--out",
+            "outputs",
+            "--tiny-random",
+            "--max-train-examples",
+            "24",
+            "--max-eval-examples",
+            "4",
+            "--epochs",
+            "1",
+        ],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    progress = [json.loads(x) for x in train.stdout.splitlines() if x.startswith("{")]
+    steps = [p for p in progress if "loss" in p]
+    assert [p["step"] for p in steps] == [1, 2, 3] and steps[-1]["progress"] == 1.0
+    adapter = bundle / "outputs" / "adapter"
+    for name in ("adapter_config.json", "adapter_model.safetensors", "lora_sft.json"):
+        assert (adapter / name).is_file(), name
+    evaluate = subprocess.run(
+        [
+            lora_python,
+            "-u",
+            "eval.py",
+            "--checkpoint",
+            "outputs/adapter",
+            "--out",
+            "outputs/eval_standalone.jsonl",
+        ],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    train_rows = load_jsonl(bundle / "outputs" / "eval_train.jsonl")
+    assert len(train_rows) == 4
+    assert all(r["model_input"].startswith("Classify the support ticket") for r in train_rows)
+    report = compare_eval(train_rows, load_jsonl(bundle / "outputs" / "eval_standalone.jsonl"))
+    assert report.verdict == "pass", report.reasons
