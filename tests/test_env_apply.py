@@ -184,3 +184,39 @@ def test_too_old_driver_installs_nothing(tmp_path, wheel_index):
             pip_index_url=wheel_index.simple_url,
         )
     assert len(wheel_index.requests) == seen and not (tmp_path / "v").exists()
+
+
+@needs_pip
+def test_env_task_through_the_local_pod_console(runpod_home, wheel_index):
+    """The @task body on a LocalPod (PTY gateway): probe, pod venv, pip from the
+    loopback index, re-probe — and the host's interpreters stay as they were."""
+    from prefect.logging import disable_run_logger
+    from prefect_runpod.blocks.local_pod import LocalPodProvider
+    from prefect_runpod.tasks.env import env
+
+    from tests.fixtures.local_pod import start_pod
+
+    provider = LocalPodProvider(home=runpod_home, mode="gateway", start_timeout_seconds=60.0)
+    pin = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1", "PATH": "/usr/bin:/bin"}
+    handle, keypair = start_pod(provider, env=pin)
+    try:
+        tools = Path(handle.workdir) / "tools"
+        tools.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PROBE, tools / "probe.py")
+        with disable_run_logger():
+            plan = env.fn(
+                handle,
+                keypair.private_key,
+                ["torch>=2.5", "transformers>=5.1"],
+                str(tools),
+                torch_index_base=wheel_index.torch_base,
+                pip_index_url=wheel_index.simple_url,
+            )
+        assert plan.verified and plan.wheel_index == "cpu"
+        assert plan.python == f"{tools}/venv/bin/python"
+        after = next(p for p in plan.after.pythons if p.path == plan.python)
+        assert after.torch and after.torch.endswith("+cpu") and after.transformers_torch_ok
+    finally:
+        provider.terminate(handle.pod_id)
+    host = subprocess.run([BASE_PYTHON, "-c", "import torch"], capture_output=True)
+    assert host.returncode != 0  # nothing was installed into the host's Python
