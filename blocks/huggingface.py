@@ -39,10 +39,8 @@ class HuggingFaceCredentials(CredentialsBlock):
     """
 
     _block_type_name: ClassVar[str] = "Hugging Face Credentials"
-    _logo_url: ClassVar[str] = "https://huggingface.co/front/assets/huggingface_logo-noborder.svg"
-    _documentation_url: ClassVar[str] = (
-        "https://huggingface.co/docs/huggingface_hub/quick-start#authentication"
-    )
+    _logo_url = "https://huggingface.co/front/assets/huggingface_logo-noborder.svg"  # type: ignore[assignment]
+    _documentation_url = "https://huggingface.co/docs/huggingface_hub/quick-start#authentication"  # type: ignore[assignment]
 
     token: SecretStr | None = Field(
         default=None,
