@@ -19,7 +19,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
+from uuid import UUID
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -140,14 +141,14 @@ def follow_training(
                 if chunk.next_offset < chunk.log_bytes:
                     chunk = follower.drain()
                 break
-            if chunk.next_offset < chunk.log_bytes:
-                continue  # more log waiting: read on before sleeping
             if max_runtime_seconds is not None and clock() - started >= max_runtime_seconds:
                 stop_reason = f"runtime cap of {max_runtime_seconds:g} s reached"
             elif should_stop is not None:
                 stop_reason = should_stop()
             if stop_reason:
                 break
+            if chunk.data and chunk.next_offset < chunk.log_bytes:
+                continue  # more whole lines waiting: read on before sleeping
             sleep_in_steps(poll_interval_seconds, sleep)
     except BaseException:
         _kill_quietly(follower, kill_grace_seconds)
@@ -319,9 +320,12 @@ def train(
     command = command.replace("{python}", python)
     own_console = console is None
     live: Any = console if console is not None else PodConsole.for_pod(handle, private_key)
-    artifact_id = create_progress_artifact(
-        0.0, key="train-progress", description=f"Training on pod {pod}: {command}"
-    )
+    artifact_id = cast(
+        UUID,
+        create_progress_artifact(
+            0.0, key="train-progress", description=f"Training on pod {pod}: {command}"
+        ),
+    )  # sync context: the UUID itself, not a coroutine
     shown = {"percent": -1}
 
     def _on_progress(progress: Progress) -> None:

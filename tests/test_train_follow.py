@@ -143,6 +143,20 @@ class TestEndings:
         with pytest.raises(ProcessLookupError):
             os.killpg(started["pgid"], 0)
 
+    def test_an_unfinished_last_line_neither_spins_nor_blocks_the_cap(
+        self, train_run_dir: Path, shell_console
+    ):
+        command = write_job(
+            train_run_dir,
+            "import sys, time\nsys.stdout.write('epoch 1/3 halfway'); sys.stdout.flush()\n"
+            "time.sleep(600)\n",
+        )
+        launch_training(shell_console, str(train_run_dir), TOOLS, command, python=PY)
+        with pytest.raises(BudgetExceededError, match="runtime cap") as err:
+            follow(shell_console, train_run_dir, max_runtime_seconds=1.0, poll_interval_seconds=0.2)
+        assert "epoch 1/3 halfway" in str(err.value)  # the tail, read once the run ended
+        assert sum("launcher.py read" in c for c in shell_console.calls) < 30
+
     def test_should_stop_reason_ends_the_run(self, train_run_dir: Path, shell_console):
         command = write_job(
             train_run_dir, "import time\nprint('go', flush=True)\ntime.sleep(600)\n"
