@@ -1,0 +1,1 @@
+"""Ratio benchmarks that print JSON (never asserted in tests)."""
