@@ -19,13 +19,11 @@ Every create attempt is recorded in ``attempts`` (``"<gpu>/<cloud>: capacity"``)
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
-import paramiko
 from prefect_runpod.blocks.exceptions import (
     CapacityError,
     ConsoleConnectError,
@@ -34,7 +32,7 @@ from prefect_runpod.blocks.exceptions import (
     SpecError,
     TerminateError,
 )
-from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
+from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import PodRequest, TerminateResult
 from prefect_runpod.blocks.runpod_blocks import (
     RunPodCredentials,
@@ -52,10 +50,15 @@ from prefect_runpod.blocks.runpod_errors import (
     classify_exception,
     to_provider_error,
 )
+from prefect_runpod.blocks.runpod_lifecycle import (
+    direct_endpoint,
+    probe_ssh_host_key,
+    terminate_until_gone,
+)
 from prefect_runpod.blocks.ssh_key import RunPodSSHKey, key_in_authorized, normalise_public_key
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-__all__ = ["RunPodProvider", "direct_endpoint", "probe_ssh_host_key"]
+__all__ = ["RunPodProvider"]
 
 logger = logging.getLogger("prefect_runpod.runpod")
 T = TypeVar("T")
@@ -70,42 +73,6 @@ class _Retry(Exception):
     def __init__(self, classified: Any) -> None:
         super().__init__(classified.message)
         self.classified = classified
-
-
-def direct_endpoint(pod: dict[str, Any]) -> SSHEndpoint | None:
-    """The direct-TCP SSH endpoint of a pod answer: ``runtime.ports`` holding
-    ``privatePort 22``, type ``tcp``, on a public IP (as the SDK's own CLI connects)."""
-    for port in ((pod.get("runtime") or {}).get("ports")) or []:
-        if (
-            port.get("privatePort") == 22
-            and port.get("type") == "tcp"
-            and port.get("isIpPublic")
-            and port.get("ip")
-            and port.get("publicPort")
-        ):
-            return SSHEndpoint(
-                host=port["ip"], port=int(port["publicPort"]), user="root", mode="direct"
-            )
-    return None
-
-
-def probe_ssh_host_key(host: str, port: int, timeout_seconds: float) -> str | None:
-    """Run an SSH key exchange (paramiko) and return the server's host key line
-    (``ssh-ed25519 AAAA…``), or None when nothing answers within ``timeout_seconds``."""
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout_seconds)
-    except OSError:
-        return None
-    transport = paramiko.Transport(sock)
-    try:
-        transport.banner_timeout = timeout_seconds
-        transport.start_client(timeout=timeout_seconds)
-        key = transport.get_remote_server_key()
-        return f"{key.get_name()} {key.get_base64()}"
-    except (paramiko.SSHException, OSError, EOFError):
-        return None
-    finally:
-        transport.close()
 
 
 class RunPodProvider:
@@ -517,73 +484,18 @@ class RunPodProvider:
     # -- terminate --------------------------------------------------------------------
 
     def terminate(self, pod_id: str, timeout_seconds: float = 120.0) -> TerminateResult:
-        """Terminate ``pod_id`` and return once RunPod reads it back as gone.
-
-        Idempotent: ``pod not found to terminate`` and ``pod: null`` count as gone.
-        Transient failures (``Something went wrong``, 5xx, network) are retried until
-        the deadline; the terminate call is repeated while the pod still reads back.
-
-        Returns:
-            A ``TerminateResult``; ``confirmed_at`` is when billing ended.
+        """Terminate ``pod_id`` and return once RunPod reads it back as gone; see
+        ``runpod_lifecycle.terminate_until_gone`` (idempotent, never gone on a timeout).
 
         Raises:
             SpecError: on an unsafe pod id.
-            TerminateError: not confirmed within ``timeout_seconds`` (the pod may still
-                bill; the message says how to end it by hand). Never reports gone then.
+            TerminateError: not confirmed within ``timeout_seconds``.
         """
-        validate_pod_id(pod_id)
-        deadline = time.monotonic() + timeout_seconds
-        calls, already_gone, send, delay = 0, False, True, self.retry_initial_delay_seconds
-        last = "no answer yet"
-        while True:
-            if send:
-                calls += 1
-                try:
-                    self._client.terminate_pod(pod_id)
-                    send = False
-                except Exception as exc:
-                    classified = classify_exception(exc)
-                    last = f"terminate: {classified.message}"
-                    if classified.action is FailoverAction.GONE:
-                        already_gone = calls == 1
-                        send = False
-                    elif classified.kind is ErrorKind.AUTH:
-                        raise TerminateError(
-                            f"pod {pod_id}: RunPod refused the API key while terminating; the "
-                            "pod may still be billing — terminate it in the RunPod console "
-                            f"or run `prefect-runpod terminate {pod_id}` with a valid key.",
-                            pod_id=pod_id,
-                        ) from exc
-            if not send:
-                try:
-                    pod = self._client.get_pod(pod_id)
-                    if pod is None or pod.get("desiredStatus") in _GONE_STATUSES:
-                        logger.info("%s: terminate confirmed", pod_id)
-                        return TerminateResult(
-                            pod_id=pod_id,
-                            confirmed_at=datetime.now(UTC),
-                            already_gone=already_gone,
-                            attempts=calls,
-                        )
-                    last = f"still desiredStatus={pod.get('desiredStatus')}"
-                    send = True  # ask again while it still reads back
-                except Exception as exc:
-                    classified = classify_exception(exc)
-                    last = f"read back: {classified.message}"
-                    if classified.action is FailoverAction.GONE:
-                        return TerminateResult(
-                            pod_id=pod_id,
-                            confirmed_at=datetime.now(UTC),
-                            already_gone=already_gone,
-                            attempts=calls,
-                        )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TerminateError(
-                    f"pod {pod_id}: terminate not confirmed after {timeout_seconds:.0f} s "
-                    f"({calls} calls; last: {last}). It may still be billing: run "
-                    f"`prefect-runpod terminate {pod_id}` or terminate it in the RunPod console.",
-                    pod_id=pod_id,
-                )
-            self._sleep(min(delay, remaining))
-            delay = min(delay * 2 or self.poll_interval_seconds, self.poll_interval_seconds)
+        return terminate_until_gone(
+            self._client,
+            validate_pod_id(pod_id),
+            timeout_seconds=timeout_seconds,
+            initial_delay_seconds=self.retry_initial_delay_seconds,
+            poll_interval_seconds=self.poll_interval_seconds,
+            sleep=self._sleep,
+        )

@@ -171,6 +171,7 @@ class TestErrors:
         assert [e["status"] for e in log] == [502, 200, 200, 200]
 
 
+@pytest.mark.slow
 def test_standalone_module(tmp_path) -> None:
     """``python -m tests.emulators.runpod_api --port P`` serves the SDK."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
