@@ -184,3 +184,19 @@ class TestSSHKey:
         kind, body, _ = ours.split()
         assert key_in_authorized(ours, f"ssh-rsa AAAAother x\n{kind} {body} other-comment")
         assert not key_in_authorized(ours, "ssh-rsa AAAAother x")
+
+
+@pytest.mark.slow
+def test_blocks_save_and_load_through_prefect(prefect_server: None) -> None:
+    """Registered and stored in a real Prefect server; secrets round-trip as SecretStr."""
+    suffix = __import__("uuid").uuid4().hex[:8]
+    RunPodCredentials(api_key="rpa_ROUNDTRIP").save(f"rp-{suffix}")
+    loaded = RunPodCredentials.load(f"rp-{suffix}")
+    assert loaded.api_key.get_secret_value() == "rpa_ROUNDTRIP"
+    RunPodPodSpec(gpu_type_ids=["NVIDIA RTX A5000"], max_usd_per_hour=0.3).save(f"spec-{suffix}")
+    spec = RunPodPodSpec.load(f"spec-{suffix}")
+    assert spec.gpu_type_ids == ["NVIDIA RTX A5000"] and spec.max_usd_per_hour == 0.3
+    key = RunPodSSHKey.generate(gateway_port=2222)
+    key.save(f"key-{suffix}")
+    again = RunPodSSHKey.load(f"key-{suffix}")
+    assert again.get_public_key() == key.get_public_key() and again.gateway_port == 2222

@@ -205,3 +205,21 @@ def test_standalone_module(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_stop_and_resume_shapes(sdk: RunPodEmulator) -> None:
+    """``podStop`` → EXITED; ``podResume`` on a host that gave its GPUs away answers
+    RunPod's exact text (runpod/runpod-python#168)."""
+    from prefect_runpod.blocks.runpod_errors import HOST_GPUS_BUSY_MESSAGE
+
+    pod_id = runpod.create_pod("prft-stop", "img:1", GPU)["id"]
+    try:
+        assert runpod.stop_pod(pod_id) == {"id": pod_id, "desiredStatus": "EXITED"}
+        sdk.faults.resume_gpus_busy = True
+        with pytest.raises(QueryError, match=re.escape(HOST_GPUS_BUSY_MESSAGE)):
+            runpod.resume_pod(pod_id, 1)
+        sdk.faults.resume_gpus_busy = False
+        assert runpod.resume_pod(pod_id, 1)["desiredStatus"] == "RUNNING"
+    finally:
+        runpod.terminate_pod(pod_id)

@@ -194,7 +194,7 @@ class RunPodEmulator:
 
     def stop(self) -> list[str]:
         """Stop serving; terminate every pod still alive. Returns their ids (leftovers)."""
-        leftovers = list(self.pods)
+        leftovers = sorted(set(self.pods) | {h.pod_id for h in self.local.list("")})
         for pod_id in leftovers:
             self.local.terminate(pod_id)
         self.pods.clear()
