@@ -132,6 +132,7 @@ class PodConsole:
         self._pinned_host_key = endpoint.host_key
         self._client: paramiko.SSHClient | None = None
         self._io: ChannelIO | None = None
+        self._opened_once = False  # the first command opens the session by itself
         self._decoder = TerminalDecoder()
         self._lines: deque[str] = deque()  # finished lines not yet consumed
         self._prompt_re = re.compile("")
@@ -208,6 +209,7 @@ class PodConsole:
             ) from exc
         self._client = client
         self._io = ChannelIO(channel, self._dropped)
+        self._opened_once = True
         self._decoder = TerminalDecoder()
         self._lines.clear()
         self._stream = None
@@ -487,6 +489,8 @@ class PodConsole:
             )
 
     def _ready(self) -> None:
+        if self._io is None and not self._opened_once:
+            self.connect()  # a fresh console connects on first use; a dropped one does not
         if self._io is None:
             raise ConsoleConnectError(
                 f"{self._where()}: the console is not connected; call connect() or reconnect()",

@@ -264,6 +264,9 @@ def _cmd_reaper(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``prefect-runpod``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
+    # deadline is too short on a busy small machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from prefect_runpod.blocks.exceptions import RunPodFlowError
 
     try:

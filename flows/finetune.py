@@ -11,6 +11,7 @@ Run it: ``prefect-runpod finetune`` or ``python -m prefect_runpod.flows.finetune
 from __future__ import annotations
 
 import json
+import shlex
 import uuid
 from contextlib import ExitStack
 from datetime import UTC, datetime
@@ -21,7 +22,11 @@ from prefect import Flow, State, flow, get_run_logger
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
-from prefect_runpod.blocks.exceptions import BudgetExceededError, EvalParityError
+from prefect_runpod.blocks.exceptions import (
+    BudgetExceededError,
+    ChecksumMismatchError,
+    EvalParityError,
+)
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
@@ -29,8 +34,8 @@ from prefect_runpod.flows.artifacts import publish_cost_artifact, publish_model_
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
-from prefect_runpod.tasks.models import StageState
-from prefect_runpod.tasks.preflight import preflight, validate_settings
+from prefect_runpod.tasks.models import HFDiagnosis, ParityReport, StageState
+from prefect_runpod.tasks.preflight import RunSettings, preflight, validate_settings
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate, terminate_by_name
 from pydantic import SecretStr
@@ -43,7 +48,10 @@ def demo_bundle() -> Path:
     installed as the package ``prefect_runpod.examples.demo``."""
     import importlib.util
 
-    spec = importlib.util.find_spec("prefect_runpod.examples.demo")
+    try:
+        spec = importlib.util.find_spec("prefect_runpod.examples.demo")
+    except ModuleNotFoundError:
+        spec = None
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
             if (Path(location) / "bundle.toml").is_file():
@@ -280,7 +288,6 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     from prefect_runpod.tasks.checksum import checksum
     from prefect_runpod.tasks.download import download
     from prefect_runpod.tasks.env import env as env_stage
-    from prefect_runpod.tasks.eval_parity import eval_parity
     from prefect_runpod.tasks.hf_auth import hf_auth
     from prefect_runpod.tasks.train import train
     from prefect_runpod.tasks.upload import upload
@@ -324,9 +331,11 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     with run_stage(report, "hf_auth", on_stage):
         if settings.model_id is None:
             raise StageSkipped("no model id: the bundle downloads nothing from the Hub")
-        report.hf.append(
-            hf_auth(handle, key, settings.model_id, hf_token, hf_endpoint, tools_dir, python)
+        diagnosis = hf_auth(
+            handle, key, settings.model_id, hf_token, hf_endpoint, tools_dir, python
         )
+        if isinstance(diagnosis, HFDiagnosis):
+            report.hf.append(diagnosis)
 
     with run_stage(report, "upload", on_stage):
         budget.check()
@@ -351,18 +360,15 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
         if not bundle.eval:
             raise StageSkipped("the bundle declares no standalone eval command")
         try:
-            report.parity = eval_parity(
+            report.parity = _check_parity(
                 handle,
                 key,
-                remote_bundle=remote_bundle,
-                eval_command=bundle.command(bundle.eval, python),
-                train_jsonl=bundle.train_eval_jsonl,
-                eval_jsonl=bundle.standalone_eval_jsonl,
-                output_format=bundle.output_format,
-                local_dir=out / "parity",
+                settings,
+                run_dir,
+                python,
+                out / "parity",
                 tolerance=parity_tolerance,
                 warn_only=parity_warn_only,
-                transfer_method=settings.transfer_method,
             )
         except EvalParityError as exc:
             # DESIGN §9: a parity failure fails the run *after* download, artifacts kept.
@@ -384,8 +390,61 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
         )
 
     with run_stage(report, "checksum", on_stage):
-        report.manifest = checksum(out / "outputs", report.download.source_manifest)
+        if report.download.source_manifest is None:
+            raise ChecksumMismatchError(
+                f"the download from pod {handle.pod_id} carried no pod-side manifest; "
+                "nothing can be accepted unverified",
+                pod_id=handle.pod_id,
+            )
+        report.manifest = checksum(out / "outputs", report.download.source_manifest, handle.pod_id)
     return deferred
+
+
+def _check_parity(
+    handle: PodHandle,
+    key: SecretStr,
+    settings: RunSettings,
+    run_dir: str,
+    python: str,
+    local_dir: Path,
+    *,
+    tolerance: float,
+    warn_only: bool,
+) -> ParityReport:
+    """Run the bundle's own standalone eval on the pod, fetch both eval JSONL files (with
+    a verified manifest) and compare them (DESIGN §9)."""
+    from prefect_runpod.blocks.console import PodConsole
+    from prefect_runpod.blocks.transfer import download_dir
+    from prefect_runpod.tasks.eval_parity import eval_parity, run_standalone_eval
+
+    bundle = settings.bundle
+    remote_bundle = f"{run_dir}/bundle"
+    parity_dir = f"{run_dir}/parity"
+    q = shlex.quote
+    with PodConsole.for_pod(handle, key) as console:
+        run_standalone_eval(
+            console,
+            remote_bundle,
+            bundle.eval,
+            python,
+            timeout_seconds=settings.max_runtime_seconds,
+            output_path=bundle.standalone_eval_jsonl,
+        )
+        console.run(
+            f"rm -rf {q(parity_dir)} && mkdir -p {q(parity_dir)} && "
+            f"cp {q(remote_bundle + '/' + bundle.train_eval_jsonl)} {q(parity_dir)}/train.jsonl && "
+            f"cp {q(remote_bundle + '/' + bundle.standalone_eval_jsonl)} {q(parity_dir)}/standalone.jsonl",
+            check=True,
+        )
+        download_dir(console, handle, parity_dir, local_dir, method=settings.transfer_method)
+    return eval_parity(
+        local_dir / "train.jsonl",
+        local_dir / "standalone.jsonl",
+        output_format=bundle.output_format,
+        tolerance=tolerance,
+        warn_only=warn_only,
+        pod_id=handle.pod_id,
+    )
 
 
 def _finish(

@@ -105,7 +105,10 @@ def render_summary(report: RunReport) -> str:
         lines.append(f"{s.name:<12} {s.state.value:<10} {s.seconds:>8.2f}  {note}")
     lines.append("")
     lines.append(f"pod          {report.pod_id or '-'} ({report.provider}, {report.pod_name})")
-    lines.append(f"terminated   {'yes, confirmed' if report.terminated else 'NO'}")
+    if report.pod_id is None:
+        lines.append("terminated   no pod was created")
+    else:
+        lines.append(f"terminated   {'yes, confirmed' if report.terminated else 'NO - still billing?'}")
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
     lines.append(f"bytes moved  {_fmt_bytes(moved)}")
     verified = (

@@ -1,0 +1,137 @@
+"""End to end: the demo fine-tune on the local pod under a real Prefect server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.local_pod import LocalPodProvider
+from prefect_runpod.flows.finetune import finetune
+from prefect_runpod.tasks.models import STAGES
+
+pytestmark = pytest.mark.slow
+
+
+def _pod_processes(pod_id: str) -> list[int]:
+    """PIDs whose environment carries the pod's marker."""
+    marker = f"RUNPOD_POD_ID={pod_id}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in env.split(b"\0"):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _assert_pod_gone(pod_id: str) -> None:
+    provider = LocalPodProvider()
+    assert provider.get(pod_id) is None
+    assert _pod_processes(pod_id) == []
+    assert not any(pod_id in p.name for p in (provider.home / "pods").glob("*"))
+
+
+def test_demo_flow_passes_every_stage_and_leaves_nothing(prefect_server, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    state = finetune(output_dir=str(tmp_path), return_state=True)
+    assert state.is_completed(), state.message
+    report = state.result()
+    names = [s["name"] for s in report["stages"]]
+    assert names == ["preflight", *STAGES]
+    for stage in report["stages"]:
+        assert stage["state"] in ("Completed", "Skipped"), stage
+        if stage["state"] == "Skipped":
+            assert stage["reason"]
+    assert report["passed"] is True
+    assert report["terminated"] is True
+    assert report["parity"]["verdict"] == "pass"
+
+    # The downloaded checkpoint hashes to what the pod-side manifest says.
+    pod_side = {e["path"]: e for e in report["download"]["source_manifest"]["entries"]}
+    assert pod_side, "the download carried no files"
+    for rel, entry in pod_side.items():
+        data = (tmp_path / "outputs" / rel).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+        assert len(data) == entry["size_bytes"]
+    assert json.loads((tmp_path / "run-report.json").read_text())["pod_id"] == report["pod_id"]
+
+    async def artifact_keys() -> set[str]:
+        async with get_client() as client:
+            flow_run_id = state.state_details.flow_run_id
+            arts = await client.read_artifacts(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+            return {a.key for a in arts if a.key}
+
+    import asyncio
+
+    keys = asyncio.run(artifact_keys())
+    assert {"finetune-costs", "checksum-manifest", "eval-parity"} <= keys
+    _assert_pod_gone(report["pod_id"])
+
+
+def test_failure_in_train_still_terminates_the_pod(prefect_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFECT_RUNPOD_FAULTS", "train:raise")
+    state = finetune(output_dir=str(tmp_path), return_state=True)
+    assert state.is_failed()
+    assert "fault injected at train" in (state.message or "")
+    report = json.loads((tmp_path / "run-report.json").read_text())
+    train = next(s for s in report["stages"] if s["name"] == "train")
+    assert train["state"] == "Failed" and "fault injected" in train["reason"]
+    assert report["terminated"] is True
+    assert report["passed"] is False
+    _assert_pod_gone(report["pod_id"])
+
+
+def test_sigkilled_flow_leaves_a_pod_the_registry_lists_and_terminates(tmp_path):
+    env = dict(os.environ, PREFECT_RUNPOD_FAULTS="upload:sigkill")
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_runpod.flows.finetune", "--output-dir", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "run-report.json").read_text())
+    pod_id = report["pod_id"]
+    provider = LocalPodProvider()
+    handle = provider.get(pod_id)
+    assert handle is not None, "a SIGKILLed flow's pod must still be listed"
+    assert handle.name == report["pod_name"]
+    assert any(h.pod_id == pod_id for h in provider.list("prft-"))
+    result = provider.terminate(pod_id)
+    assert result.pod_id == pod_id and not result.already_gone
+    _assert_pod_gone(pod_id)
+
+
+def test_cli_json_report(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_runpod.flows.cli", "finetune", "--json",
+         "--output-dir", str(tmp_path), "--local-cost-per-hr", "0.22"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert [s["name"] for s in data["stages"]][1:] == list(STAGES)
+    assert all(s["state"] in ("Completed", "Skipped") for s in data["stages"])
+    assert data["pod_id"] and data["terminated"]
+    cost = data["cost"]
+    assert cost["cost_per_hr"] == pytest.approx(0.22)
+    assert cost["usd"] == pytest.approx(0.22 * cost["billed_seconds"] / 3600, rel=1e-6)
+    assert data["manifest"]["entries"]
+    assert data["parity"]["verdict"] == "pass"
