@@ -246,7 +246,7 @@ def _resilient(
             if session is not None:
                 session.close()  # end the receiver so the console is usable again
             raise
-        except (_Dropped, *_DROP_ERRORS) as exc:
+        except (_Dropped, *_DROP_ERRORS) as exc:  # type: ignore[misc]
             reconnects += 1
             if reconnects > opts.max_reconnects or reconnect is None:
                 raise TransferError(
@@ -652,9 +652,10 @@ def _download_files(
         for kind, ev in events:
             if kind == "frame":
                 s.line("#A", ev.fid, ev.epoch, ev.offset)
-                f = by_fid.get(ev.fid)
-                if f is None or f.done or ev.epoch != f.epoch:
+                got = by_fid.get(ev.fid)
+                if got is None or got.done or ev.epoch != got.epoch:
                     continue
+                f = got
                 if ev.raw is None or ev.offset != f.next:
                     state["retries"] += 1
                     f.epoch += 1
@@ -674,9 +675,9 @@ def _download_files(
                     continue
                 _finish_download(s, f, state, pod)
             elif ev[0] == "#X":
-                f = by_fid.get(ev[1])
+                missing = by_fid.get(ev[1])
                 raise TransferError(
-                    f"pod {pod}: cannot read {f.rel if f else ev[1]}: {unb64text(ev[3])}",
+                    f"pod {pod}: cannot read {missing.rel if missing else ev[1]}: {unb64text(ev[3])}",
                     pod_id=pod,
                     stage="download",
                 )
