@@ -57,6 +57,8 @@ GATEWAY_PTY_ERROR = "Error: Your SSH client doesn't support PTY"
 """What RunPod's proxied SSH gateway answers a session without a PTY."""
 
 _READ_CHUNK_BYTES = 65536
+_BATCH_BYTES = 256 * 1024
+_WINDOW_BYTES = 8 * 1024 * 1024  # per-channel receive window: uploads need a wide one
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HUP_GRACE_SECONDS = 2.0
 
@@ -142,17 +144,32 @@ async def _wait_fd(fd: int, *, writable: bool = False) -> None:
 
 
 async def _read_fd(fd: int) -> bytes:
-    """Read what ``fd`` has; ``b""`` at end of file (EIO on a PTY master whose slave
-    side is closed everywhere)."""
+    """Read what ``fd`` has (up to ``_BATCH_BYTES``, so the channel gets few large
+    packets rather than many 4 KiB ones); ``b""`` at end of file (EIO on a PTY
+    master whose slave side is closed everywhere)."""
     while True:
         try:
-            return os.read(fd, _READ_CHUNK_BYTES)
+            data = os.read(fd, _READ_CHUNK_BYTES)
         except BlockingIOError:
             await _wait_fd(fd)
+            continue
         except OSError as exc:
             if exc.errno == errno.EIO:
                 return b""
             raise
+        if not data:
+            return b""
+        chunks, total = [data], len(data)
+        while total < _BATCH_BYTES:
+            try:
+                more = os.read(fd, _READ_CHUNK_BYTES)
+            except OSError:  # empty for now, or closed: the next call finds out
+                break
+            if not more:
+                break
+            chunks.append(more)
+            total += len(more)
+        return b"".join(chunks)
 
 
 async def _write_fd(fd: int, data: bytes) -> None:
@@ -492,6 +509,7 @@ class PodDaemon:
             sftp_factory=asyncssh.SFTPServer if self.config.mode == "direct" else None,
             encoding=None,
             line_editor=False,
+            window=_WINDOW_BYTES,
             agent_forwarding=False,
             x11_forwarding=False,
             allow_pty=True,

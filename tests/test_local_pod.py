@@ -18,10 +18,11 @@ from pathlib import Path
 import paramiko
 import pytest
 from prefect_runpod.blocks.exceptions import SpecError
-from prefect_runpod.blocks.keys import generate_keypair
+from prefect_runpod.blocks.keys import KeyPair, generate_keypair
 from prefect_runpod.blocks.local_pod import LocalPod, LocalPodProvider, default_home
 from prefect_runpod.blocks.local_pod_daemon import GATEWAY_PTY_ERROR
 from prefect_runpod.blocks.local_registry import find_marked_pids, pid_alive, read_record
+from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import PodRequest
 
 from tests.fixtures.local_pod import (
@@ -274,12 +275,17 @@ class TestDirectMode:
         assert (tmp_path / "down.bin").read_bytes() == payload
 
 
-def _shell(handle, keypair, script: bytes, marker: bytes) -> bytes:  # type: ignore[no-untyped-def]
+def _start_detached_sleep(handle: PodHandle, keypair: KeyPair) -> int:
+    """Start ``setsid nohup sleep 1000 &`` from the pod's shell, as a user would start
+    detached training; keep the shell open until the sleep runs (closing it at once
+    would SIGHUP the job before ``setsid`` ran, as with any sshd). Returns its pid."""
     client = connect_paramiko(handle, keypair)
     try:
         chan = client.invoke_shell(term="xterm")
-        chan.send(script)
-        return read_shell_until(chan, marker)
+        chan.send(b"setsid nohup sleep 1000 >/dev/null 2>&1 & echo STARTED-$((2+2))\n")
+        read_shell_until(chan, b"STARTED-4")
+        assert _wait_for(lambda: _detached_sleeps(handle.pod_id))
+        return _detached_sleeps(handle.pod_id)[0]
     finally:
         client.close()
 
@@ -299,22 +305,16 @@ def _detached_sleeps(pod_id: str) -> list[int]:
 @pytest.mark.slow
 class TestTerminate:
     def test_terminate_ends_detached_processes_and_is_idempotent(
-        self, local_provider: LocalPodProvider
+        self, local_pod: PodFixture
     ) -> None:
-        handle, keypair = start_pod(local_provider)
+        provider, handle, keypair = local_pod
         assert handle.ssh is not None
-        _shell(
-            handle,
-            keypair,
-            b"setsid nohup sleep 1000 >/dev/null 2>&1 & echo STARTED-$((2+2))\n",
-            b"STARTED-4",
-        )
-        assert _wait_for(lambda: _detached_sleeps(handle.pod_id))
-        sleeper = _detached_sleeps(handle.pod_id)[0]
-        record = read_record(local_provider.home, handle.pod_id)
+        sleeper = _start_detached_sleep(handle, keypair)
+        assert pid_alive(sleeper)  # it outlived the shell session
+        record = read_record(provider.home, handle.pod_id)
         assert record is not None and pid_alive(record.pid)
 
-        result = local_provider.terminate(handle.pod_id)
+        result = provider.terminate(handle.pod_id)
 
         assert result.pod_id == handle.pod_id and not result.already_gone
         assert not pid_alive(sleeper)
@@ -322,41 +322,32 @@ class TestTerminate:
         assert find_marked_pids(handle.pod_id) == []
         assert not Path(handle.workdir).exists()
         assert _port_closed(handle.ssh.port)
-        assert local_provider.get(handle.pod_id) is None
-        assert local_provider.find(handle.name) is None
-        again = local_provider.terminate(handle.pod_id)
+        assert provider.get(handle.pod_id) is None
+        assert provider.find(handle.name) is None
+        again = provider.terminate(handle.pod_id)
         assert again.already_gone
-        assert local_provider.terminate("lp-doesnotexist").already_gone
+        assert provider.terminate("lp-doesnotexist").already_gone
 
-    def test_terminate_works_after_the_daemon_was_killed(
-        self, local_provider: LocalPodProvider
-    ) -> None:
-        handle, keypair = start_pod(local_provider)
-        _shell(
-            handle,
-            keypair,
-            b"setsid nohup sleep 1000 >/dev/null 2>&1 & echo GO-$((1+1))\n",
-            b"GO-2",
-        )
-        assert _wait_for(lambda: _detached_sleeps(handle.pod_id))
-        record = read_record(local_provider.home, handle.pod_id)
+    def test_terminate_works_after_the_daemon_was_killed(self, local_pod: PodFixture) -> None:
+        provider, handle, keypair = local_pod
+        sleeper = _start_detached_sleep(handle, keypair)
+        record = read_record(provider.home, handle.pod_id)
         assert record is not None
         os.kill(record.pid, signal.SIGKILL)
         assert _wait_for(lambda: not pid_alive(record.pid))
         # Still listed, so a reaper can find it; terminate cleans up what is left.
-        assert local_provider.find(handle.name) is not None
+        assert provider.find(handle.name) is not None
 
-        result = local_provider.terminate(handle.pod_id)
+        result = provider.terminate(handle.pod_id)
 
         assert not result.already_gone
+        assert not pid_alive(sleeper)
         assert find_marked_pids(handle.pod_id) == []
         assert not Path(handle.workdir).exists()
-        assert local_provider.get(handle.pod_id) is None
+        assert provider.get(handle.pod_id) is None
 
-    def test_runpodctl_remove_pod_from_the_shell_ends_the_pod(
-        self, local_provider: LocalPodProvider
-    ) -> None:
-        handle, keypair = start_pod(local_provider)
+    def test_runpodctl_remove_pod_from_the_shell_ends_the_pod(self, local_pod: PodFixture) -> None:
+        local_provider, handle, keypair = local_pod
         client = connect_paramiko(handle, keypair)
         try:
             chan = client.invoke_shell(term="xterm")
@@ -381,7 +372,7 @@ class TestTerminate:
         script = textwrap.dedent(
             f"""
             from pathlib import Path
-            from prefect_runpod.blocks.keys import generate_keypair
+            from prefect_runpod.blocks.keys import KeyPair, generate_keypair
             from prefect_runpod.blocks.local_pod import LocalPodProvider
             from prefect_runpod.blocks.provider import PodRequest
             provider = LocalPodProvider(home=Path({str(runpod_home)!r}), start_timeout_seconds=60)
@@ -389,20 +380,22 @@ class TestTerminate:
             print(handle.pod_id)
             """
         )
-        done = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, done.stderr
-        pod_id = done.stdout.strip().splitlines()[-1]
         try:
+            done = subprocess.run(
+                [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+            )
+            assert done.returncode == 0, done.stderr
+            pod_id = done.stdout.strip().splitlines()[-1]
             found = local_provider.find(name)
             assert found is not None and found.pod_id == pod_id
             assert [h.pod_id for h in local_provider.list("test-orphan-")].count(pod_id) == 1
             ready = local_provider.wait_ready(found, 60)
             assert ready.ssh is not None and not _port_closed(ready.ssh.port)
         finally:
-            result = local_provider.terminate(pod_id)
-        assert not result.already_gone
+            made = local_provider.find(name)
+            if made is not None:
+                local_provider.terminate(made.pod_id)
+        assert made is not None and made.pod_id == pod_id
         assert local_provider.find(name) is None
 
 
