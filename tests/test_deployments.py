@@ -252,12 +252,16 @@ def test_cancel_through_the_api_terminates_the_pod(prefect_api, served, tmp_path
 
 @pytest.mark.slow
 def test_dataset_event_starts_a_finetune_on_that_bundle(prefect_api, served, tmp_path):
+    """``dataset.updated`` → the trigger starts a run with the event's bundle mapped into
+    ``bundle``; the run is then cancelled (to keep the test short) and leaves no pod."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.states import Cancelling
+    from prefect_runpod.blocks.local_pod import LocalPodProvider
     from prefect_runpod.flows.upstream_example import announce_dataset
 
     _wait_deployment("runpod-finetune/on-dataset-updated", served)
-    bundle = copy_demo_bundle(tmp_path / f"ds-{uuid.uuid4().hex[:6]}")
+    bundle = _slow_bundle(tmp_path / f"ds-{uuid.uuid4().hex[:6]}", sleep_per_epoch_seconds=20)
     announce_dataset(bundle=str(bundle), dataset="tickets")
     deadline = time.monotonic() + 90
     with get_client(sync_client=True) as client:
@@ -275,10 +279,12 @@ def test_dataset_event_starts_a_finetune_on_that_bundle(prefect_api, served, tmp
                 break
             assert time.monotonic() < deadline, f"no triggered run\n{_runner_log(served)}"
             time.sleep(1.0)
-    (run,) = runs
-    assert run.parameters["concurrency_limit"] == "runpod-gpu"
-    done = _wait_run(run.id, served, timeout_seconds=120)
-    assert done.state.type.value == "COMPLETED", done.state
+        (run,) = runs
+        assert run.parameters["concurrency_limit"] == "runpod-gpu"
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+    done = _wait_run(run.id, served, timeout_seconds=90)
+    assert done.state.type.value == "CANCELLED", done.state
+    assert LocalPodProvider().find(f"prft-{run.id}") is None
 
 
 def _peak_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
@@ -298,7 +304,7 @@ def test_sweep_of_four_never_has_more_than_two_pods(prefect_api, served, tmp_pat
     from prefect_runpod.flows.sweep import sweep
 
     _wait_deployment("runpod-finetune/on-demand", served)
-    bundle = _slow_bundle(tmp_path / "slow", sleep_per_epoch_seconds=1)
+    bundle = copy_demo_bundle(tmp_path / "bundle")
     prefix = f"sw{uuid.uuid4().hex[:6]}"
     rows = sweep(
         configs=[{"bundle": str(bundle), "name_prefix": prefix}] * 4,
