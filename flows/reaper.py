@@ -187,7 +187,7 @@ def read_run_snapshot(client: SyncPrefectClient, flow_run_id: UUID) -> RunSnapsh
     seen = [t for t in (state.timestamp if state else None, run.start_time, run.created) if t]
     page = client.read_events(
         filter=EventFilter(
-            occurred=EventOccurredFilter(since=datetime.now(UTC) - timedelta(days=7)),
+            occurred=EventOccurredFilter(since=datetime.now(UTC) - timedelta(days=7)),  # type: ignore[arg-type]
             event=EventNameFilter(name=[HEARTBEAT_EVENT]),
             resource=EventResourceFilter(id=[f"prefect.flow-run.{flow_run_id}"]),
         ),

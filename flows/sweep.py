@@ -10,11 +10,12 @@ creating their pod.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect_runpod.blocks.exceptions import SpecError
@@ -67,10 +68,13 @@ def sweep(
         "sweep of %d runs, at most %d pods at once (%s)", len(configs), slots, concurrency_limit
     )
     runs = [
-        run_deployment(
-            deployment_name,
-            parameters={**config, "concurrency_limit": concurrency_limit},
-            timeout=0,
+        cast(
+            FlowRun,
+            run_deployment(
+                deployment_name,
+                parameters={**config, "concurrency_limit": concurrency_limit},
+                timeout=0,
+            ),
         )
         for config in configs
     ]

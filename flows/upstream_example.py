@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.events import emit_event
 from prefect_runpod.blocks.exceptions import RunPodFlowError
@@ -49,7 +50,7 @@ def train_and_wait(
     params = dict(parameters or {})
     if bundle is not None:
         params["bundle"] = bundle
-    run = run_deployment(deployment_name, parameters=params, timeout=None)
+    run = cast(FlowRun, run_deployment(deployment_name, parameters=params, timeout=None))
     if run.state is None or not run.state.is_completed():
         name = run.state.name if run.state else "unknown"
         raise RunPodFlowError(
@@ -84,7 +85,7 @@ def train_and_go(
     params = dict(parameters or {})
     if bundle is not None:
         params["bundle"] = bundle
-    run = run_deployment(deployment_name, parameters=params, timeout=0)
+    run = cast(FlowRun, run_deployment(deployment_name, parameters=params, timeout=0))
     get_run_logger().info(
         "started fine-tune run %s (%s)", run.id, run.state.name if run.state else "-"
     )
