@@ -34,6 +34,7 @@ from prefect_runpod.blocks.exceptions import (
     TerminateError,
 )
 from prefect_runpod.blocks.local_registry import (
+    LockBusyError,
     PodPaths,
     PodRecord,
     default_home,
@@ -96,7 +97,7 @@ def _check_request(request: PodRequest) -> str:
     return line
 
 
-def _runpodctl_script(pod_id: str, pid_file: Path) -> str:
+def _runpodctl_script(pod_id: str, pid_file: Path, bin_dir: Path) -> str:
     """The pod's ``runpodctl`` stand-in: ``remove pod <id>`` / ``stop pod <id>`` end the
     pod (RunPod docs: ``runpodctl remove pod $RUNPOD_POD_ID`` from inside a pod)."""
     return f"""#!/bin/sh
@@ -105,6 +106,7 @@ def _runpodctl_script(pod_id: str, pid_file: Path) -> str:
 # pod, this one included.
 POD_ID={shlex.quote(pod_id)}
 PID_FILE={shlex.quote(str(pid_file))}
+BIN_DIR={shlex.quote(str(bin_dir))}
 case "$1" in
   remove|stop)
     if [ "$2" != pod ] && [ "$2" != pods ]; then
@@ -121,6 +123,11 @@ case "$1" in
     sleep 60
     exit 0 ;;
   *)
+    # Anything else (send, receive, ...) goes to a real runpodctl further down PATH.
+    IFS=:
+    for dir in $PATH; do
+      if [ "$dir" != "$BIN_DIR" ] && [ -x "$dir/runpodctl" ]; then exec "$dir/runpodctl" "$@"; fi
+    done
     echo "Error: runpodctl $1 is not available on local pod $POD_ID; supported: remove pod <id>, stop pod <id>" >&2
     exit 1 ;;
 esac
@@ -218,20 +225,30 @@ class LocalPodProvider:
         """
         public_key = _check_request(request)
         self.home.mkdir(parents=True, exist_ok=True)
-        with name_lock(self.home, name):
-            existing = self._find_record(name)
-            if existing is not None:
-                if pid_alive(existing.pid):
-                    return self._to_handle(existing)
-                self.terminate(existing.pod_id)
-            pod_id = new_pod_id()
-            paths = PodPaths.of(self.home, pod_id)
-            try:
-                self._prepare(paths, pod_id, name, public_key, request)
-                return self._to_handle(self._start_daemon(paths, pod_id))
-            except BaseException:
-                self._discard(pod_id, paths)
-                raise
+        try:
+            with name_lock(self.home, name, timeout_seconds=self.start_timeout_seconds * 3):
+                return self._create_locked(request, name, public_key)
+        except LockBusyError:
+            raise ProviderError(
+                f"another process has been creating local pod {name!r} for too long; "
+                "retry, or terminate that pod",
+                stage="provision",
+            ) from None
+
+    def _create_locked(self, request: PodRequest, name: str, public_key: str) -> PodHandle:
+        existing = self._find_record(name)
+        if existing is not None:
+            if pid_alive(existing.pid):
+                return self._to_handle(existing)
+            self.terminate(existing.pod_id)
+        pod_id = new_pod_id()
+        paths = PodPaths.of(self.home, pod_id)
+        try:
+            self._prepare(paths, pod_id, name, public_key, request)
+            return self._to_handle(self._start_daemon(paths, pod_id))
+        except BaseException:
+            self._discard(pod_id, paths)
+            raise
 
     def wait_ready(self, handle: PodHandle, timeout_seconds: float) -> PodHandle:
         """Wait until the pod's SSH port accepts connections and sends its banner.
@@ -388,7 +405,11 @@ class LocalPodProvider:
         python = base_python()
         for link in ("python3", "python"):
             (paths.bin / link).symlink_to(python)
-        _write(paths.bin / "runpodctl", _runpodctl_script(pod_id, paths.pid_file).encode(), 0o755)
+        _write(
+            paths.bin / "runpodctl",
+            _runpodctl_script(pod_id, paths.pid_file, paths.bin).encode(),
+            0o755,
+        )
         _write(paths.home / ".bashrc", _bashrc(pod_id).encode(), 0o644)
         pod_host_id = new_pod_host_id(pod_id)
         config = {

@@ -97,6 +97,7 @@ def build_pod_env(
     ``RUNPOD_GPU_COUNT``, ``RUNPOD_CPU_COUNT``, ``PUBLIC_KEY``, ``PWD``; in direct mode
     also ``RUNPOD_PUBLIC_IP``/``RUNPOD_TCP_PORT_22``), then adds ``config.env``.
     ``RUNPOD_POD_ID`` is the marker terminate looks for, so it always wins.
+    ``PIP_REQUIRE_VIRTUALENV=1`` keeps pip out of the host's base Python.
     """
     env = {
         "HOME": str(paths.home),
@@ -112,6 +113,9 @@ def build_pod_env(
         "RUNPOD_GPU_COUNT": "0",
         "RUNPOD_CPU_COUNT": str(os.cpu_count() or 1),
         "PUBLIC_KEY": config.public_key,
+        # The pod's python3 is the host's base interpreter: pip may install only into
+        # a venv (the env stage makes a pod venv), never into the host's Python.
+        "PIP_REQUIRE_VIRTUALENV": "1",
     }
     if config.mode == "direct":
         env["RUNPOD_PUBLIC_IP"] = "127.0.0.1"

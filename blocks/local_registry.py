@@ -32,6 +32,7 @@ from pathlib import Path
 
 __all__ = [
     "MARKER_VAR",
+    "LockBusyError",
     "PodPaths",
     "PodRecord",
     "default_home",
@@ -159,6 +160,10 @@ class PodRecord:
     created_at: str
 
 
+class LockBusyError(TimeoutError):
+    """Raised by ``name_lock`` when another process holds the name's lock too long."""
+
+
 def _registry_dir(home: Path) -> Path:
     return Path(home) / "registry"
 
@@ -221,7 +226,7 @@ def name_lock(home: Path, name: str, timeout_seconds: float = 60.0) -> Iterator[
     two processes creating the same name adopt one pod instead of making two.
 
     Raises:
-        TimeoutError: when the lock is not obtained within ``timeout_seconds``.
+        LockBusyError: when the lock is not obtained within ``timeout_seconds``.
     """
     directory = _registry_dir(home) / "locks"
     directory.mkdir(parents=True, exist_ok=True)
@@ -237,7 +242,7 @@ def name_lock(home: Path, name: str, timeout_seconds: float = 60.0) -> Iterator[
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"lock for pod name {name!r} busy") from None
+                    raise LockBusyError(f"lock for pod name {name!r} busy") from None
                 time.sleep(0.02)
         yield
     finally:

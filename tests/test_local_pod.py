@@ -19,7 +19,12 @@ import paramiko
 import pytest
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.keys import KeyPair, generate_keypair
-from prefect_runpod.blocks.local_pod import LocalPod, LocalPodProvider, default_home
+from prefect_runpod.blocks.local_pod import (
+    LocalPod,
+    LocalPodProvider,
+    base_python,
+    default_home,
+)
 from prefect_runpod.blocks.local_pod_daemon import GATEWAY_PTY_ERROR
 from prefect_runpod.blocks.local_registry import find_marked_pids, pid_alive, read_record
 from prefect_runpod.blocks.pod_handle import PodHandle
@@ -50,6 +55,17 @@ def _wait_for(predicate, timeout_seconds: float = 30.0) -> bool:  # type: ignore
             return True
         time.sleep(0.05)
     return predicate()
+
+
+def _shell(handle: PodHandle, keypair: KeyPair, typed: bytes, marker: bytes) -> bytes:
+    """Type ``typed`` into a fresh PTY shell on the pod; return the output up to ``marker``."""
+    client = connect_paramiko(handle, keypair)
+    try:
+        chan = client.invoke_shell(term="xterm")
+        chan.send(typed)
+        return read_shell_until(chan, marker)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +194,43 @@ class TestGatewayMode:
         assert f"PFX={sys.base_prefix}\r\n" in out
         assert f"PFX={sys.prefix}\r\n" not in out or sys.prefix == sys.base_prefix
         assert "No module named 'paramiko'" in out  # the venv's packages are not visible
+
+    def test_pip_refuses_to_install_into_the_host_python(self, gateway: PodFixture) -> None:
+        _, handle, keypair = gateway
+        has_pip = (
+            subprocess.run(
+                [str(base_python()), "-m", "pip", "--version"], capture_output=True
+            ).returncode
+            == 0
+        )
+        if not has_pip:
+            pytest.skip("the base Python has no pip")
+        out = _shell(
+            handle,
+            keypair,
+            b"python3 -m pip install --no-index not-a-package-xyz; echo PIP-RC=$?-$((1+1))\n",
+            b"-2\r\n",
+        )
+        assert b"virtualenv" in out
+        assert b"PIP-RC=0-" not in out
+
+    def test_runpodctl_passes_other_commands_to_a_real_one(
+        self, gateway: PodFixture, tmp_path: Path
+    ) -> None:
+        _, handle, keypair = gateway
+        real = tmp_path / "real-bin"
+        real.mkdir()
+        (real / "runpodctl").write_text('#!/bin/sh\necho "REAL-RUNPODCTL $*"\n')
+        (real / "runpodctl").chmod(0o755)
+        out = _shell(
+            handle,
+            keypair,
+            b"runpodctl send x.bin; echo NONE-RC=$?-$((1+1)); "
+            + f"PATH=$PATH:{real} runpodctl send x.bin; echo DONE-$((2+2))\n".encode(),
+            b"DONE-4",
+        )
+        assert b"not available on local pod" in out and b"NONE-RC=1-2" in out
+        assert b"REAL-RUNPODCTL send x.bin" in out
 
     def test_exec_is_refused_with_the_gateway_message(self, gateway: PodFixture) -> None:
         _, handle, keypair = gateway
