@@ -192,3 +192,51 @@ def test_tiny_random_run_trains_and_both_evals_agree(lora_python, tmp_path):
     assert all(r["model_input"].startswith("Classify the support ticket") for r in train_rows)
     report = compare_eval(train_rows, load_jsonl(bundle / "outputs" / "eval_standalone.jsonl"))
     assert report.verdict == "pass", report.reasons
+
+
+@pytest.mark.lora
+@pytest.mark.slow
+def test_model_id_path_with_a_local_hf_model_and_bpe_tokenizer(lora_python, tmp_path):
+    """The real ``--model-id`` path (AutoTokenizer, AutoModelForCausalLM, BOS handling),
+    on a small local model directory instead of a Hub download."""
+    bundle = tmp_path / "lora-sft"
+    shutil.copytree(LORA_BUNDLE, bundle, ignore=shutil.ignore_patterns("outputs", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    env["HF_HUB_OFFLINE"] = "1"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [lora_python, "-u", *args],
+            cwd=bundle,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+
+    made = run("make_local_model.py", "--out", str(tmp_path / "local-llama"))
+    assert made.returncode == 0, made.stderr[-3000:]
+    train = run(
+        "train.py",
+        "--out",
+        "outputs",
+        "--model-id",
+        str(tmp_path / "local-llama"),
+        "--max-train-examples",
+        "16",
+        "--max-eval-examples",
+        "3",
+        "--epochs",
+        "1",
+    )
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    run_config = json.loads((bundle / "outputs/adapter/lora_sft.json").read_text())
+    assert run_config["model_id"] == str(tmp_path / "local-llama")
+    assert run_config["tiny_random"] is False
+    assert not (bundle / "outputs" / "base-model").exists()
+    evaluate = run("eval.py", "--checkpoint", "outputs/adapter", "--out", "outputs/e.jsonl")
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    report = compare_eval(
+        load_jsonl(bundle / "outputs/eval_train.jsonl"), load_jsonl(bundle / "outputs/e.jsonl")
+    )
+    assert report.verdict == "pass" and report.n_records == 3, report.reasons

@@ -54,7 +54,9 @@ def parse_args(argv=None):
     parser.add_argument("--lora-alpha", type=int, default=32)
     parser.add_argument("--lora-dropout", type=float, default=0.05)
     parser.add_argument("--max-tokens", type=int, default=384)
-    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=12, help="raised to fit the longest answer"
+    )
     parser.add_argument("--max-train-examples", type=int, default=0, help="0 = all")
     parser.add_argument("--max-eval-examples", type=int, default=0, help="0 = all")
     parser.add_argument("--seed", type=int, default=0)
@@ -148,16 +150,20 @@ def main(argv=None):
                     "loss": round(value, 6),
                 }
             )
+    # Room for the longest answer plus EOS, whatever the tokenizer (a char tokenizer
+    # spends one token per character).
+    longest = max(len(tokenizer.encode(textproc.format_target(x))) for x in labels)
+    max_new_tokens = max(args.max_new_tokens, longest + 1)
     adapter_dir = os.path.join(args.out, "adapter")
     run_config = {
         "model_id": "" if args.tiny_random else args.model_id,
         "tiny_random": args.tiny_random,
         "labels": labels,
-        "max_new_tokens": args.max_new_tokens,
+        "max_new_tokens": max_new_tokens,
         "max_eval_examples": args.max_eval_examples,
     }
     modeling.save_checkpoint(model, tokenizer, adapter_dir, run_config)
-    rows = evaluate(model, tokenizer, test, labels, args.max_new_tokens)
+    rows = evaluate(model, tokenizer, test, labels, max_new_tokens)
     accuracy = sum(r["prediction"] == r["label"] for r in rows) / max(len(rows), 1)
     with open(os.path.join(args.out, "eval_train.jsonl"), "w", encoding="utf-8") as fh:
         for row in rows:
