@@ -37,6 +37,7 @@ from prefect_runpod.blocks.local_registry import (
     LockBusyError,
     PodPaths,
     PodRecord,
+    daemon_alive,
     default_home,
     find_marked_pids,
     kill_marked,
@@ -238,7 +239,7 @@ class LocalPodProvider:
     def _create_locked(self, request: PodRequest, name: str, public_key: str) -> PodHandle:
         existing = self._find_record(name)
         if existing is not None:
-            if pid_alive(existing.pid):
+            if daemon_alive(existing):
                 return self._to_handle(existing)
             self.terminate(existing.pod_id)
         pod_id = new_pod_id()
@@ -264,7 +265,7 @@ class LocalPodProvider:
         last_status = "not registered"
         while True:
             record = read_record(self.home, handle.pod_id)
-            if record is None or not pid_alive(record.pid):
+            if record is None or not daemon_alive(record):
                 raise ProviderError(
                     f"local pod {handle.pod_id} is gone (no registry entry or its daemon "
                     f"is dead); create a new pod",
@@ -322,7 +323,7 @@ class LocalPodProvider:
         if record is None and not paths.root.exists() and not find_marked_pids(pod_id):
             self._reap(pod_id)
             return TerminateResult(pod_id=pod_id, confirmed_at=datetime.now(UTC), already_gone=True)
-        if record is not None and pid_alive(record.pid):
+        if record is not None and daemon_alive(record):
             self._stop_daemon(record.pid, grace_seconds=min(10.0, timeout_seconds / 2))
         problem = ""
         while True:

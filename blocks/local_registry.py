@@ -36,6 +36,7 @@ __all__ = [
     "PodPaths",
     "PodRecord",
     "default_home",
+    "daemon_alive",
     "find_marked_pids",
     "kill_marked",
     "list_records",
@@ -261,6 +262,21 @@ def pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X", b"")
 
 
+def _environ_has(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return marker in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def daemon_alive(record: PodRecord) -> bool:
+    """True when the pod's daemon runs: ``record.pid`` is alive and carries the pod's
+    marker (so a recycled pid of some other process never counts)."""
+    marker = f"{MARKER_VAR}={record.pod_id}".encode()
+    return pid_alive(record.pid) and _environ_has(record.pid, marker)
+
+
 def find_marked_pids(pod_id: str, *, exclude: set[int] | None = None) -> list[int]:
     """Processes of this user whose environment holds ``RUNPOD_POD_ID=<pod_id>``.
 
@@ -281,11 +297,9 @@ def find_marked_pids(pod_id: str, *, exclude: set[int] | None = None) -> list[in
         try:
             if entry.stat().st_uid != uid:
                 continue
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                environ = fh.read()
         except OSError:
             continue
-        if marker in environ.split(b"\0"):
+        if _environ_has(pid, marker):
             found.append(pid)
     return found
 

@@ -26,7 +26,12 @@ from prefect_runpod.blocks.local_pod import (
     default_home,
 )
 from prefect_runpod.blocks.local_pod_daemon import GATEWAY_PTY_ERROR
-from prefect_runpod.blocks.local_registry import find_marked_pids, pid_alive, read_record
+from prefect_runpod.blocks.local_registry import (
+    find_marked_pids,
+    pid_alive,
+    read_record,
+    write_record,
+)
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import PodRequest
 
@@ -398,6 +403,29 @@ class TestTerminate:
         assert find_marked_pids(handle.pod_id) == []
         assert not Path(handle.workdir).exists()
         assert provider.get(handle.pod_id) is None
+
+    def test_a_recycled_daemon_pid_is_never_signalled(self, local_pod: PodFixture) -> None:
+        """The daemon died and its pid now belongs to an unrelated process: creating the
+        same name makes a new pod, and terminate leaves that process alone."""
+        provider, handle, keypair = local_pod
+        record = read_record(provider.home, handle.pod_id)
+        assert record is not None
+        os.kill(record.pid, signal.SIGKILL)
+        assert _wait_for(lambda: not pid_alive(record.pid))
+        bystander = subprocess.Popen(["sleep", "60"])
+        try:
+            record.pid = bystander.pid
+            write_record(provider.home, record)
+
+            fresh = provider.create(PodRequest(public_key=keypair.public_key), handle.name)
+
+            assert fresh.pod_id != handle.pod_id
+            assert provider.get(handle.pod_id) is None  # the dead pod was terminated
+            assert bystander.poll() is None
+            provider.terminate(fresh.pod_id)
+        finally:
+            bystander.kill()
+            bystander.wait()
 
     def test_runpodctl_remove_pod_from_the_shell_ends_the_pod(self, local_pod: PodFixture) -> None:
         local_provider, handle, keypair = local_pod
