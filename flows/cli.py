@@ -264,21 +264,32 @@ def _cmd_reaper(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``prefect-runpod``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
-    # deadline is too short on a busy small machine.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from prefect.settings import get_current_settings, temporary_settings
     from prefect_runpod.blocks.exceptions import RunPodFlowError
 
+    # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
+    # deadline is too short on a busy small machine, and it should not phone home.
+    defaults: dict[Any, Any] = {}
+    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
+        timeout = max(get_current_settings().server.ephemeral.startup_timeout_seconds, 120)
+        defaults["server.ephemeral.startup_timeout_seconds"] = timeout
+    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
+        defaults["server.analytics_enabled"] = False
     try:
-        return {
-            "finetune": _cmd_finetune,
-            "pods": _cmd_pods,
-            "terminate": _cmd_terminate,
-            "reaper": _cmd_reaper,
-        }[args.command](args)
+        with temporary_settings(updates=defaults):
+            return _dispatch(args)
     except RunPodFlowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    return {
+        "finetune": _cmd_finetune,
+        "pods": _cmd_pods,
+        "terminate": _cmd_terminate,
+        "reaper": _cmd_reaper,
+    }[args.command](args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ Run it: ``prefect-runpod finetune`` or ``python -m prefect_runpod.flows.finetune
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import sys
 import uuid
 from contextlib import ExitStack
 from datetime import UTC, datetime
@@ -214,28 +216,34 @@ def finetune(
         "ssh_key_block": ssh_key_block,
     }
     budget = _Budget(max_cost_usd)
+    ssh_key_path = (
+        os.environ.get("RUNPOD_SSH_KEY_PATH", "~/.ssh/id_ed25519_runpod")
+        if provider == "runpod"
+        else None
+    )
     pod_provider = None
     deferred: BaseException | None = None
 
     def on_stage(name: str, state: StageState) -> None:
         logger.info("stage %-11s %s", name, state.value)
 
-    try:
-        with run_stage(report, "preflight", on_stage):
-            settings = validate_settings(
-                bundle=bundle or demo_bundle(),
-                provider=provider,
-                model_id=model_id,
-                transfer_method=transfer_method,
-                max_cost_usd=max_cost_usd,
-                max_runtime_seconds=max_runtime_seconds,
-                name_prefix=name_prefix,
-                output_dir=out,
-                parity_tolerance=parity_tolerance,
-            )
-            report.hf.extend(preflight(settings, hf_token, hf_endpoint))
-            pod_provider, keypair = build_provider(params)
-        with ExitStack() as holds:
+    # The concurrency slot (one per live pod) is released only after terminate.
+    with ExitStack() as holds:
+        try:
+            with run_stage(report, "preflight", on_stage):
+                settings = validate_settings(
+                    bundle=bundle or demo_bundle(),
+                    provider=provider,
+                    model_id=model_id,
+                    transfer_method=transfer_method,
+                    max_cost_usd=max_cost_usd,
+                    max_runtime_seconds=max_runtime_seconds,
+                    name_prefix=name_prefix,
+                    output_dir=out,
+                    parity_tolerance=parity_tolerance,
+                )
+                report.hf.extend(preflight(settings, hf_token, hf_endpoint))
+                pod_provider, keypair = build_provider(params)
             if concurrency_limit:
                 from prefect.concurrency.sync import concurrency
 
@@ -255,13 +263,13 @@ def finetune(
                     heartbeat_stale_seconds=heartbeat_stale_seconds,
                     lifetime_seconds=pod_lifetime_seconds,
                 ),
-                keep_pod_on_failure=keep_pod_on_failure,
+                key_path=ssh_key_path,
             )
-    except BaseException as exc:
-        report.error = report.error or f"{type(exc).__name__}: {str(exc).strip()[:400]}"
-        raise
-    finally:
-        _finish(report, pod_provider, budget, keep_pod_on_failure, on_stage)
+        except BaseException as exc:
+            report.error = report.error or f"{type(exc).__name__}: {str(exc).strip()[:400]}"
+            raise
+        finally:
+            _finish(report, pod_provider, budget, keep_pod_on_failure, on_stage)
     if deferred is not None:
         report.error = f"{type(deferred).__name__}: {deferred}"
         _write_report(report)
@@ -282,7 +290,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     parity_tolerance: float,
     parity_warn_only: bool,
     deadman: DeadmanConfig,
-    keep_pod_on_failure: bool,
+    key_path: str | None,
 ) -> BaseException | None:
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
     from prefect_runpod.tasks.checksum import checksum
@@ -316,10 +324,10 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
         finally:
             report.provision_attempts = list(getattr(pod_provider, "attempts", []) or [])
         record(handle)
-        report.ssh_command = handle.ssh_command("<your key>")
+        report.ssh_command = handle.ssh_command(key_path or _save_local_key(handle, key, out))
         run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
         tools_dir = prepare_pod(handle, key, run_dir, deadman)
-        print(f"pod {handle.pod_id} is up; get in with: {report.ssh_command}", flush=True)
+        print(f"pod {handle.pod_id} is up; get in with: {report.ssh_command}", file=sys.stderr)
     remote_bundle = f"{run_dir}/bundle"
 
     with run_stage(report, "env", on_stage):
@@ -398,6 +406,19 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             )
         report.manifest = checksum(out / "outputs", report.download.source_manifest, handle.pod_id)
     return deferred
+
+
+def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
+    """For a local pod, keep its throwaway per-run key (mode 0600) beside the outputs so
+    the printed ``ssh`` command works; for RunPod, the user's own key is named instead."""
+    if handle.provider != "local":
+        return "<your RunPod key>"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "pod-ssh-key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key.get_secret_value())
+    return str(path)
 
 
 def _check_parity(

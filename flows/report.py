@@ -108,7 +108,9 @@ def render_summary(report: RunReport) -> str:
     if report.pod_id is None:
         lines.append("terminated   no pod was created")
     else:
-        lines.append(f"terminated   {'yes, confirmed' if report.terminated else 'NO - still billing?'}")
+        lines.append(
+            f"terminated   {'yes, confirmed' if report.terminated else 'NO - still billing?'}"
+        )
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
     lines.append(f"bytes moved  {_fmt_bytes(moved)}")
     verified = (

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from prefect_runpod.blocks.local_pod import LocalPodProvider
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.tasks.models import STAGES
@@ -95,8 +94,17 @@ def test_failure_in_train_still_terminates_the_pod(prefect_server, tmp_path, mon
     _assert_pod_gone(report["pod_id"])
 
 
-def test_sigkilled_flow_leaves_a_pod_the_registry_lists_and_terminates(tmp_path):
-    env = dict(os.environ, PREFECT_RUNPOD_FAULTS="upload:sigkill")
+def _server_env(**extra: str) -> dict[str, str]:
+    """The environment for a flow in a child process, pointed at the session's server."""
+    from prefect.settings import get_current_settings
+
+    api_url = get_current_settings().api.url
+    assert api_url, "the prefect_server fixture sets the API URL"
+    return dict(os.environ, PREFECT_API_URL=str(api_url), **extra)
+
+
+def test_sigkilled_flow_leaves_a_pod_the_registry_lists_and_terminates(prefect_server, tmp_path):
+    env = _server_env(PREFECT_RUNPOD_FAULTS="upload:sigkill")
     proc = subprocess.run(
         [sys.executable, "-m", "prefect_runpod.flows.finetune", "--output-dir", str(tmp_path)],
         env=env,
@@ -117,10 +125,20 @@ def test_sigkilled_flow_leaves_a_pod_the_registry_lists_and_terminates(tmp_path)
     _assert_pod_gone(pod_id)
 
 
-def test_cli_json_report(tmp_path):
+def test_cli_json_report(prefect_server, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "prefect_runpod.flows.cli", "finetune", "--json",
-         "--output-dir", str(tmp_path), "--local-cost-per-hr", "0.22"],
+        [
+            sys.executable,
+            "-m",
+            "prefect_runpod.flows.cli",
+            "finetune",
+            "--json",
+            "--output-dir",
+            str(tmp_path),
+            "--local-cost-per-hr",
+            "0.22",
+        ],
+        env=_server_env(),
         capture_output=True,
         text=True,
         timeout=300,

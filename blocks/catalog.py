@@ -1,0 +1,23 @@
+"""Every Prefect block prefect-runpod defines, imported eagerly.
+
+This is the ``prefect.collections`` entry point: Prefect imports it so that slug
+lookups such as ``Block.load("runpod-credentials/default")`` find our classes without
+the caller importing them first.
+"""
+
+from __future__ import annotations
+
+from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
+from prefect_runpod.blocks.local_pod import LocalPod
+from prefect_runpod.blocks.runpod_blocks import RunPodCredentials, RunPodPodSpec
+from prefect_runpod.blocks.ssh_key import RunPodSSHKey
+from prefect_runpod.blocks.transfer_s3 import S3Target
+
+__all__ = [
+    "HuggingFaceCredentials",
+    "LocalPod",
+    "RunPodCredentials",
+    "RunPodPodSpec",
+    "RunPodSSHKey",
+    "S3Target",
+]
