@@ -295,6 +295,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
     from prefect_runpod.tasks.checksum import checksum
     from prefect_runpod.tasks.download import download
+    from prefect_runpod.tasks.env import cuda_floor_for_requirements
     from prefect_runpod.tasks.env import env as env_stage
     from prefect_runpod.tasks.hf_auth import hf_auth
     from prefect_runpod.tasks.train import train
@@ -316,7 +317,12 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             fault_point("provision")
 
     with run_stage(report, "provision", on_stage):
-        request = PodRequest(public_key=keypair.public_key, deadman=deadman)
+        request = PodRequest(
+            public_key=keypair.public_key,
+            deadman=deadman,
+            # DESIGN §8: never rent a host whose driver is too old for the job's torch.
+            allowed_cuda_versions=cuda_floor_for_requirements(bundle.requirements),
+        )
         try:
             handle = provision(
                 pod_provider, request, report.pod_name, _READY_TIMEOUT_SECONDS, record

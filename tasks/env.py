@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -549,3 +550,38 @@ def env(
     for command in plan.commands:
         logger.info("%s: env ran: %s", handle.pod_id, command)
     return plan
+
+
+def cuda_floor_for_requirements(requirements: Sequence[str]) -> list[str]:
+    """RunPod ``allowedCudaVersions`` for a bundle, from its declared requirements alone
+    (before any pod exists): the torch floor transformers imposes (reference E) and the
+    job's own torch specifier decide the lowest usable wheel index.
+
+    Args:
+        requirements: pip specifiers from ``bundle.toml`` (e.g. ``["transformers>=5.1"]``).
+
+    Returns:
+        Sorted CUDA versions, or ``[]`` when the job needs no torch or any host will do.
+
+    Raises:
+        EnvError: when no PyTorch CUDA index has a torch the job accepts.
+    """
+    reqs = {}
+    for line in requirements:
+        if not line.strip() or line.strip().startswith("#"):
+            continue
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise EnvError(f"requirement {line!r} in bundle.toml is not valid: {exc}") from exc
+        reqs[canonicalize_name(req.name)] = req
+    if "torch" not in reqs and "transformers" not in reqs:
+        return []
+    transformers = reqs.get("transformers")
+    floor = (
+        torch_floor_for_transformers(_target_transformers(transformers, None))
+        if transformers is not None
+        else None
+    )
+    torch_req = reqs.get("torch")
+    return allowed_cuda_versions_for(floor, str(torch_req.specifier) if torch_req else "")
