@@ -5,7 +5,6 @@ as a real subprocess) and must be detected and named; the unmodified eval must p
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -239,30 +238,25 @@ class TestLoadJsonl:
             load_jsonl(path)
 
 
-class _ShellConsole:
-    """A console that runs commands in a local bash, with the ``PodConsole.run`` shape."""
+@pytest.fixture
+def pod_console(local_pod):
+    """A real PodConsole (PTY over SSH) on a real local gateway-mode pod."""
+    from prefect_runpod.blocks.console import PodConsole
 
-    class Result:
-        def __init__(self, output: str, exit_code: int):
-            self.output, self.exit_code = output, exit_code
-
-    def __init__(self):
-        self.commands: list[str] = []
-
-    def run(self, command: str, *, timeout_seconds: float, check: bool):
-        self.commands.append(command)
-        proc = subprocess.run(
-            ["bash", "-c", command], capture_output=True, text=True, timeout=timeout_seconds
-        )
-        return self.Result(proc.stdout + proc.stderr, proc.returncode)
+    _provider, handle, keypair = local_pod
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        yield console
 
 
+@pytest.mark.slow
 class TestRunStandaloneEval:
-    def test_runs_the_bundle_eval_unmodified(self, trained_demo_bundle):
-        console = _ShellConsole()
+    """The bundle's own eval run through the pod console, as the flow runs it."""
+
+    def test_runs_the_bundle_eval_unmodified(self, pod_console, trained_demo_bundle):
         out = "outputs/eval_console.jsonl"
+        (trained_demo_bundle / out).write_text("stale\n", encoding="utf-8")
         result = run_standalone_eval(
-            console,
+            pod_console,
             str(trained_demo_bundle),
             "{python} -u eval.py --checkpoint outputs/model.json --out " + out,
             sys.executable,
@@ -270,30 +264,35 @@ class TestRunStandaloneEval:
             output_path=out,
         )
         assert result.exit_code == 0
-        assert console.commands[0].startswith(f"cd {trained_demo_bundle} && rm -f {out} && ")
-        records = load_jsonl(trained_demo_bundle / out)
-        assert json.loads(result.output.strip().splitlines()[-1])["records"] == len(records)
+        records = load_jsonl(trained_demo_bundle / out)  # the stale file was replaced
+        assert f'"records": {len(records)}' in result.output
+        train = load_jsonl(trained_demo_bundle / "outputs/eval_train.jsonl")
+        assert compare_eval(train, records).verdict == "pass"
 
-    def test_failing_eval_raises_with_its_output(self, trained_demo_bundle):
+    def test_failing_eval_raises_with_its_output(self, pod_console, trained_demo_bundle):
         with pytest.raises(EvalParityError, match=r"exited 2(.|\n)*no-such-flag"):
             run_standalone_eval(
-                _ShellConsole(),
+                pod_console,
                 str(trained_demo_bundle),
                 "{python} eval.py --no-such-flag",
                 sys.executable,
                 timeout_seconds=60,
             )
 
-    def test_eval_that_writes_nothing_is_an_error(self, trained_demo_bundle):
+    def test_eval_that_writes_nothing_is_an_error(self, pod_console, trained_demo_bundle):
         with pytest.raises(EvalParityError, match="wrote no outputs/never.jsonl"):
             run_standalone_eval(
-                _ShellConsole(),
+                pod_console,
                 str(trained_demo_bundle),
                 "{python} -c 'pass'",
                 sys.executable,
                 timeout_seconds=60,
                 output_path="outputs/never.jsonl",
             )
+
+    def test_no_eval_command_is_a_clear_error(self, trained_demo_bundle):
+        with pytest.raises(EvalParityError, match="declares no eval command"):
+            run_standalone_eval(None, str(trained_demo_bundle), " ", sys.executable, 10)
 
 
 @pytest.mark.slow
