@@ -195,8 +195,11 @@ def exec_command(
     deadline = time.monotonic() + timeout_seconds
     out, err = bytearray(), bytearray()
     try:
+        # Read to EOF, not merely to the exit status: OpenSSH may send exit-status
+        # before the last of the child's output has left its pipe.
         while not (
             channel.exit_status_ready()
+            and (channel.eof_received or channel.closed)
             and not channel.recv_ready()
             and not channel.recv_stderr_ready()
         ):
