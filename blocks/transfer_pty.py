@@ -41,6 +41,7 @@ from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.pod_side.receiver import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_LINE_CHARS,
+    PROTOCOL_VERSION,
     FrameParser,
     b64text,
     encode_frame,
@@ -109,6 +110,9 @@ class PtyOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+_MAX_REWINDS = 20  # a file refused this often in a row without progress fails
+
+
 class _Dropped(Exception):
     """The stream died or went silent; reconnect and resume."""
 
@@ -167,6 +171,11 @@ class _Session:
                 raise
             for kind, ev in events:
                 if kind == "line" and ev[0] == "#READY":
+                    if ev[1:2] != [PROTOCOL_VERSION]:
+                        raise TransferError(
+                            f"the pod's receiver speaks protocol {ev[1:2]}, this side "
+                            f"{PROTOCOL_VERSION}; rerun so the pod's tools are copied again"
+                        )
                     return
         raise _Dropped(
             f"the pod's receiver did not start within {self.opts.ready_timeout_seconds:.0f} s"
@@ -219,6 +228,7 @@ class _File:
     close_sent: bool = False
     done: bool = False
     bad: int = 0
+    rewinds: int = 0  # go-backs since the last acknowledged chunk
     fh: Any = None
     hashers: Any = None
 
@@ -429,12 +439,22 @@ def _upload_files(
                     continue
                 if tag == "#A":
                     f.acked = max(f.acked, int(ev[4]))
+                    f.rewinds = 0
                     done = sum(x.acked if not x.done else x.size for x in every)
                     s.hooks.progress(done)
                     if on_progress:
                         on_progress(done, total)
                 else:
                     stats["retries"] += 1
+                    f.rewinds += 1
+                    if f.rewinds > _MAX_REWINDS:
+                        raise TransferError(
+                            f"pod {pod}: {f.rel} was refused {f.rewinds} times in a row at "
+                            f"offset {ev[4]} (last: {' '.join(ev[5:]) or '?'}); the link "
+                            "damages every chunk: rerun, or use another method",
+                            pod_id=pod,
+                            stage="upload",
+                        )
                     rewind(f, int(ev[4]))
             elif tag == "#C":
                 f.done, f.md5 = True, ev[3]
@@ -658,9 +678,19 @@ def _download_files(
                 f = got
                 if ev.raw is None or ev.offset != f.next:
                     state["retries"] += 1
+                    f.rewinds += 1
+                    if f.rewinds > _MAX_REWINDS:
+                        raise TransferError(
+                            f"pod {pod}: {f.rel} arrived damaged {f.rewinds} times in a row "
+                            f"at offset {f.next} ({ev.error or 'out of order'}); rerun, or "
+                            "use another method",
+                            pod_id=pod,
+                            stage="download",
+                        )
                     f.epoch += 1
                     s.line("#GET", f.fid, f.epoch, f.next, b64text(f.rel))
                     continue
+                f.rewinds = 0
                 f.fh.write(ev.raw)
                 f.hashers[0].update(ev.raw)
                 f.hashers[1].update(ev.raw)
