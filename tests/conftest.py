@@ -44,3 +44,21 @@ def runpod_home() -> Path:
     path = Path(os.environ["PREFECT_RUNPOD_HOME"])
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Pods left running = 0: any local pod still registered under this session's pod
+    home is terminated and fails the run, naming it."""
+    home = Path(os.environ["PREFECT_RUNPOD_HOME"])
+    if not (home / "registry").is_dir():
+        return
+    from prefect_runpod.blocks.local_pod import LocalPodProvider
+
+    provider = LocalPodProvider(home=home)
+    leftovers = provider.list("")
+    for handle in leftovers:
+        provider.terminate(handle.pod_id)
+    if leftovers:
+        names = ", ".join(f"{h.pod_id} ({h.name})" for h in leftovers)
+        print(f"\nERROR: tests left {len(leftovers)} local pod(s) running: {names}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

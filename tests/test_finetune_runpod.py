@@ -1,0 +1,184 @@
+"""The same flow on (emulated) RunPod through the real ``runpod`` SDK, the budget cap,
+and the secret sentinel across every place a token could leak."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prefect_runpod.blocks.keys import generate_keypair
+from prefect_runpod.blocks.local_pod import LocalPodProvider
+from prefect_runpod.flows.finetune import finetune
+from prefect_runpod.tasks.models import STAGES
+
+pytestmark = pytest.mark.slow
+
+
+def _server_env(**extra: str) -> dict[str, str]:
+    from prefect.settings import get_current_settings
+
+    api_url = get_current_settings().api.url
+    assert api_url
+    return dict(os.environ, PREFECT_API_URL=str(api_url), **extra)
+
+
+def test_flow_runs_on_emulated_runpod_through_the_sdk(
+    prefect_server, runpod_emulator, tmp_path, monkeypatch
+):
+    """Issue 3: nothing but credentials changes; cost comes from RunPod's costPerHr."""
+    keypair = generate_keypair("runpod-e2e")
+    key_file = tmp_path / "id_ed25519_runpod"
+    key_file.write_text(keypair.private_key.get_secret_value())
+    key_file.chmod(0o600)
+    runpod_emulator.pub_key = keypair.public_key  # the account-level key RunPod injects
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod_emulator.api_key)
+    monkeypatch.setenv("RUNPOD_SSH_KEY_PATH", str(key_file))
+    monkeypatch.setenv("RUNPOD_SSH_GATEWAY_HOST", "127.0.0.1")
+    monkeypatch.setenv("RUNPOD_SSH_GATEWAY_PORT", str(runpod_emulator.gateway_port))
+
+    state = finetune(provider="runpod", output_dir=str(tmp_path / "out"), return_state=True)
+    assert state.is_completed(), state.message
+    report = state.result()
+    assert [s["name"] for s in report["stages"]][1:] == list(STAGES)
+    assert all(s["state"] in ("Completed", "Skipped") for s in report["stages"])
+    assert report["provider"] == "runpod" and report["terminated"]
+    assert report["provision_attempts"], "every create attempt is recorded"
+    cost = report["cost"]
+    assert cost["cost_per_hr"] == pytest.approx(0.22)
+    assert cost["usd"] == pytest.approx(0.22 * cost["billed_seconds"] / 3600, abs=1e-8)
+    ops = [r.get("query", "") for r in runpod_emulator.requests]
+    assert any("podFindAndDeployOnDemand" in q for q in ops)
+    assert any("podTerminate" in q for q in ops)
+    # The fixture's teardown fails the test if the emulator still holds a pod.
+
+
+def test_budget_cap_ends_the_run_and_the_pod(prefect_server, tmp_path):
+    """A low max_cost_usd at a real price (0.22 USD/h) ends the run with the pod gone,
+    and USD = price × confirmed billed seconds."""
+    state = finetune(
+        output_dir=str(tmp_path),
+        local_cost_per_hr=0.22,
+        max_cost_usd=1e-7,
+        return_state=True,
+    )
+    assert state.is_failed()
+    assert "max_cost_usd" in (state.message or "")
+    report = json.loads((tmp_path / "run-report.json").read_text())
+    assert report["terminated"] is True
+    assert LocalPodProvider().get(report["pod_id"]) is None
+    failed = [s for s in report["stages"] if s["state"] == "Failed"]
+    assert failed and "BudgetExceededError" in failed[0]["reason"]
+    cost = report["cost"]
+    assert cost["billed_seconds"] > 0
+    assert cost["usd"] == pytest.approx(0.22 * cost["billed_seconds"] / 3600, abs=1e-8)
+
+
+def _proc_cmdlines() -> str:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                out.append(
+                    (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
+    return "\n".join(out)
+
+
+def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
+    """The token is used locally and on the pod (hf_auth) yet appears in no Prefect log,
+    artifact or result, no run report, no process's argv, no pod shell history and no
+    emulator request log. The run is stopped by SIGTERM mid-run, so the crash path is
+    checked too."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+
+    sentinel = hf_hub.tokens["classic"].get_secret_value()
+    faults = tmp_path / "faults"
+    out = tmp_path / "out"
+    env = _server_env(
+        HF_TOKEN=sentinel,
+        PREFECT_RUNPOD_FAULTS="upload:pause",
+        PREFECT_RUNPOD_FAULT_DIR=str(faults),
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect_runpod.flows.cli",
+            "finetune",
+            "--model-id",
+            "t/public",
+            "--hf-endpoint",
+            hf_hub.endpoint,
+            "--output-dir",
+            str(out),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (faults / "upload.reached").exists():
+            assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
+            assert time.monotonic() < deadline, "the run never reached upload"
+            time.sleep(0.2)
+        report = json.loads((out / "run-report.json").read_text())
+        pod_id = report["pod_id"]
+        pod_dir = LocalPodProvider().home / "pods" / pod_id
+        # While the pod lives (hf_auth already ran on it): argv of every process, and
+        # every file the pod's shell could have written (history included).
+        assert sentinel not in _proc_cmdlines()
+        for path in pod_dir.rglob("*"):
+            if path.is_file() and path.stat().st_size < 5_000_000:
+                assert sentinel.encode() not in path.read_bytes(), f"token found in {path}"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert sentinel not in output
+    final = json.loads((out / "run-report.json").read_text())
+    assert final["terminated"] is True
+    hf_stage = next(s for s in final["stages"] if s["name"] == "hf_auth")
+    assert hf_stage["state"] == "Completed"
+    assert [d["where"] for d in final["hf"]] == ["local", "pod"]
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert sentinel.encode() not in path.read_bytes(), f"token found in {path}"
+    assert sentinel not in hf_hub.hub.log_text()
+
+    async def prefect_records() -> str:
+        run_id = final["flow_run_id"]
+        async with get_client() as client:
+            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            arts = await client.read_artifacts(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
+            )
+            run = await client.read_flow_run(run_id)
+        assert logs, "the run's logs reached the server"
+        return json.dumps(
+            {
+                "logs": [log.message for log in logs],
+                "artifacts": [a.data for a in arts],
+                "params": run.parameters,
+                "state": run.state.message if run.state else "",
+            },
+            default=str,
+        )
+
+    assert sentinel not in asyncio.run(prefect_records())
