@@ -138,7 +138,12 @@ class CommandTimeoutError(ConsoleError):
     """
 
     def __init__(
-        self, message: str, *, command: str = "", output: str = "", timeout_seconds: float = 0.0,
+        self,
+        message: str,
+        *,
+        command: str = "",
+        output: str = "",
+        timeout_seconds: float = 0.0,
         **kw: object,
     ):
         super().__init__(message, **kw)  # type: ignore[arg-type]
@@ -160,8 +165,9 @@ class ChecksumMismatchError(TransferError):
     """Raised when a file's size, md5 or sha256 differs from its manifest entry after
     the retry. Attributes: ``path`` (relative), ``expected``, ``actual`` (sha256 hex)."""
 
-    def __init__(self, message: str, *, path: str = "", expected: str = "", actual: str = "",
-                 **kw: object):
+    def __init__(
+        self, message: str, *, path: str = "", expected: str = "", actual: str = "", **kw: object
+    ):
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.path = path
         self.expected = expected

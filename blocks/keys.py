@@ -9,9 +9,8 @@ from __future__ import annotations
 import io
 
 import paramiko
-from pydantic import BaseModel, SecretStr
-
 from prefect_runpod.blocks.exceptions import SpecError
+from pydantic import BaseModel, SecretStr
 
 __all__ = ["KeyPair", "generate_keypair", "load_private_key", "public_key_line"]
 
@@ -46,9 +45,11 @@ def generate_keypair(comment: str = "prefect-runpod") -> KeyPair:
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     ).decode()
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
     return KeyPair(private_key=SecretStr(private_pem), public_key=f"{public} {comment}")
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
-
 from prefect_runpod.blocks.pod_handle import PodHandle
+from pydantic import BaseModel, Field
 
 __all__ = ["DeadmanConfig", "PodProvider", "PodRequest", "TerminateResult"]
 

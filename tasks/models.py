@@ -213,7 +213,9 @@ class ParityRecordDiff(BaseModel):
     """One record where the two eval paths diverge, side by side."""
 
     id: str
-    kinds: list[str] = Field(default_factory=list)  # input_drift, parse_drift, format_violation, prediction
+    kinds: list[str] = Field(
+        default_factory=list
+    )  # input_drift, parse_drift, format_violation, prediction
     train_model_input: str | None = None
     eval_model_input: str | None = None
     input_diff: str | None = None
