@@ -16,6 +16,8 @@ newest booted pod (the gateway's routing by user needs decryption; tests hold on
 
 Faults are set through ``emulator.faults`` (Python) or ``POST /admin/faults`` (JSON);
 ``GET /admin/requests`` returns the request log, in which the key is redacted.
+``emulator.ended`` records how and when each pod left: through ``podTerminate``, or
+removed from inside (its local pod ended on its own, as ``runpodctl remove pod`` does).
 
 Run standalone: ``python -m tests.emulators.runpod_api --port 8911 --api-key KEY``.
 """
@@ -48,7 +50,7 @@ from prefect_runpod.blocks.runpod_errors import (
     SOMETHING_WENT_WRONG_MESSAGE,
 )
 
-__all__ = ["DEFAULT_GPU_TYPES", "Faults", "RunPodEmulator"]
+__all__ = ["DEFAULT_GPU_TYPES", "Faults", "GatewayLink", "PodEnd", "RunPodEmulator"]
 
 SCHEMA = build_schema((Path(__file__).with_name("runpod_schema.graphql")).read_text())
 
@@ -96,6 +98,10 @@ class Faults:
         terminate_fail_n: the next N ``podTerminate`` answer ``Something went wrong…``.
         terminate_ignored: ``podTerminate`` answers OK but the pod stays (a stuck host).
         resume_gpus_busy: ``podResume`` answers "not enough free GPUs on the host".
+        drop_next_connection_after_bytes: when > 0, the gateway cuts the next SSH
+            connection it accepts once that connection has carried this many bytes
+            (both directions together): a dropped link at a chosen point, by volume,
+            never by time. Consumed by that connection.
     """
 
     capacity_first_n: int = 0
@@ -107,6 +113,7 @@ class Faults:
     terminate_fail_n: int = 0
     terminate_ignored: bool = False
     resume_gpus_busy: bool = False
+    drop_next_connection_after_bytes: int = 0
 
     def take(self, table: dict[str, int], op: str) -> bool:
         """Consume one count for ``op`` (or ``*``); True when a fault fires."""
@@ -130,6 +137,40 @@ class _Pod:
     port: int
     workdir: str
     status: str = "RUNNING"
+
+
+@dataclass
+class PodEnd:
+    """How a pod left the emulator.
+
+    Attributes:
+        pod_id: the pod.
+        how: ``podTerminate`` (through the API) or ``removed-from-inside`` (its local pod
+            ended on its own: ``runpodctl remove pod $RUNPOD_POD_ID`` from the pod, i.e.
+            the dead-man switch), or ``vanished`` (``vanish``).
+        at: when the emulator confirmed it, epoch seconds.
+    """
+
+    pod_id: str
+    how: str
+    at: float
+
+
+@dataclass
+class GatewayLink:
+    """One connection through the gateway (both directions).
+
+    Attributes:
+        pod_id: the pod it was routed to.
+        relayed_bytes: bytes carried so far, both directions together.
+        drop_after_bytes: the link is cut once it has carried this many bytes; 0: never.
+        dropped: True once the gateway cut it.
+    """
+
+    pod_id: str
+    relayed_bytes: int = 0
+    drop_after_bytes: int = 0
+    dropped: bool = False
 
 
 class RunPodEmulator:
@@ -162,6 +203,9 @@ class RunPodEmulator:
         self.faults = Faults()
         self.requests: list[dict[str, Any]] = []
         self.pods: dict[str, _Pod] = {}
+        self.ended: dict[str, PodEnd] = {}
+        self.links: list[GatewayLink] = []
+        self._terminating: set[str] = set()
         self.local = LocalPodProvider(home=home, mode=mode)  # type: ignore[arg-type]
         self._lock = threading.RLock()
         self._http = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
@@ -220,6 +264,8 @@ class RunPodEmulator:
         """The pod disappears (its host lost it): the local pod ends, ``pod`` → null."""
         with self._lock:
             pod = self.pods.pop(pod_id, None)
+            if pod is not None:
+                self.ended[pod_id] = PodEnd(pod_id, "vanished", time.time())
         if pod is not None:
             self.local.terminate(pod_id)
 
@@ -234,10 +280,12 @@ class RunPodEmulator:
         return json.dumps(self.requests)
 
     def _reconcile(self) -> None:
-        """Drop pods whose local pod ended on its own (``runpodctl remove pod``)."""
+        """Drop pods whose local pod ended on its own (``runpodctl remove pod``), and
+        record them as removed from inside."""
         for pod_id in list(self.pods):
-            if self.local.get(pod_id) is None:
+            if pod_id not in self._terminating and self.local.get(pod_id) is None:
                 self.pods.pop(pod_id, None)
+                self.ended[pod_id] = PodEnd(pod_id, "removed-from-inside", time.time())
 
     # -- GraphQL ------------------------------------------------------------------------
 
@@ -410,9 +458,14 @@ class RunPodEmulator:
                 raise GraphQLError(NOT_FOUND_TO_TERMINATE_MESSAGE)
             if self.faults.terminate_ignored:
                 return None
-        self.local.terminate(pod_id)
-        with self._lock:
-            self.pods.pop(pod_id, None)
+            self._terminating.add(pod_id)
+        try:
+            self.local.terminate(pod_id)
+        finally:
+            with self._lock:
+                self._terminating.discard(pod_id)
+                if self.local.get(pod_id) is None and self.pods.pop(pod_id, None) is not None:
+                    self.ended[pod_id] = PodEnd(pod_id, "podTerminate", time.time())
         return None
 
     # -- the gateway forwarder ----------------------------------------------------------
@@ -428,23 +481,38 @@ class RunPodEmulator:
             with self._lock:
                 self._reconcile()
                 booted = [p for p in self.pods.values() if self.pod_dict(p)["runtime"]]
-                target = max(booted, key=lambda p: p.created).port if booted else None
-            if target is None:
+                newest = max(booted, key=lambda p: p.created) if booted else None
+                link = None
+                if newest is not None:
+                    link = GatewayLink(
+                        newest.pod_id, drop_after_bytes=self.faults.drop_next_connection_after_bytes
+                    )
+                    self.faults.drop_next_connection_after_bytes = 0
+                    self.links.append(link)
+            if newest is None or link is None:
                 _close(client)
                 continue
             try:
-                upstream = socket.create_connection(("127.0.0.1", target), timeout=5)
+                upstream = socket.create_connection(("127.0.0.1", newest.port), timeout=5)
             except OSError:
                 _close(client)
                 continue
             for a, b in ((client, upstream), (upstream, client)):
                 self._open.update((a, b))
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, link), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, link: GatewayLink) -> None:
         try:
             src.settimeout(None)
             while chunk := src.recv(65536):
+                with self._lock:
+                    limit = link.drop_after_bytes
+                    if limit and not link.dropped and link.relayed_bytes + len(chunk) >= limit:
+                        link.dropped = True
+                    if not link.dropped:
+                        link.relayed_bytes += len(chunk)
+                if link.dropped:
+                    break  # the link drops mid-stream: nothing more is relayed
                 dst.sendall(chunk)
         except OSError:
             pass
