@@ -79,6 +79,9 @@ def test_train_task_reports_progress_metrics_and_logs(prefect_server, local_pod)
     assert float(artifacts["train-progress"].data) == 100.0
     assert artifacts["train-metrics"].type == "table"
     assert "eval_accuracy" in str(artifacts["train-metrics"].data)
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()  # logs go to the server in batches: send what is queued
     messages = asyncio.run(_log_messages(flow_run_id))
     assert any(m == f"{handle.pod_id} | eval_accuracy=0.75" for m in messages)
     assert "100.0% step 4/4" in screen.getvalue()
