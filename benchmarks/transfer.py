@@ -1,7 +1,8 @@
 """Transfer benchmarks: ratios measured in one run on a loopback OpenSSH sshd.
 
-    python -m benchmarks.transfer --json                 # 1, 64, 256 MiB
-    python -m benchmarks.transfer --json --sizes 1,8     # a quick run
+    python -m benchmarks.transfer --json                 # 1 and 8 MiB (about 1 minute)
+    python -m benchmarks.transfer --json --sizes 8,64    # bigger files
+    python -m benchmarks.transfer --json --sizes 256     # the largest (several minutes)
 
 Measures (upload then download, seconds and MiB/s): ``pty`` and ``sftp`` for random
 files of each size and for a compressible text bundle; the best direct method vs
@@ -66,6 +67,7 @@ def _roundtrip(
         "upload_mibps": _mibps(up.bytes, up.seconds),
         "download_s": round(down_s, 3),
         "download_mibps": _mibps(down.bytes, down_s),
+        "retries": up.retries + down.retries,
     }
 
 
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="1,64,256", help="MiB per random file, e.g. 1,8")
+    parser.add_argument("--sizes", default="1,8", help="MiB per random file, e.g. 8,64,256")
     parser.add_argument(
         "--proxy-mib",
         type=int,

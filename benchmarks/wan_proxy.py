@@ -76,9 +76,13 @@ class WanProxy:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(
-            self._pipe(reader, up_w), self._pipe(up_r, writer), return_exceptions=True
-        )
+        try:
+            await asyncio.gather(
+                self._pipe(reader, up_w), self._pipe(up_r, writer), return_exceptions=True
+            )
+        except asyncio.CancelledError:  # the proxy is shutting down: end quietly
+            for w in (writer, up_w):
+                w.close()
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
@@ -110,6 +114,9 @@ class WanProxy:
             await sender
         except (ConnectionError, OSError):
             sender.cancel()
+        except asyncio.CancelledError:  # the proxy is shutting down
+            sender.cancel()
+            raise
 
 
 def main() -> None:

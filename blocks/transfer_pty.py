@@ -5,7 +5,7 @@ The flow side of the protocol in :mod:`prefect_runpod.blocks.pod_side.receiver`
 (which also holds the shared frame codec):
 
 * chunks (default 256 KiB) are base64 in lines under 4000 characters, each with a
-  sha256 bound to its file and offset, optionally zlib-compressed;
+  CRC-32 bound to its file and offset, optionally zlib-compressed;
 * chunks are pipelined: up to ``window_bytes`` are in flight before the first
   acknowledgement comes back, never stop-and-wait (a gateway is 50–150 ms away);
 * a bad or missing chunk is answered with the receiver's verified offset and the
