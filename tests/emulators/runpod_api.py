@@ -17,7 +17,8 @@ newest booted pod (the gateway's routing by user needs decryption; tests hold on
 Faults are set through ``emulator.faults`` (Python) or ``POST /admin/faults`` (JSON);
 ``GET /admin/requests`` returns the request log, in which the key is redacted.
 ``emulator.ended`` records how and when each pod left: through ``podTerminate``, or
-removed from inside (its local pod ended on its own, as ``runpodctl remove pod`` does).
+removed from inside (its local pod ended on its own, as ``runpodctl remove pod`` does);
+``emulator.links`` lists the gateway's connections (bytes carried, cut or not).
 
 Run standalone: ``python -m tests.emulators.runpod_api --port 8911 --api-key KEY``.
 """
@@ -98,10 +99,11 @@ class Faults:
         terminate_fail_n: the next N ``podTerminate`` answer ``Something went wrong…``.
         terminate_ignored: ``podTerminate`` answers OK but the pod stays (a stuck host).
         resume_gpus_busy: ``podResume`` answers "not enough free GPUs on the host".
-        drop_next_connection_after_bytes: when > 0, the gateway cuts the next SSH
-            connection it accepts once that connection has carried this many bytes
-            (both directions together): a dropped link at a chosen point, by volume,
-            never by time. Consumed by that connection.
+        drop_next_connection_after_bytes: when > 0, the gateway cuts the first SSH
+            connection (accepted from now on) that has carried this many bytes, both
+            directions together: a dropped link at a chosen point, by volume, never by
+            time. Shorter connections (a host-key probe) pass untouched; one cut, then
+            the fault is spent (reset to 0).
     """
 
     capacity_first_n: int = 0
@@ -487,7 +489,6 @@ class RunPodEmulator:
                     link = GatewayLink(
                         newest.pod_id, drop_after_bytes=self.faults.drop_next_connection_after_bytes
                     )
-                    self.faults.drop_next_connection_after_bytes = 0
                     self.links.append(link)
             if newest is None or link is None:
                 _close(client)
@@ -507,8 +508,10 @@ class RunPodEmulator:
             while chunk := src.recv(65536):
                 with self._lock:
                     limit = link.drop_after_bytes
-                    if limit and not link.dropped and link.relayed_bytes + len(chunk) >= limit:
-                        link.dropped = True
+                    armed = self.faults.drop_next_connection_after_bytes > 0
+                    if armed and limit and link.relayed_bytes + len(chunk) >= limit:
+                        link.dropped = True  # one cut, then the fault is spent
+                        self.faults.drop_next_connection_after_bytes = 0
                     if not link.dropped:
                         link.relayed_bytes += len(chunk)
                 if link.dropped:
