@@ -133,6 +133,7 @@ class PodConsole:
         self._client: paramiko.SSHClient | None = None
         self._io: ChannelIO | None = None
         self._opened_once = False  # the first command opens the session by itself
+        self._reopen_after_drop = False  # a dropped session reopens on the next command
         self._decoder = TerminalDecoder()
         self._lines: deque[str] = deque()  # finished lines not yet consumed
         self._prompt_re = re.compile("")
@@ -225,6 +226,7 @@ class PodConsole:
         """Close the shell and the SSH connection (idempotent)."""
         io, client = self._io, self._client
         self._io, self._client, self._stream = None, None, None
+        self._reopen_after_drop = False
         if io is not None:
             io.close()
         if client is not None:
@@ -489,8 +491,14 @@ class PodConsole:
             )
 
     def _ready(self) -> None:
-        if self._io is None and not self._opened_once:
-            self.connect()  # a fresh console connects on first use; a dropped one does not
+        if self._io is None and (not self._opened_once or self._reopen_after_drop):
+            # A fresh console connects on first use. After a drop, the command in flight
+            # raised ConsoleConnectError (it may or may not have run); the next command
+            # opens a fresh session (secrets exported again) instead of failing too.
+            if self._reopen_after_drop:
+                self.reconnect()
+            else:
+                self.connect()
         if self._io is None:
             raise ConsoleConnectError(
                 f"{self._where()}: the console is not connected; call connect() or reconnect()",
@@ -645,6 +653,7 @@ class PodConsole:
 
     def _dropped(self, exc: BaseException | None) -> ConsoleConnectError:
         self.close()
+        self._reopen_after_drop = True
         reason = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
         return ConsoleConnectError(
             f"{self._where()}: the SSH session dropped{reason}; call reconnect() and re-run "

@@ -11,7 +11,6 @@ local one by the same module imported here. Returns plain dicts like
 
 from __future__ import annotations
 
-import base64
 import json
 import shlex
 import stat
@@ -22,12 +21,11 @@ from typing import Any
 import paramiko
 from prefect_runpod.blocks.exceptions import (
     ChecksumMismatchError,
-    ConsoleConnectError,
     TransferError,
 )
-from prefect_runpod.blocks.keys import load_private_key
 from prefect_runpod.blocks.pod_handle import SSHEndpoint
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.ssh_connect import open_ssh_client
 from pydantic import SecretStr
 
 __all__ = ["SftpSession", "connect_direct", "sftp_download", "sftp_upload"]
@@ -42,36 +40,20 @@ def connect_direct(
 ) -> paramiko.SSHClient:
     """A paramiko client on a direct-mode endpoint, host key pinned when known.
 
+    The connection itself is ``ssh_connect.open_ssh_client`` (one place for host-key
+    pinning and the cipher choice).
+
     Raises:
         ConsoleConnectError: the connection or the login failed, or the host key differs.
     """
-    client = paramiko.SSHClient()
-    if endpoint.host_key:
-        key_type, key_b64 = endpoint.host_key.split()[:2]
-        name = endpoint.host if endpoint.port == 22 else f"[{endpoint.host}]:{endpoint.port}"
-        client.get_host_keys().add(
-            name, key_type, paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64))
-        )
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    else:
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    try:
-        client.connect(
-            endpoint.host,
-            port=endpoint.port,
-            username=endpoint.user,
-            pkey=load_private_key(private_key),
-            allow_agent=False,
-            look_for_keys=False,
-            timeout=timeout_seconds,
-            banner_timeout=timeout_seconds,
-            auth_timeout=timeout_seconds,
-        )
-    except (paramiko.SSHException, OSError) as exc:
-        raise ConsoleConnectError(
-            f"could not open SSH to {endpoint.user}@{endpoint.host}:{endpoint.port} "
-            f"({type(exc).__name__}: {exc}); check the pod exposes 22/tcp and the key"
-        ) from exc
+    where = f"{endpoint.user}@{endpoint.host}:{endpoint.port}"
+    client = open_ssh_client(
+        endpoint,
+        private_key,
+        pinned_host_key=endpoint.host_key,
+        timeout_seconds=timeout_seconds,
+        where=where,
+    )
     transport = client.get_transport()
     assert transport is not None
     transport.default_window_size = WINDOW_BYTES

@@ -33,6 +33,7 @@ from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
 from prefect_runpod.flows.artifacts import publish_cost_artifact, publish_model_link
+from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
@@ -223,6 +224,7 @@ def finetune(
     )
     pod_provider = None
     deferred: BaseException | None = None
+    keepers: list[HeartbeatKeeper] = []
 
     def on_stage(name: str, state: StageState) -> None:
         logger.info("stage %-11s %s", name, state.value)
@@ -262,13 +264,17 @@ def finetune(
                 deadman=DeadmanConfig(
                     heartbeat_stale_seconds=heartbeat_stale_seconds,
                     lifetime_seconds=pod_lifetime_seconds,
+                    check_interval_seconds=heartbeat_interval_seconds(heartbeat_stale_seconds),
                 ),
                 key_path=ssh_key_path,
+                keepers=keepers,
             )
         except BaseException as exc:
             report.error = report.error or f"{type(exc).__name__}: {str(exc).strip()[:400]}"
             raise
         finally:
+            for keeper in keepers:
+                keeper.stop()
             _finish(report, pod_provider, budget, keep_pod_on_failure, on_stage)
     if deferred is not None:
         report.error = f"{type(deferred).__name__}: {deferred}"
@@ -291,6 +297,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     parity_warn_only: bool,
     deadman: DeadmanConfig,
     key_path: str | None,
+    keepers: list[HeartbeatKeeper],
 ) -> BaseException | None:
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
     from prefect_runpod.tasks.checksum import checksum
@@ -333,6 +340,15 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
         report.ssh_command = handle.ssh_command(key_path or _save_local_key(handle, key, out))
         run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
         tools_dir = prepare_pod(handle, key, run_dir, deadman)
+        if deadman is not None:
+            keepers.append(
+                HeartbeatKeeper(
+                    handle,
+                    key,
+                    f"{run_dir}/heartbeat",
+                    heartbeat_interval_seconds(deadman.heartbeat_stale_seconds),
+                ).start()
+            )
         print(f"pod {handle.pod_id} is up; get in with: {report.ssh_command}", file=sys.stderr)
     remote_bundle = f"{run_dir}/bundle"
 
@@ -484,8 +500,8 @@ def _finish(
         if keep_pod_on_failure and failed:
             report.stage("terminate").state = StageState.SKIPPED
             report.stage("terminate").reason = (
-                f"kept for inspection (keep_pod_on_failure); still billing until "
-                f"`prefect-runpod terminate {report.pod_id}` or the dead-man lifetime"
+                f"kept for inspection (keep_pod_on_failure); billing until "
+                f"`prefect-runpod terminate {report.pod_id}` or the dead-man switch ends it"
             )
         else:
             try:

@@ -210,11 +210,16 @@ class TestConnection:
         # Kill this session's sshd process: the connection drops mid-command.
         with pytest.raises(ConsoleConnectError, match=f"{POD}.*dropped.*reconnect"):
             console.run("kill -9 $PPID; sleep 10", timeout_seconds=20)
-        with pytest.raises(ConsoleConnectError, match="reconnect"):
-            console.run("echo nope")
-        console.reconnect()
+        # The next command opens a fresh session by itself, the secret exported again.
         result = console.run('echo back; printf %s "$PRX_AFTER_DROP" | wc -c')
         assert result.output == f"back\n{len('kept-across-reconnect')}"
+        console.reconnect()  # an explicit reconnect works as well
+        assert console.run("echo again").output == "again"
+
+    def test_a_closed_console_stays_closed(self, console: PodConsole) -> None:
+        console.close()
+        with pytest.raises(ConsoleConnectError, match="not connected"):
+            console.run("echo nope")
 
     def test_run_remote_contract_with_key_file(
         self, sshd_server: SshdServer, tmp_path: Path

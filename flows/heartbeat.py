@@ -1,0 +1,83 @@
+"""The flow's side of the dead-man switch: keep the pod's heartbeat file fresh for as
+long as this process lives (DESIGN §7, layer 3).
+
+A daemon thread touches ``<run_dir>/heartbeat`` on the pod every few seconds through
+its own console, through every stage (a 45-minute download must not look like a dead
+flow). When the process dies — SIGKILL, a lost host — the touches stop, the file goes
+stale and the pod-side watchdog removes the pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import threading
+
+from prefect_runpod.blocks.exceptions import RunPodFlowError
+from prefect_runpod.blocks.pod_handle import PodHandle
+from pydantic import SecretStr
+
+__all__ = ["HeartbeatKeeper", "heartbeat_interval_seconds"]
+
+_log = logging.getLogger(__name__)
+
+
+def heartbeat_interval_seconds(heartbeat_stale_seconds: float) -> float:
+    """How often to touch the heartbeat: a third of the staleness limit, at most 60 s,
+    at least 0.5 s, so two missed touches still leave the pod alive."""
+    return max(0.5, min(60.0, heartbeat_stale_seconds / 3.0))
+
+
+class HeartbeatKeeper:
+    """Touches ``path`` on the pod every ``interval_seconds`` in a daemon thread.
+
+    Args:
+        handle: the pod.
+        private_key: the SSH key (the thread opens its own console).
+        path: the pod-side heartbeat file.
+        interval_seconds: the touch period in seconds.
+
+    A failed touch is logged and retried at the next tick (the console reopens after a
+    drop); it never raises into the flow.
+    """
+
+    def __init__(
+        self, handle: PodHandle, private_key: SecretStr, path: str, interval_seconds: float
+    ) -> None:
+        self.handle = handle
+        self.path = path
+        self.interval_seconds = interval_seconds
+        self.touches = 0
+        self._key = private_key
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{handle.pod_id}", daemon=True
+        )
+
+    def start(self) -> HeartbeatKeeper:
+        """Start touching; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        """Stop touching and wait (bounded) for the thread to end."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_seconds)
+
+    def _run(self) -> None:
+        from prefect_runpod.blocks.console import PodConsole
+
+        console = PodConsole.for_pod(self.handle, self._key)
+        command = f"touch {shlex.quote(self.path)}"
+        try:
+            while not self._stop.wait(self.interval_seconds):
+                try:
+                    console.run(command, timeout_seconds=max(10.0, self.interval_seconds))
+                    self.touches += 1
+                except RunPodFlowError as exc:
+                    _log.warning(
+                        "%s: heartbeat touch failed (%s); retrying", self.handle.pod_id, exc
+                    )
+        finally:
+            console.close()
