@@ -34,6 +34,7 @@ def test_flow_run_page_shows_state_and_artifact(prefect_api, runpod_home, tmp_pa
     assert run.name in run_page and "runpod-reaper" in run_page
     assert "Completed" in run_page
     artifact_page = pages["artifact-reaper-report"].text()
-    assert "reaper-report" in artifact_page and run.name in artifact_page
+    # The artifact's own page: its key and its description (which names the pod prefix).
+    assert "reaper-report" in artifact_page and "Reaper pass over local pods" in artifact_page
     for page in pages.values():
         assert page.screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
