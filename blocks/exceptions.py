@@ -190,7 +190,11 @@ class HFAuthError(RunPodFlowError):
 
 class TrainingError(RunPodFlowError):
     """Raised when training exits non-zero, is killed, or passes its runtime cap.
-    The message carries the last log lines."""
+    The message carries the last log lines; ``report`` the partial ``TrainReport``."""
+
+    def __init__(self, message: str, *, report: object = None, **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.report = report
 
 
 class EvalParityError(RunPodFlowError):
@@ -204,4 +208,9 @@ class EvalParityError(RunPodFlowError):
 
 class BudgetExceededError(RunPodFlowError):
     """Raised when projected spend passes ``max_cost_usd`` or the runtime passes
-    ``max_runtime_seconds``; the flow then terminates the pod."""
+    ``max_runtime_seconds``; the flow then terminates the pod. ``report`` holds the
+    partial ``TrainReport`` when training was stopped."""
+
+    def __init__(self, message: str, *, report: object = None, **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.report = report

@@ -224,7 +224,8 @@ class RunPodProvider:
             if cap is not None and price is not None and price > cap:
                 self.attempts.append(f"{gpu_id}/{cloud}: over price {price:.3f} > {cap:.3f} USD/h")
                 continue
-            for dc in self.spec.data_center_ids or [None]:
+            data_centers: list[str | None] = list(self.spec.data_center_ids) or [None]
+            for dc in data_centers:
                 label = f"{gpu_id}/{cloud}" + (f"/{dc}" if dc else "")
                 handle = self._deploy_option(fields, gpu_id, dc, label, price)
                 if handle is not None:

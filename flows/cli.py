@@ -125,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
     ft.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
     ft.add_argument(
+        "--gpu-type",
+        action="append",
+        dest="gpu_types",
+        metavar="GPU_TYPE_ID",
+        help="RunPod GPU type id to rent; repeat to fall back in order, e.g. "
+        "--gpu-type 'NVIDIA GeForce RTX 3090' --gpu-type 'NVIDIA GeForce RTX 4090'",
+    )
+    ft.add_argument(
         "--json", action="store_true", help="print the RunReport as JSON instead of the summary"
     )
 
@@ -194,6 +202,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         runpod_credentials_block=args.runpod_credentials,
         runpod_spec_block=args.runpod_spec,
         ssh_key_block=args.ssh_key,
+        gpu_type_ids=args.gpu_types,
         return_state=True,
     )
     run_id = str(state.state_details.flow_run_id)

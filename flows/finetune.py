@@ -163,6 +163,7 @@ def finetune(
     runpod_credentials_block: str | None = None,
     runpod_spec_block: str | None = None,
     ssh_key_block: str | None = None,
+    gpu_type_ids: list[str] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a bundle on a pod end to end and always terminate the pod.
 
@@ -190,6 +191,8 @@ def finetune(
         heartbeat_stale_seconds / pod_lifetime_seconds: the pod-side dead-man switch.
         runpod_credentials_block / runpod_spec_block / ssh_key_block: saved block names
             for ``provider="runpod"``.
+        gpu_type_ids: RunPod GPU type ids to fall back over, in order (overrides the
+            spec block's list), e.g. ``["NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"]``.
 
     Returns:
         The RunReport as JSON data (``stages``, ``pod_id``, ``cost``, ``manifest``, ``parity``…).
@@ -215,6 +218,7 @@ def finetune(
         "runpod_credentials_block": runpod_credentials_block,
         "runpod_spec_block": runpod_spec_block,
         "ssh_key_block": ssh_key_block,
+        "gpu_type_ids": gpu_type_ids,
     }
     budget = _Budget(max_cost_usd)
     ssh_key_path = (
@@ -383,6 +387,8 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             tools_dir=tools_dir,
             max_runtime_seconds=settings.max_runtime_seconds,
             should_stop=budget.reason,
+            # A gated model is downloaded by the job itself: it needs the token in its env.
+            secret_env={"HF_TOKEN": hf_token} if hf_token is not None else None,
         )
 
     deferred: BaseException | None = None
@@ -393,6 +399,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             report.parity = _check_parity(
                 handle,
                 key,
+                hf_token,
                 settings,
                 run_dir,
                 python,
@@ -446,6 +453,7 @@ def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
 def _check_parity(
     handle: PodHandle,
     key: SecretStr,
+    hf_token: SecretStr | None,
     settings: RunSettings,
     run_dir: str,
     python: str,
@@ -465,6 +473,8 @@ def _check_parity(
     parity_dir = f"{run_dir}/parity"
     q = shlex.quote
     with PodConsole.for_pod(handle, key) as console:
+        if hf_token is not None:  # the user's eval may load the gated base model too
+            console.set_secret_env("HF_TOKEN", hf_token)
         run_standalone_eval(
             console,
             remote_bundle,

@@ -65,6 +65,9 @@ def _runpod_provider(params: dict[str, Any]) -> tuple[PodProvider, KeyPair]:
             )
         creds = RunPodCredentials(api_key=SecretStr(api_key))
     spec = _load(RunPodPodSpec, params.get("runpod_spec_block")) or RunPodPodSpec()
+    if params.get("gpu_type_ids"):
+        spec = spec.model_copy(update={"gpu_type_ids": list(params["gpu_type_ids"])})
+        spec = RunPodPodSpec.model_validate(spec.model_dump())  # validate the ids
     key_block = _load(RunPodSSHKey, params.get("ssh_key_block"))
     if key_block is None:
         key_path = os.path.expanduser(

@@ -566,7 +566,7 @@ def cuda_floor_for_requirements(requirements: Sequence[str]) -> list[str]:
     Raises:
         EnvError: when no PyTorch CUDA index has a torch the job accepts.
     """
-    reqs = {}
+    reqs: dict[str, Requirement] = {}
     for line in requirements:
         if not line.strip() or line.strip().startswith("#"):
             continue

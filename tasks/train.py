@@ -197,7 +197,7 @@ def follow_training(
             stage="train",
         )
     if error is not None:
-        error.report = report  # type: ignore[attr-defined]
+        error.report = report
         raise error
     return report
 
@@ -264,6 +264,7 @@ def train(
     poll_interval_seconds: float = 1.0,
     kill_grace_seconds: float = 30.0,
     console: ConsoleLike | None = None,
+    secret_env: dict[str, SecretStr] | None = None,
 ) -> TrainReport:
     """Launch ``command`` detached on the pod, stream its log into Prefect, and report.
 
@@ -289,6 +290,9 @@ def train(
         poll_interval_seconds: log poll period (slept in ≤ 1 s steps).
         kill_grace_seconds: SIGTERM → SIGKILL grace on the pod.
         console: an open console to reuse; by default one is opened and closed here.
+        secret_env: secrets the job needs in its environment (``HF_TOKEN`` for a gated
+            model): exported in the console hidden (``set_secret_env``), so the detached
+            job inherits them while no command line, log or transcript shows them.
 
     Returns:
         The ``TrainReport`` of a run that exited 0.
@@ -344,6 +348,8 @@ def train(
     try:
         if own_console:
             live.connect()
+        for name, value in (secret_env or {}).items():
+            live.set_secret_env(name, value)
         started = launch_training(live, run_dir, tools, command, python=python, cwd=cwd, pod_id=pod)
         logger.info(
             "%s: training started (pid %s) in %s: %s", pod, started["pid"], run_dir, command
