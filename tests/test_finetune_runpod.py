@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -182,3 +183,42 @@ def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
         )
 
     assert sentinel not in asyncio.run(prefect_records())
+
+
+def test_gated_model_token_reaches_the_training_job_and_nowhere_else(
+    prefect_server, hf_hub, tmp_path
+):
+    """The job downloads the model itself, so it needs HF_TOKEN in its environment: the
+    train and eval commands check they got exactly the token, while the report, the
+    artifacts and the logs never show it."""
+    from tests.fixtures.demo_bundle import copy_demo_bundle
+
+    token = hf_hub.tokens["classic"]
+    bundle = copy_demo_bundle(tmp_path / "bundle")
+    (bundle / "check_token.py").write_text(
+        "import hashlib, os, sys\n"
+        "seen = hashlib.sha256(os.environ.get('HF_TOKEN', '').encode()).hexdigest()\n"
+        "sys.exit(0 if seen == sys.argv[1] else 7)\n"
+    )
+    digest = hashlib.sha256(token.get_secret_value().encode()).hexdigest()
+    spec = (bundle / "bundle.toml").read_text()
+    spec = spec.replace(
+        'train = "{python} -u train.py',
+        f'train = "{{python}} check_token.py {digest} && {{python}} -u train.py',
+    ).replace(
+        'eval = "{python} -u eval.py',
+        f'eval = "{{python}} check_token.py {digest} && {{python}} -u eval.py',
+    )
+    (bundle / "bundle.toml").write_text(spec)
+    state = finetune(
+        bundle=str(bundle),
+        model_id="t/accepted",
+        hf_token=token,
+        hf_endpoint=hf_hub.endpoint,
+        output_dir=str(tmp_path / "out"),
+        return_state=True,
+    )
+    assert state.is_completed(), state.message
+    report = state.result()
+    assert [d["cause"] for d in report["hf"]] == ["ok", "ok"]
+    assert token.get_secret_value() not in json.dumps(report)
