@@ -500,7 +500,7 @@ def fix_env(  # noqa: PLR0913
     return verify_env(plan, after)
 
 
-@task(name="env", cache_policy=NO_CACHE, retries=0)
+@task(name="env", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def env(
     handle: PodHandle,
     private_key: SecretStr,

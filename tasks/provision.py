@@ -8,9 +8,11 @@ from collections.abc import Callable
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect_runpod.blocks.exceptions import ConsoleConnectError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
 from pydantic import SecretStr
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 __all__ = ["arm_deadman", "prepare_pod", "provision"]
 
@@ -69,21 +71,30 @@ def arm_deadman(console, tools_dir: str, run_dir: str, deadman: DeadmanConfig) -
     q = shlex.quote
     watchdog = f"{tools_dir}/watchdog.py"
     console.run(f"mkdir -p {q(run_dir)} && touch {q(run_dir)}/heartbeat", check=True)
+    # --detach: the watchdog double-forks into its own session and keeps one instance
+    # per run directory, so arming twice (a retry after a dropped link) is harmless.
     console.run(
-        "setsid nohup python3 "
-        f"{q(watchdog)} --run-dir {q(run_dir)} "
+        f"python3 {q(watchdog)} --detach --run-dir {q(run_dir)} "
         f"--heartbeat-stale-seconds {deadman.heartbeat_stale_seconds:g} "
         f"--lifetime-seconds {deadman.lifetime_seconds:g} "
-        f"--check-interval-seconds {deadman.check_interval_seconds:g} "
-        f"> {q(run_dir)}/watchdog.out 2>&1 < /dev/null &",
+        f"--check-interval-seconds {deadman.check_interval_seconds:g}",
         check=True,
     )
 
 
+@retry(
+    retry=retry_if_exception_type(ConsoleConnectError),
+    stop=stop_after_attempt(3),
+    wait=wait_fixed(1.0),
+    reraise=True,
+)
 def prepare_pod(
     handle: PodHandle, private_key: SecretStr, run_dir: str, deadman: DeadmanConfig | None
 ) -> str:
     """Copy the pod-side tools onto the pod and arm the dead-man switch.
+
+    Idempotent, and retried (3 attempts) when the SSH link drops: the tools copy is
+    verified file by file and the watchdog keeps one instance per run directory.
 
     Returns:
         The pod-side tools directory.
