@@ -229,7 +229,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 def _cmd_pods(args: argparse.Namespace) -> int:
     from prefect_runpod.flows.providers import build_provider
 
-    provider, _ = build_provider(_provider_params(args))
+    provider, _ = build_provider(_provider_params(args), need_ssh_key=False)
     pods = provider.list(args.name_prefix)
     for h in pods:
         print(
@@ -247,7 +247,7 @@ def _cmd_terminate(args: argparse.Namespace) -> int:
     if not args.pod_id and not args.name:
         print("give a POD_ID or --name NAME", file=sys.stderr)
         return 2
-    provider, _ = build_provider(_provider_params(args))
+    provider, _ = build_provider(_provider_params(args), need_ssh_key=False)
     if args.name:
         result = terminate_by_name(provider, args.name)
         if result is None:

@@ -82,7 +82,7 @@ def _terminate_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
         return
     name = pod_name_for(params.get("name_prefix", "prft"), str(flow_run.id))
     try:
-        provider, _ = build_provider(params)
+        provider, _ = build_provider(params, need_ssh_key=False)
         terminate_by_name(provider, name, logger)
     except Exception as exc:  # a hook must never raise; say what to do instead
         logger.error(

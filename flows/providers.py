@@ -15,7 +15,9 @@ from pydantic import SecretStr
 __all__ = ["build_provider"]
 
 
-def build_provider(params: dict[str, Any]) -> tuple[PodProvider, KeyPair]:
+def build_provider(
+    params: dict[str, Any], *, need_ssh_key: bool = True
+) -> tuple[PodProvider, KeyPair]:
     """The provider and SSH key pair for a run's parameters.
 
     ``local``: a ``LocalPodProvider`` (mode and price from the parameters) and a fresh
@@ -24,8 +26,15 @@ def build_provider(params: dict[str, Any]) -> tuple[PodProvider, KeyPair]:
     saved blocks, the API key is read from ``RUNPOD_API_KEY`` and the SSH key from
     ``RUNPOD_SSH_KEY_PATH`` (default ``~/.ssh/id_ed25519_runpod``).
 
+    Args:
+        params: the run's parameters (see above).
+        need_ssh_key: False for callers that only list and terminate pods (hooks, the
+            reaper, the CLI's ``pods``/``terminate``): without a saved key they get a
+            throwaway one, never used to connect.
+
     Raises:
-        SpecError: when RunPod is asked for and no credentials or key can be found.
+        SpecError: when RunPod is asked for and no credentials (or, when needed, no
+            SSH key) can be found.
     """
     kind = params.get("provider", "local")
     if kind == "local":
@@ -37,11 +46,11 @@ def build_provider(params: dict[str, Any]) -> tuple[PodProvider, KeyPair]:
         )
         return provider, generate_keypair("prefect-runpod-local")
     if kind == "runpod":
-        return _runpod_provider(params)
+        return _runpod_provider(params, need_ssh_key)
     raise SpecError(f"provider {kind!r} is not one of: local, runpod")
 
 
-def _runpod_provider(params: dict[str, Any]) -> tuple[PodProvider, KeyPair]:
+def _runpod_provider(params: dict[str, Any], need_ssh_key: bool) -> tuple[PodProvider, KeyPair]:
     from prefect_runpod.blocks.keys import public_key_line
     from prefect_runpod.blocks.runpod_blocks import RunPodCredentials, RunPodPodSpec
     from prefect_runpod.blocks.ssh_key import RunPodSSHKey
@@ -73,15 +82,18 @@ def _runpod_provider(params: dict[str, Any]) -> tuple[PodProvider, KeyPair]:
         key_path = os.path.expanduser(
             os.environ.get("RUNPOD_SSH_KEY_PATH", "~/.ssh/id_ed25519_runpod")
         )
-        if not os.path.isfile(key_path):
+        if not os.path.isfile(key_path) and not need_ssh_key:
+            key_block = RunPodSSHKey.generate(comment="prefect-runpod-lister")
+        elif not os.path.isfile(key_path):
             raise SpecError(
                 f"no SSH key for RunPod: {key_path} does not exist; create one with "
                 "`ssh-keygen -t ed25519 -f ~/.ssh/id_ed25519_runpod -N ''`, add its .pub at "
                 "account level, or save a RunPodSSHKey block and pass --ssh-key NAME"
             )
-        with open(key_path, encoding="utf-8") as fh:
-            private = SecretStr(fh.read())
-        key_block = RunPodSSHKey(private_key=private, public_key=public_key_line(private))
+        else:
+            with open(key_path, encoding="utf-8") as fh:
+                private = SecretStr(fh.read())
+            key_block = RunPodSSHKey(private_key=private, public_key=public_key_line(private))
     gateway_host = os.environ.get("RUNPOD_SSH_GATEWAY_HOST")
     gateway_port = os.environ.get("RUNPOD_SSH_GATEWAY_PORT")
     if gateway_host:

@@ -247,7 +247,8 @@ def reaper(
             "runpod_credentials_block": runpod_credentials_block,
             "runpod_spec_block": runpod_spec_block,
             "ssh_key_block": ssh_key_block,
-        }
+        },
+        need_ssh_key=False,  # the reaper only lists and terminates
     )
     pods = prov.list(name_prefix)
     now = datetime.now(UTC)

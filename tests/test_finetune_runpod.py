@@ -222,3 +222,20 @@ def test_gated_model_token_reaches_the_training_job_and_nowhere_else(
     report = state.result()
     assert [d["cause"] for d in report["hf"]] == ["ok", "ok"]
     assert token.get_secret_value() not in json.dumps(report)
+
+
+def test_listing_and_terminating_need_no_ssh_key(
+    prefect_server, runpod_emulator, tmp_path, monkeypatch, capsys
+):
+    """Hooks, the reaper and ``prefect-runpod pods|terminate`` only list and terminate,
+    so a machine without the SSH key (a reaper's worker) can still end pods."""
+    from prefect_runpod.flows.cli import main
+
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod_emulator.api_key)
+    monkeypatch.setenv("RUNPOD_SSH_KEY_PATH", str(tmp_path / "no-such-key"))
+    assert main(["pods", "--provider", "runpod"]) == 0
+    assert "no live pods" in capsys.readouterr().err
+    assert main(["terminate", "lp-doesnotexist", "--provider", "runpod"]) == 0
+    assert "already gone" in capsys.readouterr().out
+    # The fine-tune itself does need the key, and says how to make one.
+    assert main(["finetune", "--provider", "runpod", "--output-dir", str(tmp_path)]) == 1
