@@ -309,7 +309,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     from prefect_runpod.tasks.env import cuda_floor_for_requirements
     from prefect_runpod.tasks.env import env as env_stage
     from prefect_runpod.tasks.hf_auth import hf_auth
-    from prefect_runpod.tasks.train import train
+    from prefect_runpod.tasks.train import terminal_progress_bar, train
     from prefect_runpod.tasks.upload import upload
 
     logger = get_run_logger()
@@ -387,6 +387,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             tools_dir=tools_dir,
             max_runtime_seconds=settings.max_runtime_seconds,
             should_stop=budget.reason,
+            on_progress=terminal_progress_bar(sys.stderr) if sys.stderr.isatty() else None,
             # A gated model is downloaded by the job itself: it needs the token in its env.
             secret_env={"HF_TOKEN": hf_token} if hf_token is not None else None,
         )
