@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import os
 import pty
 import shutil
@@ -297,6 +298,9 @@ class TestDetachment:
         finally:
             os.close(master)  # the terminal goes away, as when the SSH channel drops
             os.killpg(pid, signal.SIGHUP)
+            time.sleep(0.2)
+            with contextlib.suppress(ProcessLookupError):  # the stand-in shell, not the job
+                os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         gate.touch()
         data, answer = read_all(train_run_dir)
