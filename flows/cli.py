@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
     ft.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
     ft.add_argument(
+        "--s3-target",
+        metavar="NAME",
+        help="saved S3Target block (a bucket or a RunPod network volume) for --transfer s3",
+    )
+    ft.add_argument(
         "--gpu-type",
         action="append",
         dest="gpu_types",
@@ -175,10 +180,24 @@ def _provider_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
-    from prefect_runpod.flows.finetune import finetune
+    from prefect_runpod.flows.finetune import demo_bundle, finetune
     from prefect_runpod.flows.report import RunReport, render_summary
+    from prefect_runpod.tasks.preflight import validate_settings
     from pydantic import SecretStr
 
+    # Bad input fails here, before Prefect starts a server or anything is rented.
+    validate_settings(
+        bundle=args.bundle or demo_bundle(),
+        provider=args.provider,
+        model_id=args.model_id,
+        transfer_method=args.transfer,
+        max_cost_usd=args.max_cost_usd,
+        max_runtime_seconds=args.max_runtime_seconds,
+        name_prefix=args.name_prefix,
+        output_dir=args.output_dir or Path.cwd(),
+        parity_tolerance=args.parity_tolerance,
+        s3_target_block=args.s3_target,
+    )
     token = os.environ.get(args.hf_token_env) or None
     state = finetune(
         bundle=args.bundle,
@@ -203,6 +222,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         runpod_spec_block=args.runpod_spec,
         ssh_key_block=args.ssh_key,
         gpu_type_ids=args.gpu_types,
+        s3_target_block=args.s3_target,
         return_state=True,
     )
     run_id = str(state.state_details.flow_run_id)
@@ -255,8 +275,13 @@ def _cmd_terminate(args: argparse.Namespace) -> int:
             return 0
     else:
         result = terminate_pod(provider, args.pod_id)
-    gone = "was already gone" if result.already_gone else "terminated"
-    print(f"{result.pod_id} {gone} (confirmed {result.confirmed_at.isoformat()})")
+    if result.already_gone:
+        print(
+            f"{result.pod_id}: no such pod at {args.provider} (already terminated, or the id "
+            "is mistyped); nothing bills under this id — `prefect-runpod pods` lists live pods"
+        )
+    else:
+        print(f"{result.pod_id} terminated (confirmed {result.confirmed_at.isoformat()})")
     return 0
 
 
@@ -278,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
     # deadline is too short on a busy small machine, and it should not phone home.
+    # Prefect cannot create its home when the parent is missing (it then retries sqlite
+    # for minutes); make it here.
+    Path(get_current_settings().home).expanduser().mkdir(parents=True, exist_ok=True)
     defaults: dict[Any, Any] = {}
     if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
         timeout = max(get_current_settings().server.ephemeral.startup_timeout_seconds, 120)

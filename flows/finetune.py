@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from prefect import Flow, State, flow, get_run_logger
 from prefect.client.schemas.objects import FlowRun
@@ -43,6 +43,9 @@ from prefect_runpod.tasks.preflight import RunSettings, preflight, validate_sett
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate, terminate_by_name
 from pydantic import SecretStr
+
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.transfer_s3 import S3Target
 
 __all__ = ["demo_bundle", "finetune", "pod_name_for"]
 
@@ -165,6 +168,7 @@ def finetune(
     runpod_spec_block: str | None = None,
     ssh_key_block: str | None = None,
     gpu_type_ids: list[str] | None = None,
+    s3_target_block: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a bundle on a pod end to end and always terminate the pod.
 
@@ -194,6 +198,8 @@ def finetune(
             for ``provider="runpod"``.
         gpu_type_ids: RunPod GPU type ids to fall back over, in order (overrides the
             spec block's list), e.g. ``["NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"]``.
+        s3_target_block: a saved ``S3Target`` block (a bucket, or a RunPod network
+            volume's S3 endpoint) for ``transfer_method="s3"``.
 
     Returns:
         The RunReport as JSON data (``stages``, ``pod_id``, ``cost``, ``manifest``, ``parity``…).
@@ -248,6 +254,7 @@ def finetune(
                     name_prefix=name_prefix,
                     output_dir=out,
                     parity_tolerance=parity_tolerance,
+                    s3_target_block=s3_target_block,
                 )
                 report.hf.extend(preflight(settings, hf_token, hf_endpoint))
                 pod_provider, keypair = build_provider(params)
@@ -273,6 +280,7 @@ def finetune(
                 ),
                 key_path=ssh_key_path,
                 keepers=keepers,
+                s3=_load_s3_target(s3_target_block),
             )
         except BaseException as exc:
             report.error = report.error or f"{type(exc).__name__}: {str(exc).strip()[:400]}"
@@ -303,6 +311,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     deadman: DeadmanConfig,
     key_path: str | None,
     keepers: list[HeartbeatKeeper],
+    s3: S3Target | None,
 ) -> BaseException | None:
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
     from prefect_runpod.tasks.checksum import checksum
@@ -375,7 +384,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     with run_stage(report, "upload", on_stage):
         budget.check()
         report.upload = upload(
-            handle, key, Path(bundle.root), remote_bundle, settings.transfer_method
+            handle, key, Path(bundle.root), remote_bundle, settings.transfer_method, s3=s3
         )
 
     with run_stage(report, "train", on_stage):
@@ -408,6 +417,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
                 out / "parity",
                 tolerance=parity_tolerance,
                 warn_only=parity_warn_only,
+                s3=s3,
             )
         except EvalParityError as exc:
             # DESIGN §9: a parity failure fails the run *after* download, artifacts kept.
@@ -426,6 +436,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             f"{remote_bundle}/{bundle.outputs}",
             out / "outputs",
             settings.transfer_method,
+            s3=s3,
         )
 
     with run_stage(report, "checksum", on_stage):
@@ -437,6 +448,15 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             )
         report.manifest = checksum(out / "outputs", report.download.source_manifest, handle.pod_id)
     return deferred
+
+
+def _load_s3_target(name: str | None) -> S3Target | None:
+    """The saved ``S3Target`` block named ``name`` (None when no name)."""
+    if not name:
+        return None
+    from prefect_runpod.blocks.transfer_s3 import S3Target
+
+    return cast(S3Target, S3Target.load(name))
 
 
 def _progress_printer(pod_id: str, step_percent: int = 10) -> Callable[[Any], None]:
@@ -484,6 +504,7 @@ def _check_parity(
     *,
     tolerance: float,
     warn_only: bool,
+    s3: S3Target | None,
 ) -> ParityReport:
     """Run the bundle's own standalone eval on the pod, fetch both eval JSONL files (with
     a verified manifest) and compare them (DESIGN §9)."""
@@ -512,7 +533,15 @@ def _check_parity(
             f"cp {q(remote_bundle + '/' + bundle.standalone_eval_jsonl)} {q(parity_dir)}/standalone.jsonl",
             check=True,
         )
-        download_dir(console, handle, parity_dir, local_dir, method=settings.transfer_method)
+        download_dir(
+            console,
+            handle,
+            parity_dir,
+            local_dir,
+            method=settings.transfer_method,
+            private_key=key,
+            s3=s3,
+        )
     return eval_parity(
         local_dir / "train.jsonl",
         local_dir / "standalone.jsonl",

@@ -55,6 +55,7 @@ def validate_settings(
     name_prefix: str,
     output_dir: str | Path,
     parity_tolerance: float,
+    s3_target_block: str | None = None,
 ) -> RunSettings:
     """Check the run's input; pure apart from reading the bundle.
 
@@ -69,6 +70,11 @@ def validate_settings(
     if transfer_method not in TRANSFER_METHODS:
         raise SpecError(
             f"transfer method {transfer_method!r} is not one of: {', '.join(TRANSFER_METHODS)}"
+        )
+    if transfer_method == "s3" and not s3_target_block:
+        raise SpecError(
+            "transfer method 's3' needs a saved S3Target block (a bucket or a RunPod network "
+            "volume's S3 endpoint): save one and pass --s3-target NAME"
         )
     if not _PREFIX_RE.match(name_prefix):
         raise SpecError(

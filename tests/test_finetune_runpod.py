@@ -236,6 +236,6 @@ def test_listing_and_terminating_need_no_ssh_key(
     assert main(["pods", "--provider", "runpod"]) == 0
     assert "no live pods" in capsys.readouterr().err
     assert main(["terminate", "lp-doesnotexist", "--provider", "runpod"]) == 0
-    assert "already gone" in capsys.readouterr().out
+    assert "no such pod" in capsys.readouterr().out
     # The fine-tune itself does need the key, and says how to make one.
     assert main(["finetune", "--provider", "runpod", "--output-dir", str(tmp_path)]) == 1

@@ -282,6 +282,7 @@ class TestDetachment:
         )
         pid, master = pty.fork()
         if pid == 0:  # a login-shell stand-in on its own terminal
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)  # even when run under nohup
             os.execv(
                 "/bin/sh",
                 [
