@@ -15,10 +15,13 @@ only the current line is modelled.
 from __future__ import annotations
 
 import codecs
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 __all__ = [
+    "last_json_object",
     "REDACTED",
     "TerminalDecoder",
     "clean_output",
@@ -208,3 +211,33 @@ class TerminalDecoder:
             self._col += max(1, n)
         elif final == "D":
             self._col = max(0, self._col - max(1, n))
+
+
+def last_json_object(
+    output: str, accept: Callable[[dict[str, Any]], bool] = lambda obj: True
+) -> dict[str, Any] | None:
+    """The last JSON object printed in console ``output`` that ``accept`` takes.
+
+    Pod-side scripts answer with one JSON line; through a PTY that line can carry a
+    prompt or escape codes before it, and ``\r`` line ends. Each line is cleaned of
+    ANSI escapes and read from its first ``{``.
+
+    Args:
+        output: console output (text).
+        accept: a predicate on the decoded object (e.g. ``lambda o: o.get("kind") == "x"``).
+
+    Returns:
+        The object, or None when no line holds an accepted JSON object.
+    """
+    for line in reversed(output.replace("\r", "\n").splitlines()):
+        text = strip_ansi(line).strip()
+        start = text.find("{")
+        if start < 0:
+            continue
+        try:
+            value = json.loads(text[start:])
+        except ValueError:
+            continue
+        if isinstance(value, dict) and accept(value):
+            return value
+    return None

@@ -15,7 +15,6 @@ the machine the flow runs on.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -28,6 +27,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect_runpod.blocks.exceptions import EnvError
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.terminal_text import last_json_object
 from prefect_runpod.tasks.models import EnvPlan, EnvReport, PythonProbe
 from pydantic import SecretStr
 
@@ -347,16 +347,9 @@ def parse_probe_output(output: str) -> EnvReport:
     Raises:
         EnvError: when no such line is present.
     """
-    for line in reversed(output.replace("\r", "\n").splitlines()):
-        start = line.find('{"')
-        if start < 0:
-            continue
-        try:
-            data = json.loads(line[start:])
-        except ValueError:
-            continue
-        if isinstance(data, dict) and data.get("kind") == "env_probe":
-            return EnvReport.model_validate(data)
+    data = last_json_object(output, lambda obj: obj.get("kind") == "env_probe")
+    if data is not None:
+        return EnvReport.model_validate(data)
     tail = "\n".join(output.strip().splitlines()[-5:])
     raise EnvError(f"the env probe printed no report; its output ended with:\n{tail}")
 

@@ -15,7 +15,6 @@ diagnosis is then flagged ``recognised=False``.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -26,6 +25,7 @@ from prefect.states import Completed, State
 from prefect_runpod.blocks.exceptions import HFAuthError
 from prefect_runpod.blocks.huggingface import collect_access_evidence
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.terminal_text import last_json_object
 from prefect_runpod.tasks.models import HFCause, HFDiagnosis
 from pydantic import SecretStr
 
@@ -298,18 +298,7 @@ def diagnose_local(
 def parse_hf_check_output(output: str) -> dict[str, Any] | None:
     """Find the evidence line ``hf_check.py`` printed (the last JSON object with
     ``"kind": "hf_check"``) in console output; None when there is none."""
-    for line in reversed(output.replace("\r", "\n").splitlines()):
-        line = line.strip()
-        start = line.find('{"')
-        if start < 0:
-            continue
-        try:
-            data = json.loads(line[start:])
-        except ValueError:
-            continue
-        if isinstance(data, dict) and data.get("kind") == "hf_check":
-            return data
-    return None
+    return last_json_object(output, lambda obj: obj.get("kind") == "hf_check")
 
 
 def diagnose_on_pod(

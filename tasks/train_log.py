@@ -24,9 +24,10 @@ import math
 import re
 from dataclasses import dataclass
 
+from prefect_runpod.blocks.terminal_text import strip_ansi  # one ANSI grammar for all
+
 __all__ = ["Progress", "parse_metrics", "parse_progress", "strip_ansi"]
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _COUNT = r"\d+(?:\.\d+)?[kMGTP]?"
 _TQDM = re.compile(rf"(\d{{1,3}})%\|[^|]*\|\s*({_COUNT})/({_COUNT})\b")
@@ -68,11 +69,6 @@ class Progress:
     def percent(self) -> float:
         """``fraction`` × 100, as Prefect progress artifacts want it."""
         return self.fraction * 100.0
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without ANSI/OSC escape sequences (colours, cursor moves, titles)."""
-    return _ANSI.sub("", text)
 
 
 def _clamp(value: float) -> float:

@@ -8,7 +8,6 @@ repeated (DESIGN §6). Plain Python; the ``train`` task (``tasks/train.py``) wra
 from __future__ import annotations
 
 import base64
-import json
 import shlex
 import time
 from collections import deque
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prefect_runpod.blocks.exceptions import ConsoleError, TrainingError
+from prefect_runpod.blocks.terminal_text import last_json_object
 from prefect_runpod.tasks.train_log import strip_ansi
 
 __all__ = [
@@ -69,18 +69,7 @@ class LogChunk:
 
 def _json_answer(output: str, key: str) -> dict[str, Any] | None:
     """The last line of ``output`` that is a JSON object holding ``key``."""
-    for line in reversed(output.replace("\r", "\n").splitlines()):
-        text = strip_ansi(line).strip()
-        start = text.find("{")
-        if start < 0:
-            continue
-        try:
-            value = json.loads(text[start:])
-        except ValueError:
-            continue
-        if isinstance(value, dict) and key in value:
-            return value
-    return None
+    return last_json_object(output, lambda obj: key in obj)
 
 
 def sleep_in_steps(seconds: float, sleep: Callable[[float], None]) -> None:
