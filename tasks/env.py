@@ -48,8 +48,9 @@ __all__ = [
 
 TORCH_INDEX_BASE = "https://download.pytorch.org/whl"
 
-_LATEST_TORCH_MINOR = 9
-"""The newest torch 2.x minor the tables below know about (2.9)."""
+_LATEST_TORCH_MINOR = 14
+"""The newest torch 2.x minor the tables below know about: 2.14 (2.14.1 published on
+PyPI; a real H200 image probed with torch 2.11.0+cu130, see tests/data)."""
 
 CUDA_INDEXES: dict[str, tuple[str, int, int | None]] = {
     "cu118": ("11.8", 0, 7),
@@ -293,7 +294,7 @@ def plan_env(  # noqa: PLR0913 - plain planner inputs
             if tag is None:
                 raise EnvError(
                     f"the driver ({report.driver_version}, CUDA {report.driver_cuda}) is too old "
-                    f"for torch >= {floor} {torch_spec}: no PyTorch index up to CUDA "
+                    f"for torch {torch_spec or f'>= {floor}'}: no PyTorch index up to CUDA "
                     f"{report.driver_cuda} has it. Rent a host with allowedCudaVersions "
                     f"{plan.allowed_cuda_versions or 'newer'}, or pin an older transformers."
                 )

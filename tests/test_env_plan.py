@@ -129,7 +129,7 @@ CASES = {
         image(**RUNPOD_21, driver="570.124.06", driver_cuda="12.8"),
         ["torch>=2.8", "transformers"],
         "cu128",
-        ">=2.8,<2.10",
+        ">=2.8,<2.15",
         "2.8",
     ),
     "cpu-only pod, no torch, transformers only: nothing from a torch index": (
@@ -143,14 +143,14 @@ CASES = {
         image(),
         ["torch>=2.5", "transformers>=4.40,<4.52"],
         "cpu",
-        ">=2.5,<2.10",
+        ">=2.5,<2.15",
         "2.5",
     ),
     "cpu-only pod with an old torch below the floor: cpu index": (
         image(torch="2.1.0+cpu", transformers="4.46.3"),
         ["transformers>=5.1"],
         "cpu",
-        ">=2.6,<2.10",
+        ">=2.6,<2.15",
         "2.6",
     ),
 }
@@ -210,7 +210,7 @@ def test_nothing_to_install_uses_the_python_with_torch():
         (
             image(**RUNPOD_21, driver="535.183.01", driver_cuda="12.2"),
             ["torch>=2.8"],
-            r"too old for torch >= 2.8.*12.6",
+            r"too old for torch >=2.8.*12.6",
         ),
         (image(**RUNPOD_21), ["transformers>=>5"], "bad requirement"),
         (
