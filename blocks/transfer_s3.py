@@ -63,15 +63,43 @@ class S3Target(Block):
     _block_type_name = "RunPod S3 Target"
     _description = "A bucket or a RunPod network volume (S3 API) for moving files to pods."
 
-    bucket: str
-    endpoint_url: str | None = None
-    region_name: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: SecretStr | None = None
-    prefix: str = ""
-    volume_mount_path: str | None = None
-    multipart_threshold_bytes: int = Field(default=64 * 1024 * 1024, gt=0, le=MAX_PART_BYTES)
-    part_bytes: int = Field(default=64 * 1024 * 1024, gt=0, le=MAX_PART_BYTES)
+    _documentation_url = "https://docs.runpod.io/storage/s3-api"  # type: ignore[assignment]
+
+    bucket: str = Field(description="Bucket name; for a RunPod network volume, the volume's id.")
+    endpoint_url: str | None = Field(
+        default=None,
+        title="Endpoint URL",
+        description="S3 endpoint, e.g. https://s3api-eu-ro-1.runpod.io/ for a volume; empty for AWS.",
+    )
+    region_name: str | None = Field(
+        default=None,
+        description="Region; for a RunPod network volume, its datacenter id (e.g. EU-RO-1).",
+    )
+    access_key_id: str | None = Field(
+        default=None,
+        title="Access key ID",
+        description="S3 access key id (RunPod: user_…, separate from the API key).",
+    )
+    secret_access_key: SecretStr | None = Field(
+        default=None, description="S3 secret key (RunPod: rps_…); never logged."
+    )
+    prefix: str = Field(default="", description="Key prefix for objects in a user bucket.")
+    volume_mount_path: str | None = Field(
+        default=None,
+        description="Where the volume appears on the pod (/workspace); empty for a user bucket.",
+    )
+    multipart_threshold_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        le=MAX_PART_BYTES,
+        description="Files above this many bytes go up in parts (RunPod allows ≤ 500 MB).",
+    )
+    part_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        le=MAX_PART_BYTES,
+        description="Size of each multipart part in bytes (RunPod allows ≤ 500 MB).",
+    )
 
     def get_client(self) -> Any:
         """A boto3 S3 client for this target (the secret is unwrapped only here)."""
