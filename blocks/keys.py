@@ -19,7 +19,7 @@ class KeyPair(BaseModel):
     """An SSH key pair.
 
     Attributes:
-        private_key: the private key in OpenSSH PEM form (``-----BEGIN OPENSSH PRIVATE KEY-----``).
+        private_key: the private key text in OpenSSH form, as ``ssh-keygen`` writes it.
         public_key: one OpenSSH ``authorized_keys`` line (``ssh-ed25519 AAAA… comment``).
     """
 
