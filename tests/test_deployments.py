@@ -85,7 +85,11 @@ def _slow_bundle(dest: Path, sleep_per_epoch_seconds: float) -> Path:
 def served(prefect_api_server, tmp_path_factory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     """``register setup`` then ``register serve`` in a subprocess, until the module ends."""
     work = tmp_path_factory.mktemp("served")
-    env = prefect_api_server.client_env(PREFECT_LOGGING_LEVEL="INFO")
+    # The zombie automation below expects a heartbeat every 30 s; runs must send them
+    # that often (Prefect's default is 180 s), or a long run is marked Crashed.
+    env = prefect_api_server.client_env(
+        PREFECT_LOGGING_LEVEL="INFO", PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30"
+    )
     done = subprocess.run(
         [
             sys.executable,
@@ -244,7 +248,7 @@ def test_cancel_through_the_api_terminates_the_pod(prefect_api, served, tmp_path
         time.sleep(0.5)
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run_id, Cancelling(), force=True)
-    run = _wait_run(run_id, served, timeout_seconds=90)
+    run = _wait_run(run_id, served, timeout_seconds=240)
     assert run.state.type.value == "CANCELLED", run.state
     assert provider.find(name) is None
     assert provider.list(prefix) == []
@@ -282,7 +286,7 @@ def test_dataset_event_starts_a_finetune_on_that_bundle(prefect_api, served, tmp
         (run,) = runs
         assert run.parameters["concurrency_limit"] == "runpod-gpu"
         client.set_flow_run_state(run.id, Cancelling(), force=True)
-    done = _wait_run(run.id, served, timeout_seconds=90)
+    done = _wait_run(run.id, served, timeout_seconds=240)
     assert done.state.type.value == "CANCELLED", done.state
     assert LocalPodProvider().find(f"prft-{run.id}") is None
 
