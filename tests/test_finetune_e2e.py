@@ -4,39 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from prefect_runpod.blocks.local_pod import LocalPodProvider
+from prefect_runpod.blocks.local_registry import find_marked_pids
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.tasks.models import STAGES
 
+from tests.fixtures.flow_env import server_env
+
 pytestmark = pytest.mark.slow
-
-
-def _pod_processes(pod_id: str) -> list[int]:
-    """PIDs whose environment carries the pod's marker."""
-    marker = f"RUNPOD_POD_ID={pod_id}".encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            env = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in env.split(b"\0"):
-            pids.append(int(proc.name))
-    return pids
 
 
 def _assert_pod_gone(pod_id: str) -> None:
     provider = LocalPodProvider()
     assert provider.get(pod_id) is None
-    assert _pod_processes(pod_id) == []
+    assert find_marked_pids(pod_id) == []
     assert not any(pod_id in p.name for p in (provider.home / "pods").glob("*"))
 
 
@@ -94,17 +79,8 @@ def test_failure_in_train_still_terminates_the_pod(prefect_server, tmp_path, mon
     _assert_pod_gone(report["pod_id"])
 
 
-def _server_env(**extra: str) -> dict[str, str]:
-    """The environment for a flow in a child process, pointed at the session's server."""
-    from prefect.settings import get_current_settings
-
-    api_url = get_current_settings().api.url
-    assert api_url, "the prefect_server fixture sets the API URL"
-    return dict(os.environ, PREFECT_API_URL=str(api_url), **extra)
-
-
 def test_sigkilled_flow_leaves_a_pod_the_registry_lists_and_terminates(prefect_server, tmp_path):
-    env = _server_env(PREFECT_RUNPOD_FAULTS="upload:sigkill")
+    env = server_env(PREFECT_RUNPOD_FAULTS="upload:sigkill")
     proc = subprocess.run(
         [sys.executable, "-m", "prefect_runpod.flows.finetune", "--output-dir", str(tmp_path)],
         env=env,
@@ -138,7 +114,7 @@ def test_cli_json_report(prefect_server, tmp_path):
             "--local-cost-per-hr",
             "0.22",
         ],
-        env=_server_env(),
+        env=server_env(),
         capture_output=True,
         text=True,
         timeout=300,

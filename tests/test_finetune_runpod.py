@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,15 +19,9 @@ from prefect_runpod.blocks.local_pod import LocalPodProvider
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.tasks.models import STAGES
 
+from tests.fixtures.flow_env import server_env
+
 pytestmark = pytest.mark.slow
-
-
-def _server_env(**extra: str) -> dict[str, str]:
-    from prefect.settings import get_current_settings
-
-    api_url = get_current_settings().api.url
-    assert api_url
-    return dict(os.environ, PREFECT_API_URL=str(api_url), **extra)
 
 
 def test_flow_runs_on_emulated_runpod_through_the_sdk(
@@ -109,7 +102,7 @@ def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
     sentinel = hf_hub.tokens["classic"].get_secret_value()
     faults = tmp_path / "faults"
     out = tmp_path / "out"
-    env = _server_env(
+    env = server_env(
         HF_TOKEN=sentinel,
         PREFECT_RUNPOD_FAULTS="upload:pause",
         PREFECT_RUNPOD_FAULT_DIR=str(faults),
