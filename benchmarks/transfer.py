@@ -26,13 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect_runpod.blocks.console import PodConsole
+from benchmarks.wan_proxy import WanProxy
+from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer import bootstrap_pod_tools, download_dir, upload_dir
-from prefect_runpod.blocks.transfer_sftp import connect_direct
-
-from benchmarks.wan_proxy import WanProxy
+from prefect_runpod.blocks.transfer.dispatch import bootstrap_pod_tools, download_dir, upload_dir
+from prefect_runpod.blocks.transfer.sftp import connect_direct
 from tests.fixtures.sshd import run_sshd
 
 MiB = 1024 * 1024
@@ -161,7 +160,7 @@ def run(sizes_mib: list[int], proxy_mib: int) -> dict[str, Any]:
                     '{"text": "the quick brown fox jumps over the lazy dog", "label": 1}\n'
                     * (max(sizes_mib) * MiB // 64)
                 )
-                from prefect_runpod.blocks.transfer_pty import PtyOptions
+                from prefect_runpod.blocks.transfer.pty import PtyOptions
 
                 results["text_bundle"] = {
                     "bytes": (text / "corpus.jsonl").stat().st_size,

@@ -8,10 +8,10 @@ the caller importing them first.
 from __future__ import annotations
 
 from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
-from prefect_runpod.blocks.local_pod import LocalPod
-from prefect_runpod.blocks.runpod_blocks import RunPodCredentials, RunPodPodSpec
-from prefect_runpod.blocks.ssh_key import RunPodSSHKey
-from prefect_runpod.blocks.transfer_s3 import S3Target
+from prefect_runpod.blocks.local_pod.provider import LocalPod
+from prefect_runpod.blocks.runpod.blocks import RunPodCredentials, RunPodPodSpec
+from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
+from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = [
     "HuggingFaceCredentials",

@@ -1,7 +1,7 @@
 """Cost arithmetic: price per hour × billed seconds, in USD.
 
 Billing runs from the moment the provider returned the pod id (create) to the moment
-terminate was confirmed (DESIGN §2, ``CostReport``). These numbers are estimates, as
+terminate was confirmed (docs/architecture.md#data-that-moves, ``CostReport``). These numbers are estimates, as
 SkyPilot's ``cost_report`` and dstack's run cost are; RunPod's billing API
 (``/billing/pods``) holds the real charges.
 

@@ -1,4 +1,4 @@
-"""Named fault points, so failure tests are deterministic on a busy machine (DESIGN §11).
+"""Named fault points, so failure tests are deterministic on a busy machine (docs/architecture.md#testing).
 
 A fault fires at a named point inside a stage, never after a guessed delay. The
 variable ``PREFECT_RUNPOD_FAULTS`` lists ``point:action`` pairs separated by commas:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import io
 
 import paramiko
-from prefect_runpod.blocks.exceptions import SpecError
 from pydantic import BaseModel, SecretStr
+
+from prefect_runpod.blocks.exceptions import SpecError
 
 __all__ = ["KeyPair", "generate_keypair", "load_private_key", "public_key_line"]
 

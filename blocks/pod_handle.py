@@ -1,7 +1,7 @@
 """The plain, JSON-serialisable records that name a pod and the way into it.
 
 Tasks pass these between stages and persist them as Prefect results; they never hold
-a live client (a live paramiko object silently fails to persist, see DESIGN §2).
+a live client (a live paramiko object silently fails to persist, see docs/architecture.md#data-that-moves).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The provider protocol every pod backend fills in (DESIGN §3).
+"""The provider protocol every pod backend fills in (docs/architecture.md#pod-providers).
 
 Two implementations: ``RunPodProvider`` (the ``runpod`` SDK, GraphQL) and
 ``LocalPodProvider`` (the embedded default: a loopback SSH server in a scratch
@@ -11,14 +11,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from prefect_runpod.blocks.pod_handle import PodHandle
 from pydantic import BaseModel, Field
+
+from prefect_runpod.blocks.pod_handle import PodHandle
 
 __all__ = ["DeadmanConfig", "PodProvider", "PodRequest", "TerminateResult"]
 
 
 class DeadmanConfig(BaseModel):
-    """The pod-side dead-man switch (DESIGN §7, layer 3).
+    """The pod-side dead-man switch (docs/architecture.md#termination-layers, layer 3).
 
     Attributes:
         heartbeat_stale_seconds: the pod removes itself when the flow's heartbeat file

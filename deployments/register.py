@@ -1,4 +1,4 @@
-"""Set up and serve prefect-runpod's deployments (DESIGN §7 layer 4, §10).
+"""Set up and serve prefect-runpod's deployments (docs/architecture.md#termination-layers, layer 4; #prefect-surface).
 
 Two commands::
 
@@ -38,6 +38,7 @@ from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron, Interval
+
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.flows.reaper import reaper
 from prefect_runpod.flows.sweep import sweep

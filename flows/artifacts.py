@@ -1,9 +1,10 @@
 """The run's Prefect artifacts that belong to the whole run (stage artifacts are made by
-their own tasks): ``finetune-costs`` (table) and the model link (DESIGN §10)."""
+their own tasks): ``finetune-costs`` (table) and the model link (docs/architecture.md#prefect-surface)."""
 
 from __future__ import annotations
 
 from prefect.artifacts import create_link_artifact, create_table_artifact
+
 from prefect_runpod.flows.report import RunReport
 
 __all__ = ["publish_cost_artifact", "publish_model_link"]

@@ -180,10 +180,11 @@ def _provider_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
+    from pydantic import SecretStr
+
     from prefect_runpod.flows.finetune import demo_bundle, finetune
     from prefect_runpod.flows.report import RunReport, render_summary
     from prefect_runpod.tasks.preflight import validate_settings
-    from pydantic import SecretStr
 
     # Bad input fails here, before Prefect starts a server or anything is rented.
     validate_settings(
@@ -299,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``prefect-runpod``; returns the exit status."""
     args = build_parser().parse_args(argv)
     from prefect.settings import get_current_settings, temporary_settings
+
     from prefect_runpod.blocks.exceptions import RunPodFlowError
 
     # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start

@@ -1,5 +1,5 @@
 """The fine-tune flow: provision → env → hf_auth → upload → train → eval_parity →
-download → checksum → terminate, with terminate guaranteed (DESIGN §1, §7).
+download → checksum → terminate, with terminate guaranteed (docs/architecture.md#layers-and-packages, #termination-layers).
 
 Stages run inline in the flow's main thread, so SIGTERM and cancellation reach the
 ``finally`` at once. The RunReport is the persisted (JSON) result; it is also written to
@@ -25,6 +25,8 @@ from prefect import Flow, State, flow, get_run_logger
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
+from pydantic import SecretStr
+
 from prefect_runpod.blocks.exceptions import (
     BudgetExceededError,
     ChecksumMismatchError,
@@ -42,10 +44,9 @@ from prefect_runpod.tasks.models import HFDiagnosis, ParityReport, StageState
 from prefect_runpod.tasks.preflight import RunSettings, preflight, validate_settings
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate, terminate_by_name
-from pydantic import SecretStr
 
 if TYPE_CHECKING:
-    from prefect_runpod.blocks.transfer_s3 import S3Target
+    from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = ["demo_bundle", "finetune", "pod_name_for"]
 
@@ -341,7 +342,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
         request = PodRequest(
             public_key=keypair.public_key,
             deadman=deadman,
-            # DESIGN §8: never rent a host whose driver is too old for the job's torch.
+            # docs/architecture.md#env-fix-and-hugging-face-diagnosis: never rent a host whose driver is too old for the job's torch.
             allowed_cuda_versions=cuda_floor_for_requirements(bundle.requirements),
         )
         try:
@@ -420,7 +421,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
                 s3=s3,
             )
         except EvalParityError as exc:
-            # DESIGN §9: a parity failure fails the run *after* download, artifacts kept.
+            # docs/architecture.md#eval-parity: a parity failure fails the run *after* download, artifacts kept.
             report.parity = exc.report  # type: ignore[assignment]
             deferred = exc
             logger.error("eval parity failed; downloading outputs before failing the run")
@@ -454,7 +455,7 @@ def _load_s3_target(name: str | None) -> S3Target | None:
     """The saved ``S3Target`` block named ``name`` (None when no name)."""
     if not name:
         return None
-    from prefect_runpod.blocks.transfer_s3 import S3Target
+    from prefect_runpod.blocks.transfer.s3 import S3Target
 
     return cast(S3Target, S3Target.load(name))
 
@@ -507,9 +508,9 @@ def _check_parity(
     s3: S3Target | None,
 ) -> ParityReport:
     """Run the bundle's own standalone eval on the pod, fetch both eval JSONL files (with
-    a verified manifest) and compare them (DESIGN §9)."""
-    from prefect_runpod.blocks.console import PodConsole
-    from prefect_runpod.blocks.transfer import download_dir
+    a verified manifest) and compare them (docs/architecture.md#eval-parity)."""
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.transfer.dispatch import download_dir
     from prefect_runpod.tasks.eval_parity import eval_parity, run_standalone_eval
 
     bundle = settings.bundle

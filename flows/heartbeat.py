@@ -1,5 +1,5 @@
 """The flow's side of the dead-man switch: keep the pod's heartbeat file fresh for as
-long as this process lives (DESIGN §7, layer 3).
+long as this process lives (docs/architecture.md#termination-layers, layer 3).
 
 A daemon thread touches ``<run_dir>/heartbeat`` on the pod every few seconds through
 its own console, through every stage (a 45-minute download must not look like a dead
@@ -13,9 +13,10 @@ import logging
 import shlex
 import threading
 
+from pydantic import SecretStr
+
 from prefect_runpod.blocks.exceptions import RunPodFlowError
 from prefect_runpod.blocks.pod_handle import PodHandle
-from pydantic import SecretStr
 
 __all__ = ["HeartbeatKeeper", "heartbeat_interval_seconds"]
 
@@ -66,7 +67,7 @@ class HeartbeatKeeper:
             self._thread.join(timeout_seconds)
 
     def _run(self) -> None:
-        from prefect_runpod.blocks.console import PodConsole
+        from prefect_runpod.blocks.console.session import PodConsole
 
         console = PodConsole.for_pod(self.handle, self._key)
         command = f"touch {shlex.quote(self.path)}"

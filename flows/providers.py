@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pydantic import SecretStr
+
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.keys import KeyPair, generate_keypair
 from prefect_runpod.blocks.provider import PodProvider
-from pydantic import SecretStr
 
 __all__ = ["build_provider"]
 
@@ -38,7 +39,7 @@ def build_provider(
     """
     kind = params.get("provider", "local")
     if kind == "local":
-        from prefect_runpod.blocks.local_pod import LocalPodProvider
+        from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 
         provider = LocalPodProvider(
             mode=params.get("local_mode", "gateway"),
@@ -52,8 +53,8 @@ def build_provider(
 
 def _runpod_provider(params: dict[str, Any], need_ssh_key: bool) -> tuple[PodProvider, KeyPair]:
     from prefect_runpod.blocks.keys import public_key_line
-    from prefect_runpod.blocks.runpod_blocks import RunPodCredentials, RunPodPodSpec
-    from prefect_runpod.blocks.ssh_key import RunPodSSHKey
+    from prefect_runpod.blocks.runpod.blocks import RunPodCredentials, RunPodPodSpec
+    from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
 
     def _load(cls: Any, name: str | None) -> Any:
         if not name:

@@ -1,4 +1,4 @@
-"""The reaper: the last layer of guaranteed termination (DESIGN §7, layer 4).
+"""The reaper: the last layer of guaranteed termination (docs/architecture.md#termination-layers, layer 4).
 
 A scheduled flow that lists the pods carrying our name prefix, reads the flow run each
 pod belongs to (the pod is named ``<prefix>-<flow_run_id>``), and terminates the pods
@@ -33,11 +33,12 @@ from prefect.events.filters import (
     EventResourceFilter,
 )
 from prefect.exceptions import ObjectNotFound
+from pydantic import BaseModel
+
 from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.tasks.terminate import terminate_pod
-from pydantic import BaseModel
 
 __all__ = [
     "FINISHED_STATE_TYPES",

@@ -1,4 +1,4 @@
-"""The RunReport: everything one fine-tune run did, as one JSON document (DESIGN §2).
+"""The RunReport: everything one fine-tune run did, as one JSON document (docs/architecture.md#data-that-moves).
 
 It is the flow's persisted result and the CLI's ``--json`` output; another pipeline
 reads it through ``run_deployment(...).state.result()`` without our classes.
@@ -7,6 +7,8 @@ reads it through ``run_deployment(...).state.result()`` without our classes.
 from __future__ import annotations
 
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.tasks.models import (
@@ -20,7 +22,6 @@ from prefect_runpod.tasks.models import (
     TrainReport,
     TransferReport,
 )
-from pydantic import BaseModel, Field
 
 __all__ = ["RunReport", "render_summary"]
 
@@ -34,7 +35,7 @@ class RunReport(BaseModel):
         pod_id: the pod's id once created.
         provider: ``local`` or ``runpod``.
         ssh_command: what a person types to get into the pod while it runs.
-        stages: one record per stage, in DESIGN order (preflight first).
+        stages: one record per stage, in stage order (preflight first).
         provision_attempts: every create attempt (GPU type/cloud → outcome).
         cost: the cost record (USD/h, billed seconds, USD).
         env / hf / upload / train / parity / download: the stage records.

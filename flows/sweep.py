@@ -18,6 +18,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
+
 from prefect_runpod.blocks.exceptions import SpecError
 
 __all__ = ["sweep"]

@@ -1,4 +1,4 @@
-"""An upstream pipeline that hands its data to the fine-tune, three ways (DESIGN §10).
+"""An upstream pipeline that hands its data to the fine-tune, three ways (docs/architecture.md#prefect-surface).
 
 - ``train_and_wait``: ``run_deployment(..., timeout=None)`` waits for the fine-tune and
   reads its RunReport through ``.state.result()`` (a plain dict: the result is JSON, so
@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.events import emit_event
+
 from prefect_runpod.blocks.exceptions import RunPodFlowError
 
 __all__ = ["DATASET_EVENT", "announce_dataset", "dataset_event", "train_and_go", "train_and_wait"]

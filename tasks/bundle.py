@@ -22,8 +22,9 @@ import re
 import tomllib
 from pathlib import Path, PurePosixPath
 
-from prefect_runpod.blocks.exceptions import SpecError
 from pydantic import BaseModel, Field, field_validator
+
+from prefect_runpod.blocks.exceptions import SpecError
 
 __all__ = ["BUNDLE_FILE", "BundleSpec", "load_bundle"]
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer_models import Manifest
+from prefect_runpod.blocks.transfer.models import Manifest
 
 __all__ = ["checksum", "manifest_rows", "verify_manifest"]
 

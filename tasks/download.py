@@ -1,4 +1,4 @@
-"""Download: the checkpoint back from the pod, verified end to end (DESIGN §5).
+"""Download: the checkpoint back from the pod, verified end to end (docs/architecture.md#transfers-and-integrity).
 
 The work is ``prefect_runpod.blocks.transfer.download_dir``; the source manifest is
 computed on the pod, the destination manifest re-read from the local disk.
@@ -11,13 +11,14 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.transfer import download_dir
-from prefect_runpod.blocks.transfer_models import TransferReport
-from prefect_runpod.blocks.transfer_pty import PtyOptions
-from prefect_runpod.blocks.transfer_s3 import S3Target
-from prefect_runpod.tasks.upload import progress_logger
 from pydantic import SecretStr
+
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer.dispatch import download_dir
+from prefect_runpod.blocks.transfer.models import TransferReport
+from prefect_runpod.blocks.transfer.pty import PtyOptions
+from prefect_runpod.blocks.transfer.s3 import S3Target
+from prefect_runpod.tasks.upload import progress_logger
 
 __all__ = ["download"]
 
@@ -44,7 +45,8 @@ def download(
         TransferError: the folder is missing on the pod, or the connection kept dropping.
     """
     from prefect.logging import get_run_logger
-    from prefect_runpod.blocks.console import PodConsole
+
+    from prefect_runpod.blocks.console.session import PodConsole
 
     logger = get_run_logger()
     live = console if console is not None else PodConsole.for_pod(handle, private_key)

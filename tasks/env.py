@@ -1,5 +1,5 @@
 """The ``env`` stage: probe the pod, plan the fix, apply it with the right Python, and
-prove it by probing again (DESIGN §8).
+prove it by probing again (docs/architecture.md#env-fix-and-hugging-face-diagnosis).
 
 The failure it exists for (field guide): an image ships ``torch 2.1.0+cu118`` and the
 job needs a newer transformers, which silently runs without torch
@@ -25,11 +25,12 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from pydantic import SecretStr
+
+from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import EnvError
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.terminal_text import last_json_object
 from prefect_runpod.tasks.models import EnvPlan, EnvReport, PythonProbe
-from pydantic import SecretStr
 
 __all__ = [
     "CUDA_INDEXES",
@@ -522,7 +523,7 @@ def env(
         EnvError: the plan is impossible (nothing installed), an install failed, or the
             re-probe did not prove the fix. The message names the pod.
     """
-    from prefect_runpod.blocks.console import PodConsole
+    from prefect_runpod.blocks.console.session import PodConsole
 
     logger = get_run_logger()
     tools = tools_dir.rstrip("/")

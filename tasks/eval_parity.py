@@ -1,4 +1,4 @@
-"""The eval-parity stage (DESIGN §9): does the user's standalone eval score the trained
+"""The eval-parity stage (docs/architecture.md#eval-parity): does the user's standalone eval score the trained
 model the way the in-training eval did?
 
 Both paths write JSONL, one record per held-out example::
@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+
 from prefect_runpod.blocks.exceptions import EvalParityError
 from prefect_runpod.tasks.models import ParityRecordDiff, ParityReport
 from prefect_runpod.tasks.parity_render import (

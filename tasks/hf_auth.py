@@ -1,4 +1,4 @@
-"""The ``hf_auth`` stage: why Hugging Face access fails, decided from evidence (DESIGN §8).
+"""The ``hf_auth`` stage: why Hugging Face access fails, decided from evidence (docs/architecture.md#env-fix-and-hugging-face-diagnosis).
 
 One decision table, used for both places a download can run — locally in preflight
 (through ``huggingface_hub``) and on the pod (through the stdlib script
@@ -22,12 +22,13 @@ from typing import Any, Protocol
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
+from pydantic import SecretStr
+
+from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import HFAuthError
 from prefect_runpod.blocks.huggingface import collect_access_evidence
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.terminal_text import last_json_object
 from prefect_runpod.tasks.models import HFCause, HFDiagnosis
-from pydantic import SecretStr
 
 __all__ = [
     "HF_WEB",
@@ -134,7 +135,7 @@ def classify_hf_access(
 ) -> HFDiagnosis:
     """Decide why a request to a repo failed (or that it works). Pure.
 
-    The table (DESIGN §8), evidence first:
+    The table (docs/architecture.md#env-fix-and-hugging-face-diagnosis), evidence first:
 
     ==============================================  ==========================
     evidence                                        cause
@@ -448,7 +449,7 @@ def hf_auth(
     Raises:
         HFAuthError: when access will fail (retried only when the cause is ``unknown``).
     """
-    from prefect_runpod.blocks.console import PodConsole
+    from prefect_runpod.blocks.console.session import PodConsole
 
     logger = get_run_logger()
     reason = skip_reason(repo_id)

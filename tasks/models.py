@@ -1,4 +1,4 @@
-"""Stage records shared by several stages (DESIGN §2).
+"""Stage records shared by several stages (docs/architecture.md#data-that-moves).
 
 Plain pydantic models: JSON-serialisable, safe to persist as Prefect results, and
 readable by another pipeline without our classes. Units are in the field names.
@@ -11,9 +11,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-# Transfer records live with the transfer code in blocks/ (blocks never import tasks/).
-from prefect_runpod.blocks.transfer_models import Manifest, ManifestEntry, TransferReport
 from pydantic import BaseModel, Field
+
+# Transfer records live with the transfer code in blocks/ (blocks never import tasks/).
+from prefect_runpod.blocks.transfer.models import Manifest, ManifestEntry, TransferReport
 
 __all__ = [
     "STAGES",
@@ -93,7 +94,7 @@ class PythonProbe(BaseModel):
 
 
 class EnvReport(BaseModel):
-    """What the env probe found on the pod (DESIGN §8).
+    """What the env probe found on the pod (docs/architecture.md#env-fix-and-hugging-face-diagnosis).
 
     Attributes:
         pythons: every interpreter candidate probed.
@@ -141,7 +142,7 @@ class EnvPlan(BaseModel):
 
 
 class HFCause(StrEnum):
-    """Why Hugging Face access fails (DESIGN §8), or ``ok``."""
+    """Why Hugging Face access fails (docs/architecture.md#env-fix-and-hugging-face-diagnosis), or ``ok``."""
 
     OK = "ok"
     NO_TOKEN = "no_token"
@@ -228,7 +229,7 @@ class ParityRecordDiff(BaseModel):
 
 
 class ParityReport(BaseModel):
-    """In-training eval vs the standalone eval (DESIGN §9).
+    """In-training eval vs the standalone eval (docs/architecture.md#eval-parity).
 
     Attributes:
         n_records: records present on both sides.

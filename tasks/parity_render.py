@@ -1,5 +1,5 @@
 """How eval-parity results read: the character diff of two model inputs and the
-``eval-parity`` markdown artifact (DESIGN §9). Pure functions, no Prefect."""
+``eval-parity`` markdown artifact (docs/architecture.md#eval-parity). Pure functions, no Prefect."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Preflight: everything that can be checked before a pod exists, so a run that cannot
-succeed spends nothing (DESIGN §1)."""
+succeed spends nothing (docs/architecture.md#layers-and-packages)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Literal
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, SecretStr
+
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
-from pydantic import BaseModel, SecretStr
 
 __all__ = ["TRANSFER_METHODS", "RunSettings", "preflight", "validate_settings"]
 

@@ -1,5 +1,5 @@
 """Provision: create the pod, record it at once, wait until its SSH answers, and make it
-ready for the run (pod tools in place, dead-man switch armed). DESIGN §3, §7."""
+ready for the run (pod tools in place, dead-man switch armed). docs/architecture.md#pod-providers, #termination-layers."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from pydantic import SecretStr
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
+
 from prefect_runpod.blocks.exceptions import ConsoleConnectError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
-from pydantic import SecretStr
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 __all__ = ["arm_deadman", "prepare_pod", "provision"]
 
@@ -102,8 +103,8 @@ def prepare_pod(
     Raises:
         ConsoleError / TransferError when the pod cannot be reached or written.
     """
-    from prefect_runpod.blocks.console import PodConsole
-    from prefect_runpod.blocks.transfer import bootstrap_pod_tools
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.transfer.dispatch import bootstrap_pod_tools
 
     with PodConsole.for_pod(handle, private_key) as console:
         tools_dir = bootstrap_pod_tools(console, handle)

@@ -1,5 +1,5 @@
 """Terminate: the idempotent, confirmed end of a pod, shared by the flow's ``finally``,
-its crash/cancel hooks and the reaper (DESIGN §7)."""
+its crash/cancel hooks and the reaper (docs/architecture.md#termination-layers)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+
 from prefect_runpod.blocks.provider import PodProvider, TerminateResult
 
 __all__ = ["terminate", "terminate_by_name", "terminate_pod"]

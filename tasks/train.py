@@ -1,5 +1,5 @@
 """The ``train`` stage: launch the job detached on the pod, follow its log, stop it on
-cancel / runtime cap / budget, and report (DESIGN §6).
+cancel / runtime cap / budget, and report (docs/architecture.md#the-training-run).
 
 The pod side is ``blocks/pod_side/launcher.py`` (already on the pod in ``tools_dir``).
 Everything here talks to it through a console's ``run(command)``, so a dropped SSH
@@ -24,6 +24,8 @@ from uuid import UUID
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from pydantic import SecretStr
+
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.tasks.models import TrainReport
@@ -36,7 +38,6 @@ from prefect_runpod.tasks.train_remote import (
     launch_training,
     sleep_in_steps,
 )
-from pydantic import SecretStr
 
 __all__ = [
     "ConsoleLike",
@@ -316,7 +317,8 @@ def train(
         update_progress_artifact,
     )
     from prefect.logging import get_run_logger
-    from prefect_runpod.blocks.console import PodConsole
+
+    from prefect_runpod.blocks.console.session import PodConsole
 
     logger = get_run_logger()
     pod = handle.pod_id

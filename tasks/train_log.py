@@ -24,7 +24,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from prefect_runpod.blocks.terminal_text import strip_ansi  # one ANSI grammar for all
+from prefect_runpod.blocks.console.terminal_text import strip_ansi  # one ANSI grammar for all
 
 __all__ = ["Progress", "parse_metrics", "parse_progress", "strip_ansi"]
 

@@ -2,7 +2,7 @@
 
 The byte offset advances only when a ``read`` answer arrived whole, so after an SSH
 drop the follower reconnects and asks again from the same offset: no line lost, none
-repeated (DESIGN §6). Plain Python; the ``train`` task (``tasks/train.py``) wraps it.
+repeated (docs/architecture.md#the-training-run). Plain Python; the ``train`` task (``tasks/train.py``) wraps it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import ConsoleError, TrainingError
-from prefect_runpod.blocks.terminal_text import last_json_object
 from prefect_runpod.tasks.train_log import strip_ansi
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Upload: the bundle to the pod, verified end to end (DESIGN §5).
+"""Upload: the bundle to the pod, verified end to end (docs/architecture.md#transfers-and-integrity).
 
 The work is ``prefect_runpod.blocks.transfer.upload_dir``; this task opens (or reuses)
 a console, logs progress, and returns the ``TransferReport`` whose manifests go into
@@ -12,12 +12,13 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.transfer import upload_dir
-from prefect_runpod.blocks.transfer_models import TransferReport
-from prefect_runpod.blocks.transfer_pty import PtyOptions
-from prefect_runpod.blocks.transfer_s3 import S3Target
 from pydantic import SecretStr
+
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer.dispatch import upload_dir
+from prefect_runpod.blocks.transfer.models import TransferReport
+from prefect_runpod.blocks.transfer.pty import PtyOptions
+from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = ["progress_logger", "upload"]
 
@@ -60,7 +61,8 @@ def upload(
         SpecError: the method cannot work on this pod.
     """
     from prefect.logging import get_run_logger
-    from prefect_runpod.blocks.console import PodConsole
+
+    from prefect_runpod.blocks.console.session import PodConsole
 
     logger = get_run_logger()
     live = console if console is not None else PodConsole.for_pod(handle, private_key)

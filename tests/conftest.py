@@ -52,7 +52,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     home = Path(os.environ["PREFECT_RUNPOD_HOME"])
     if not (home / "registry").is_dir():
         return
-    from prefect_runpod.blocks.local_pod import LocalPodProvider
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 
     provider = LocalPodProvider(home=home)
     leftovers = provider.list("")

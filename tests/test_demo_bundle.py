@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from prefect_runpod.tasks.bundle import load_bundle
 
+from prefect_runpod.tasks.bundle import load_bundle
 from tests.fixtures.demo_bundle import DEMO_BUNDLE, copy_demo_bundle, run_script
 
 EVAL_FIELDS = {"id", "raw_input", "model_input", "raw_output", "prediction", "label"}

@@ -36,6 +36,7 @@ FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 def test_prefect_yaml_declares_what_register_serves():
     from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
     from prefect.flows import load_flow_from_entrypoint
+
     from prefect_runpod.deployments.register import build_deployments
 
     doc = yaml.safe_load(PREFECT_YAML.read_text())
@@ -179,6 +180,7 @@ def _wait_run(run_id: Any, served: dict[str, Any], timeout_seconds: float, want=
 @pytest.mark.slow
 def test_setup_creates_the_cap_and_the_zombie_automation(prefect_api, served):
     from prefect.client.orchestration import get_client
+
     from prefect_runpod.deployments.register import ZOMBIE_AUTOMATION
 
     with get_client(sync_client=True) as client:
@@ -198,6 +200,7 @@ def test_upstream_waits_for_the_finetune_and_reads_its_report(prefect_api, serve
     through ``.state.result()``; history and artifacts are read back through the client."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
     from prefect_runpod.flows.upstream_example import train_and_wait
 
     _wait_deployment("runpod-finetune/on-demand", served)
@@ -222,7 +225,7 @@ def test_upstream_waits_for_the_finetune_and_reads_its_report(prefect_api, serve
         assert "finetune-costs" in {a.key for a in arts}
         history = client.read_flow_run_states(child.id)
         assert [s.type.value for s in history][-2:] == ["RUNNING", "COMPLETED"]
-    from prefect_runpod.blocks.local_pod import LocalPodProvider
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 
     assert LocalPodProvider().list(prefix) == []
 
@@ -233,7 +236,8 @@ def test_cancel_through_the_api_terminates_the_pod(prefect_api, served, tmp_path
     UI's Cancel button does: the run ends Cancelled and its pod is gone."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
-    from prefect_runpod.blocks.local_pod import LocalPodProvider
+
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
     from prefect_runpod.flows.upstream_example import train_and_go
 
     _wait_deployment("runpod-finetune/on-demand", served)
@@ -261,7 +265,8 @@ def test_dataset_event_starts_a_finetune_on_that_bundle(prefect_api, served, tmp
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
     from prefect.states import Cancelling
-    from prefect_runpod.blocks.local_pod import LocalPodProvider
+
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
     from prefect_runpod.flows.upstream_example import announce_dataset
 
     _wait_deployment("runpod-finetune/on-dataset-updated", served)

@@ -4,6 +4,7 @@ float64 on MPS)."""
 from __future__ import annotations
 
 import pytest
+
 from prefect_runpod.tasks.device import resolve_device, safe_float_dtype
 
 

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from prefect_runpod.blocks.exceptions import EnvError
 from prefect_runpod.tasks.env import fix_env, parse_probe_output, probe_env
-
 from tests.emulators.wheel_index import WheelIndex
 from tests.fixtures.hf import ShellConsole
 
@@ -191,9 +191,9 @@ def test_env_task_through_the_local_pod_console(runpod_home, wheel_index):
     """The @task body on a LocalPod (PTY gateway): probe, pod venv, pip from the
     loopback index, re-probe — and the host's interpreters stay as they were."""
     from prefect.logging import disable_run_logger
-    from prefect_runpod.blocks.local_pod import LocalPodProvider
-    from prefect_runpod.tasks.env import env
 
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+    from prefect_runpod.tasks.env import env
     from tests.fixtures.local_pod import start_pod
 
     provider = LocalPodProvider(home=runpod_home, mode="gateway", start_timeout_seconds=60.0)

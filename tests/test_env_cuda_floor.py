@@ -1,9 +1,10 @@
 """The CUDA floor sent as RunPod's allowedCudaVersions comes from the bundle's
-requirements before any pod exists (DESIGN §8)."""
+requirements before any pod exists (docs/architecture.md#env-fix-and-hugging-face-diagnosis)."""
 
 from __future__ import annotations
 
 import pytest
+
 from prefect_runpod.blocks.exceptions import EnvError
 from prefect_runpod.tasks.env import cuda_floor_for_requirements
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from packaging.specifiers import SpecifierSet
+
 from prefect_runpod.blocks.exceptions import EnvError
 from prefect_runpod.tasks.env import (
     allowed_cuda_versions_for,

@@ -1,4 +1,4 @@
-"""Eval parity (DESIGN §9): each way a standalone eval drifts from the in-training eval
+"""Eval parity (docs/architecture.md#eval-parity): each way a standalone eval drifts from the in-training eval
 is reproduced on the real demo job (a real train, then a drifted copy of its eval.py run
 as a real subprocess) and must be detected and named; the unmodified eval must pass."""
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from prefect_runpod.blocks.exceptions import EvalParityError
 from prefect_runpod.tasks.eval_parity import (
     char_diff,
@@ -17,7 +18,6 @@ from prefect_runpod.tasks.eval_parity import (
     render_parity_markdown,
     run_standalone_eval,
 )
-
 from tests.fixtures.demo_bundle import run_script
 
 PREPROCESS_CALL = 'model_input = textproc.preprocess(record["text"])'
@@ -241,7 +241,7 @@ class TestLoadJsonl:
 @pytest.fixture
 def pod_console(local_pod):
     """A real PodConsole (PTY over SSH) on a real local gateway-mode pod."""
-    from prefect_runpod.blocks.console import PodConsole
+    from prefect_runpod.blocks.console.session import PodConsole
 
     _provider, handle, keypair = local_pod
     with PodConsole.for_pod(handle, keypair.private_key) as console:
@@ -320,6 +320,7 @@ class TestEvalParityTask:
     ):
         from prefect import flow
         from prefect.context import get_run_context
+
         from prefect_runpod.tasks.eval_parity import eval_parity
 
         drifted = trained_demo_bundle / "outputs" / "eval_task_raw.jsonl"

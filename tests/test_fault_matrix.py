@@ -1,4 +1,4 @@
-"""The termination fault matrix (DESIGN §7, §11): stage × fault → which layer ended the
+"""The termination fault matrix (docs/architecture.md#termination-layers, #testing): stage × fault → which layer ended the
 pod, and how long it took; zero pods left in every cell.
 
 Stages: provision, env, upload, train, download. Faults, each fired at the named
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from prefect_runpod.blocks.faults import (
     InjectedFault,
     fault_point,
@@ -48,7 +49,6 @@ from prefect_runpod.blocks.faults import (
     release_marker,
     run_fault_dir,
 )
-
 from tests.fixtures.fault_matrix import FaultLab, wait_until
 
 STAGES = ("provision", "env", "upload", "train", "download")

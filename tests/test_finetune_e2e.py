@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from prefect_runpod.blocks.local_pod import LocalPodProvider
-from prefect_runpod.blocks.local_registry import find_marked_pids
+
+from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+from prefect_runpod.blocks.local_pod.registry import find_marked_pids
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.tasks.models import STAGES
-
 from tests.fixtures.flow_env import server_env
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+
 from prefect_runpod.blocks.keys import generate_keypair
-from prefect_runpod.blocks.local_pod import LocalPodProvider
+from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.tasks.models import STAGES
-
 from tests.fixtures.flow_env import server_env
 
 pytestmark = pytest.mark.slow

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 
 

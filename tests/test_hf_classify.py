@@ -1,4 +1,4 @@
-"""The Hugging Face decision table as a pure function (DESIGN §8), and the evidence
+"""The Hugging Face decision table as a pure function (docs/architecture.md#env-fix-and-hugging-face-diagnosis), and the evidence
 parsing around it. No network."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from prefect_runpod.blocks.exceptions import HFAuthError
 from prefect_runpod.tasks.hf_auth import (
     TOKENS_URL,

@@ -18,6 +18,7 @@ from huggingface_hub.errors import (
     HfHubHTTPError,
     RepositoryNotFoundError,
 )
+
 from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
 from prefect_runpod.tasks.hf_auth import diagnose_evidence, diagnose_local, diagnose_on_pod
 from prefect_runpod.tasks.models import HFCause

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from prefect.logging import disable_run_logger
+from pydantic import SecretStr
+
 from prefect_runpod.blocks.exceptions import HFAuthError
 from prefect_runpod.tasks.hf_auth import diagnose_local, diagnose_on_pod, hf_auth
 from prefect_runpod.tasks.models import HFCause
-from pydantic import SecretStr
-
 from tests.emulators.hf_hub import HubRepo, HubToken, running_hub
 
 POD_SIDE = Path(__file__).resolve().parents[1] / "blocks" / "pod_side"
@@ -75,7 +75,7 @@ def test_pod_stage_through_the_local_pod_console_leaks_nothing(
     sentinel_hub, local_pod, caplog, capfd
 ):
     """The @task body, through the real PodConsole on a LocalPod (PTY gateway mode)."""
-    from prefect_runpod.blocks.console import PodConsole
+    from prefect_runpod.blocks.console.session import PodConsole
 
     caplog.set_level(logging.DEBUG)
     _, handle, keypair = local_pod

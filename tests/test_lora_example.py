@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from prefect_runpod.tasks.bundle import load_bundle
 from prefect_runpod.tasks.eval_parity import compare_eval, load_jsonl
 

@@ -1,4 +1,4 @@
-"""The reaper (DESIGN §7 layer 4): the pure decision table, then real local pods and
+"""The reaper (docs/architecture.md#termination-layers layer 4): the pure decision table, then real local pods and
 real flow runs on a real Prefect server, including a SIGKILLed flow process whose pod
 only the reaper can end."""
 
@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.flows.reaper import (
     RunSnapshot,
@@ -85,7 +86,7 @@ def test_flow_run_id_from_pod_name():
 
 
 def _provider():
-    from prefect_runpod.blocks.local_pod import LocalPodProvider
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 
     return LocalPodProvider()
 
@@ -116,6 +117,7 @@ def _make_run(client, final: str | None):  # type: ignore[no-untyped-def]
 def test_reaper_reaps_finished_and_unknown_keeps_live(prefect_api, runpod_home):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
     from prefect_runpod.blocks.provider import PodRequest
     from prefect_runpod.flows.reaper import reaper
 
@@ -165,7 +167,7 @@ _HOLDER = textwrap.dedent(
     import sys, time
     from prefect import flow
     from prefect.runtime import flow_run
-    from prefect_runpod.blocks.local_pod import LocalPodProvider
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
     from prefect_runpod.blocks.provider import PodRequest
 
     @flow(name="pod-holder")
@@ -185,6 +187,7 @@ def test_reaper_ends_the_pod_of_a_sigkilled_flow_process(prefect_api, runpod_hom
     server. The reaper keeps the pod while the run is fresh, and reaps it once the
     run has been silent longer than ``stale_running_seconds``."""
     from prefect.client.orchestration import get_client
+
     from prefect_runpod.flows.reaper import flow_run_id_from_pod_name, reaper
 
     prefix = f"rk{uuid.uuid4().hex[:6]}"

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.tasks.train import (
     LogFollower,
@@ -14,7 +15,6 @@ from prefect_runpod.tasks.train import (
     follow_training,
     launch_training,
 )
-
 from tests.fixtures.train import LAUNCHER, LocalShellConsole, write_job
 
 TOOLS = str(LAUNCHER.parent)

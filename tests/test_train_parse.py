@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from prefect_runpod.tasks.train_log import parse_metrics, parse_progress, strip_ansi
 
 PROGRESS_TABLE = [

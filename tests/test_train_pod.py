@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from prefect_runpod.blocks.console import PodConsole
-from prefect_runpod.blocks.transfer import bootstrap_pod_tools
+
+from prefect_runpod.blocks.console.session import PodConsole
+from prefect_runpod.blocks.transfer.dispatch import bootstrap_pod_tools
 from prefect_runpod.tasks.train import follow_training, kill_training, launch_training
 
 pytestmark = pytest.mark.slow

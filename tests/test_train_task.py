@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from prefect import flow
-from prefect_runpod.blocks.console import PodConsole
+
+from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.exceptions import TrainingError
-from prefect_runpod.blocks.transfer import bootstrap_pod_tools
+from prefect_runpod.blocks.transfer.dispatch import bootstrap_pod_tools
 from prefect_runpod.tasks.train import Progress, terminal_progress_bar, train
 
 pytestmark = pytest.mark.slow

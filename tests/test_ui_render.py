@@ -7,7 +7,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from prefect_runpod.deployments.render_ui import find_chromium, visible_text
+
+from tests.tools.render_ui import find_chromium, visible_text
 
 pytestmark = pytest.mark.skipif(find_chromium() is None, reason="no Chromium on PATH")
 
@@ -20,8 +21,9 @@ def test_visible_text_drops_markup_and_scripts():
 @pytest.mark.slow
 def test_flow_run_page_shows_state_and_artifact(prefect_api, runpod_home, tmp_path):
     from prefect.client.orchestration import get_client
-    from prefect_runpod.deployments.render_ui import render_flow_run
+
     from prefect_runpod.flows.reaper import reaper
+    from tests.tools.render_ui import render_flow_run
 
     state = reaper(provider="local", name_prefix=f"ui{uuid.uuid4().hex[:6]}", return_state=True)
     run_id = state.state_details.flow_run_id

@@ -41,10 +41,11 @@ from urllib.parse import parse_qs, urlparse
 
 from graphql import GraphQLError, build_schema, execute, parse, validate
 from graphql.language import OperationDefinitionNode
+
 from prefect_runpod.blocks.keys import generate_keypair
-from prefect_runpod.blocks.local_pod import LocalPodProvider
+from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.blocks.provider import PodRequest
-from prefect_runpod.blocks.runpod_errors import (
+from prefect_runpod.blocks.runpod.errors import (
     CAPACITY_MESSAGE,
     HOST_GPUS_BUSY_MESSAGE,
     NOT_FOUND_TO_TERMINATE_MESSAGE,

@@ -1,0 +1,18 @@
+"""The local pod, the embedded default: a loopback SSH server in a scratch workspace that
+behaves like RunPod's gateway (or a direct-TCP sshd).
+
+- ``provider``  ``LocalPodProvider`` (create / wait_ready / find / list / terminate) and
+  the ``LocalPod`` block
+- ``daemon``    one process per pod serving SSH (asyncssh); started in its own session
+- ``registry``  the on-disk registry any process lists, finds and terminates pods by
+
+Names load lazily: the daemon imports ``registry`` alone and stays light.
+"""
+
+from __future__ import annotations
+
+from prefect_runpod.blocks import lazy_exports
+
+__all__ = ["LocalPod", "LocalPodProvider", "base_python", "default_home"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {name: f"{__name__}.provider" for name in __all__})

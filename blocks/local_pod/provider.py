@@ -1,0 +1,578 @@
+"""LocalPod: the embedded default pod provider (docs/architecture.md#pod-providers).
+
+A local pod is a daemon process (``prefect_runpod.blocks.local_pod.daemon``) in its
+own session, serving SSH on ``127.0.0.1`` over a scratch workspace, listed in an
+on-disk registry (``prefect_runpod.blocks.local_pod.registry``). It behaves like a
+RunPod pod seen through RunPod's SSH gateway (PTY only, no exec, no SFTP) or, in
+``direct`` mode, like a pod's own sshd on an exposed 22/tcp port. A run can
+rehearse end to end on it, with a configurable price to show what a GPU would cost.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from prefect.blocks.core import Block
+from pydantic import Field
+
+from prefect_runpod.blocks.exceptions import (
+    PodTimeoutError,
+    ProviderError,
+    SpecError,
+    TerminateError,
+)
+from prefect_runpod.blocks.local_pod.registry import (
+    LockBusyError,
+    PodPaths,
+    PodRecord,
+    daemon_alive,
+    default_home,
+    find_marked_pids,
+    kill_marked,
+    list_records,
+    name_lock,
+    new_pod_host_id,
+    new_pod_id,
+    pid_alive,
+    read_record,
+    remove_record,
+)
+from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
+from prefect_runpod.blocks.provider import PodRequest, TerminateResult
+
+__all__ = ["LocalPod", "LocalPodProvider", "base_python", "default_home"]
+
+_POLL_SECONDS = 0.02
+_BANNER_PREFIX = b"SSH-2.0-"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KEY_TYPES = ("ssh-", "ecdsa-sha2-", "sk-")
+
+# Daemons this process started: kept so their exit is reaped (no zombies).
+_SPAWNED: dict[str, subprocess.Popen[bytes]] = {}
+
+
+def base_python() -> Path:
+    """The interpreter a pod's ``python3`` points at: the base installation behind any
+    virtualenv (``sys._base_executable``), so the pod never sees the host venv's packages."""
+    candidate = Path(getattr(sys, "_base_executable", "") or sys.executable).resolve()
+    venv = Path(sys.prefix).resolve()
+    if sys.prefix != sys.base_prefix and venv in candidate.parents:
+        major, minor = sys.version_info[:2]
+        candidate = (Path(sys.base_prefix) / "bin" / f"python{major}.{minor}").resolve()
+    return candidate
+
+
+def _check_request(request: PodRequest) -> str:
+    """Validate the request before anything is created; return the key line."""
+    line = request.public_key.strip()
+    parts = line.split()
+    try:
+        ok = len(parts) >= 2 and parts[0].startswith(_KEY_TYPES)
+        ok = ok and bool(base64.b64decode(parts[1], validate=True))
+    except (binascii.Error, ValueError):
+        ok = False
+    if not ok or "\n" in line:
+        raise SpecError(
+            "the pod request's public_key is not one OpenSSH public-key line "
+            "(`ssh-ed25519 AAAA… comment`); pass KeyPair.public_key from generate_keypair()"
+        )
+    for key, value in request.env.items():
+        if not _ENV_NAME.match(key) or "\0" in value:
+            raise SpecError(
+                f"pod env variable {key!r} is not a valid name=value pair; use letters, "
+                "digits and underscores for names and no NUL bytes in values"
+            )
+    return line
+
+
+def _runpodctl_script(pod_id: str, pid_file: Path, bin_dir: Path) -> str:
+    """The pod's ``runpodctl`` stand-in: ``remove pod <id>`` / ``stop pod <id>`` end the
+    pod (RunPod docs: ``runpodctl remove pod $RUNPOD_POD_ID`` from inside a pod)."""
+    return f"""#!/bin/sh
+# runpodctl for local pod {pod_id}: `runpodctl remove pod <id>` (or `stop pod <id>`)
+# asks the pod's daemon to end the pod; the daemon then ends every process of the
+# pod, this one included.
+POD_ID={shlex.quote(pod_id)}
+PID_FILE={shlex.quote(str(pid_file))}
+BIN_DIR={shlex.quote(str(bin_dir))}
+case "$1" in
+  remove|stop)
+    if [ "$2" != pod ] && [ "$2" != pods ]; then
+      echo "Error: unknown resource \\"$2\\"; usage: runpodctl $1 pod $POD_ID" >&2; exit 1
+    fi
+    id="${{3:-$RUNPOD_POD_ID}}"
+    if [ "$id" != "$POD_ID" ]; then
+      echo "Error: pod \\"$id\\" not found (this is local pod $POD_ID)" >&2; exit 1
+    fi
+    pid=$(cat "$PID_FILE" 2>/dev/null)
+    if [ -z "$pid" ]; then echo "Error: pod $POD_ID has no daemon" >&2; exit 1; fi
+    echo "pod \\"$POD_ID\\" $1 requested"
+    kill -TERM "$pid" || exit 1
+    sleep 60
+    exit 0 ;;
+  *)
+    # Anything else (send, receive, ...) goes to a real runpodctl further down PATH.
+    IFS=:
+    for dir in $PATH; do
+      if [ "$dir" != "$BIN_DIR" ] && [ -x "$dir/runpodctl" ]; then exec "$dir/runpodctl" "$@"; fi
+    done
+    echo "Error: runpodctl $1 is not available on local pod $POD_ID; supported: remove pod <id>, stop pod <id>" >&2
+    exit 1 ;;
+esac
+"""
+
+
+def _bashrc(pod_id: str) -> str:
+    """The interactive shell's rc file: a coloured ``user@pod:path#`` prompt like a
+    RunPod pod's."""
+    return (
+        f"# Interactive shell of local pod {pod_id}.\n"
+        f"PS1='\\[\\e[01;32m\\]\\u@{pod_id}\\[\\e[00m\\]:\\[\\e[01;34m\\]\\w\\[\\e[00m\\]\\$ '\n"
+    )
+
+
+def _port_accepts(port: int, *, banner: bool, timeout_seconds: float = 1.0) -> bool:
+    """True when 127.0.0.1:``port`` accepts a connection (and, with ``banner``, sends an
+    SSH identification line)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_seconds) as sock:
+            if not banner:
+                return True
+            data = b""
+            while b"\n" not in data and len(data) < 256:
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                data += chunk
+            return data.startswith(_BANNER_PREFIX)
+    except OSError:
+        return False
+
+
+class LocalPodProvider:
+    """The ``PodProvider`` for local pods (see ``prefect_runpod.blocks.provider``).
+
+    Args:
+        home: where pods live (``<home>/pods``, ``<home>/registry``); defaults to
+            ``default_home()`` (``$PREFECT_RUNPOD_HOME`` or ``~/.prefect-runpod``).
+        mode: ``gateway`` (PTY only, like ``ssh.runpod.io``) or ``direct`` (exec + SFTP).
+        cost_per_hr: the price shown for a rehearsal, USD/h.
+        gpu_type: the GPU type recorded on handles (``cpu``).
+        start_timeout_seconds: how long ``create`` waits for the daemon to listen.
+
+    Example:
+        ```python
+        from prefect_runpod.blocks.keys import generate_keypair
+        from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+        from prefect_runpod.blocks.provider import PodRequest
+
+        provider = LocalPodProvider()
+        keys = generate_keypair()
+        handle = provider.create(PodRequest(public_key=keys.public_key), "ft-demo")
+        handle = provider.wait_ready(handle, timeout_seconds=30)
+        print(handle.ssh_command("~/.ssh/id_ed25519"))
+        provider.terminate(handle.pod_id)
+        ```
+    """
+
+    provider_name = "local"
+
+    def __init__(
+        self,
+        *,
+        home: Path | None = None,
+        mode: Literal["gateway", "direct"] = "gateway",
+        cost_per_hr: float = 0.0,
+        gpu_type: str = "cpu",
+        start_timeout_seconds: float = 20.0,
+    ) -> None:
+        if mode not in ("gateway", "direct"):
+            raise SpecError(f"local pod mode must be 'gateway' or 'direct', not {mode!r}")
+        if cost_per_hr < 0:
+            raise SpecError(f"cost_per_hr must be >= 0 USD/h, not {cost_per_hr}")
+        self.home = Path(home) if home is not None else default_home()
+        self.mode = mode
+        self.cost_per_hr = float(cost_per_hr)
+        self.gpu_type = gpu_type
+        self.start_timeout_seconds = start_timeout_seconds
+
+    # --- PodProvider ------------------------------------------------------------------
+
+    def create(self, request: PodRequest, name: str) -> PodHandle:
+        """Start a pod daemon and return once its registry entry exists (port and host
+        key known); about a second. A live pod named ``name`` is adopted instead; a
+        registered pod of that name whose daemon died is terminated first.
+
+        Returns:
+            The handle (``provider="local"``, ``ssh`` set; ``direct_ssh`` too in direct mode).
+
+        Raises:
+            SpecError: the request's key or env is malformed (nothing was created).
+            ProviderError: the daemon exited or did not listen within
+                ``start_timeout_seconds``; its log tail is in the message.
+        """
+        public_key = _check_request(request)
+        self.home.mkdir(parents=True, exist_ok=True)
+        try:
+            with name_lock(self.home, name, timeout_seconds=self.start_timeout_seconds * 3):
+                return self._create_locked(request, name, public_key)
+        except LockBusyError:
+            raise ProviderError(
+                f"another process has been creating local pod {name!r} for too long; "
+                "retry, or terminate that pod",
+                stage="provision",
+            ) from None
+
+    def _create_locked(self, request: PodRequest, name: str, public_key: str) -> PodHandle:
+        existing = self._find_record(name)
+        if existing is not None:
+            if daemon_alive(existing):
+                return self._to_handle(existing)
+            self.terminate(existing.pod_id)
+        pod_id = new_pod_id()
+        paths = PodPaths.of(self.home, pod_id)
+        try:
+            self._prepare(paths, pod_id, name, public_key, request)
+            return self._to_handle(self._start_daemon(paths, pod_id))
+        except BaseException:
+            self._discard(pod_id, paths)
+            raise
+
+    def wait_ready(self, handle: PodHandle, timeout_seconds: float) -> PodHandle:
+        """Wait until the pod's SSH port accepts connections and sends its banner.
+
+        Returns:
+            The handle, refreshed from the registry.
+
+        Raises:
+            ProviderError: the pod is not registered or its daemon is dead.
+            PodTimeoutError: not ready within ``timeout_seconds``.
+        """
+        start = time.monotonic()
+        last_status = "not registered"
+        while True:
+            record = read_record(self.home, handle.pod_id)
+            if record is None or not daemon_alive(record):
+                raise ProviderError(
+                    f"local pod {handle.pod_id} is gone (no registry entry or its daemon "
+                    f"is dead); create a new pod",
+                    pod_id=handle.pod_id,
+                    stage="provision",
+                )
+            if _port_accepts(record.port, banner=True):
+                return self._to_handle(record)
+            last_status = f"port {record.port} not answering SSH"
+            elapsed = time.monotonic() - start
+            if elapsed > timeout_seconds:
+                raise PodTimeoutError(
+                    f"local pod {handle.pod_id} not ready after {elapsed:.1f} s "
+                    f"({last_status}); see {PodPaths.of(self.home, handle.pod_id).log}, "
+                    f"then terminate it with LocalPodProvider().terminate({handle.pod_id!r})",
+                    pod_id=handle.pod_id,
+                    stage="provision",
+                    last_status=last_status,
+                    elapsed_seconds=elapsed,
+                )
+            time.sleep(0.05)
+
+    def find(self, name: str) -> PodHandle | None:
+        """The registered pod named exactly ``name`` (the newest if several), or None."""
+        record = self._find_record(name)
+        return self._to_handle(record) if record else None
+
+    def list(self, prefix: str) -> list[PodHandle]:
+        """Registered pods whose name starts with ``prefix``, oldest first (a pod whose
+        daemon died stays listed until terminated, so a reaper can end it)."""
+        return [self._to_handle(r) for r in list_records(self.home) if r.name.startswith(prefix)]
+
+    def get(self, pod_id: str) -> PodHandle | None:
+        """The registered pod ``pod_id``, or None."""
+        record = read_record(self.home, pod_id)
+        return self._to_handle(record) if record else None
+
+    def terminate(self, pod_id: str, timeout_seconds: float = 30.0) -> TerminateResult:
+        """End pod ``pod_id``: SIGTERM its daemon (which ends the pod itself), SIGKILL
+        after a grace period, SIGKILL every process still carrying
+        ``RUNPOD_POD_ID=<pod_id>``, remove its directory and registry entry. Returns only
+        once no marked process is left, the port is closed and the directory is gone.
+        Works when the daemon was killed earlier. Idempotent.
+
+        Returns:
+            ``TerminateResult``; ``already_gone=True`` when nothing of the pod was left.
+
+        Raises:
+            TerminateError: not confirmed within ``timeout_seconds``.
+        """
+        start = time.monotonic()
+        deadline = start + timeout_seconds
+        paths = PodPaths.of(self.home, pod_id)
+        record = read_record(self.home, pod_id)
+        if record is None and not paths.root.exists() and not find_marked_pids(pod_id):
+            self._reap(pod_id)
+            return TerminateResult(pod_id=pod_id, confirmed_at=datetime.now(UTC), already_gone=True)
+        if record is not None and daemon_alive(record):
+            self._stop_daemon(record.pid, grace_seconds=min(10.0, timeout_seconds / 2))
+        problem = ""
+        while True:
+            leftovers = kill_marked(pod_id, timeout_seconds=max(0.0, deadline - time.monotonic()))
+            shutil.rmtree(paths.root, ignore_errors=True)
+            remove_record(self.home, pod_id)
+            self._reap(pod_id)
+            port_open = record is not None and _port_accepts(record.port, banner=False)
+            if not leftovers and not port_open and not paths.root.exists():
+                return TerminateResult(pod_id=pod_id, confirmed_at=datetime.now(UTC))
+            problem = (
+                f"processes {leftovers} still running"
+                if leftovers
+                else f"port {record.port if record else '?'} still open"
+                if port_open
+                else f"{paths.root} still exists"
+            )
+            if time.monotonic() > deadline:
+                raise TerminateError(
+                    f"local pod {pod_id} not confirmed gone after {timeout_seconds:.0f} s: "
+                    f"{problem}; kill them by hand (grep RUNPOD_POD_ID={pod_id} in "
+                    f"/proc/*/environ) and run LocalPodProvider().terminate({pod_id!r}) again",
+                    pod_id=pod_id,
+                    stage="terminate",
+                )
+            time.sleep(0.1)
+
+    # --- internals ----------------------------------------------------------------
+
+    def _find_record(self, name: str) -> PodRecord | None:
+        matches = [r for r in list_records(self.home) if r.name == name]
+        return matches[-1] if matches else None
+
+    def _to_handle(self, record: PodRecord) -> PodHandle:
+        endpoint = SSHEndpoint(
+            host="127.0.0.1",
+            port=record.port,
+            user=record.user,
+            mode="direct" if record.mode == "direct" else "gateway",
+            host_key=record.host_key,
+        )
+        return PodHandle(
+            pod_id=record.pod_id,
+            name=record.name,
+            provider="local",
+            gpu_type=record.gpu_type,
+            cost_per_hr=record.cost_per_hr,
+            created_at=datetime.fromisoformat(record.created_at),
+            ssh=endpoint,
+            direct_ssh=endpoint if record.mode == "direct" else None,
+            workdir=record.workdir,
+            pod_host_id=record.pod_host_id,
+        )
+
+    def _prepare(
+        self, paths: PodPaths, pod_id: str, name: str, public_key: str, request: PodRequest
+    ) -> None:
+        """Lay out the pod directory: workspace, home, bin, host key, authorized_keys,
+        ``pod.json``."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        paths.root.parent.mkdir(parents=True, exist_ok=True)
+        paths.root.mkdir(mode=0o700)
+        for directory in (paths.workspace, paths.home, paths.bin):
+            directory.mkdir(mode=0o755)
+        key = Ed25519PrivateKey.generate()
+        private = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+        host_key = (
+            key.public_key()
+            .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+            .decode()
+        )
+        _write(paths.host_key, private, 0o600)
+        _write(paths.authorized_keys, (public_key + "\n").encode(), 0o600)
+        python = base_python()
+        for link in ("python3", "python"):
+            (paths.bin / link).symlink_to(python)
+        _write(
+            paths.bin / "runpodctl",
+            _runpodctl_script(pod_id, paths.pid_file, paths.bin).encode(),
+            0o755,
+        )
+        _write(paths.home / ".bashrc", _bashrc(pod_id).encode(), 0o644)
+        pod_host_id = new_pod_host_id(pod_id)
+        config = {
+            "pod_id": pod_id,
+            "name": name,
+            "mode": self.mode,
+            "user": pod_host_id if self.mode == "gateway" else "root",
+            "pod_host_id": pod_host_id,
+            "host_key": host_key,
+            "public_key": public_key,
+            "cost_per_hr": self.cost_per_hr,
+            "gpu_type": self.gpu_type,
+            "created_at": datetime.now(UTC).isoformat(),
+            "env": dict(request.env),
+        }
+        _write(paths.config, json.dumps(config, indent=1).encode(), 0o600)
+
+    def _start_daemon(self, paths: PodPaths, pod_id: str) -> PodRecord:
+        """Spawn the daemon in its own session and wait for its registry entry."""
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(paths.home),
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "RUNPOD_POD_ID": pod_id,  # the daemon is a process of the pod too
+        }
+        with open(paths.log, "ab") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "prefect_runpod.blocks.local_pod.daemon",
+                    "--home",
+                    str(self.home),
+                    "--pod-id",
+                    pod_id,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=paths.root,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        _SPAWNED[pod_id] = proc
+        deadline = time.monotonic() + self.start_timeout_seconds
+        while True:
+            record = read_record(self.home, pod_id)
+            if record is not None:
+                return record
+            if proc.poll() is not None:
+                raise ProviderError(
+                    f"local pod {pod_id}'s daemon exited with status {proc.returncode} before "
+                    f"listening: {_log_tail(paths.log)}",
+                    pod_id=pod_id,
+                    stage="provision",
+                )
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"local pod {pod_id}'s daemon did not listen within "
+                    f"{self.start_timeout_seconds:.0f} s (raise start_timeout_seconds on a "
+                    f"busy machine): {_log_tail(paths.log)}",
+                    pod_id=pod_id,
+                    stage="provision",
+                )
+            time.sleep(_POLL_SECONDS)
+
+    def _discard(self, pod_id: str, paths: PodPaths) -> None:
+        """Undo a failed create."""
+        with contextlib.suppress(Exception):
+            self.terminate(pod_id, timeout_seconds=10.0)
+        shutil.rmtree(paths.root, ignore_errors=True)
+
+    @staticmethod
+    def _stop_daemon(pid: int, grace_seconds: float) -> None:
+        """SIGTERM the daemon, wait up to ``grace_seconds``, then SIGKILL."""
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    @staticmethod
+    def _reap(pod_id: str) -> None:
+        proc = _SPAWNED.get(pod_id)
+        if proc is not None and proc.poll() is not None:
+            del _SPAWNED[pod_id]
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(path, mode)
+
+
+def _log_tail(path: Path, max_bytes: int = 2000) -> str:
+    try:
+        data = path.read_bytes()[-max_bytes:]
+    except OSError:
+        return "(no daemon log)"
+    return data.decode(errors="replace").strip() or "(daemon log empty)"
+
+
+class LocalPod(Block):
+    """A pod on this machine: a loopback SSH server over a scratch workspace that
+    behaves like a RunPod pod, so a fine-tune can be rehearsed end to end for free.
+
+    Attributes:
+        mode: ``gateway`` (PTY only, like RunPod's SSH gateway) or ``direct`` (exec, SFTP).
+        cost_per_hr: the price a rehearsal reports, USD/h.
+        home: where pods live; empty for ``$PREFECT_RUNPOD_HOME`` or ``~/.prefect-runpod``.
+    """
+
+    _block_type_name = "Local Pod"
+    _description: ClassVar[str] = (
+        "A pod on this machine that behaves like a RunPod pod (PTY-only gateway or direct "
+        "SSH with SFTP) for rehearsing a fine-tune end to end."
+    )
+    _documentation_url = "https://docs.runpod.io/pods/configuration/use-ssh"  # type: ignore[assignment]
+    _code_example = """
+```python
+from prefect_runpod.blocks.local_pod.provider import LocalPod
+
+local_pod = LocalPod.load("BLOCK_NAME")
+provider = local_pod.get_provider()
+```
+"""
+
+    mode: Literal["gateway", "direct"] = Field(
+        default="gateway",
+        description=(
+            "How the pod's SSH behaves: 'gateway' like RunPod's proxy (PTY only, no exec, "
+            "no SFTP), 'direct' like a pod's own sshd on an exposed port."
+        ),
+    )
+    cost_per_hr: float = Field(
+        default=0.0,
+        ge=0.0,
+        title="Cost per hour (USD)",
+        description="The price per hour in USD a rehearsal reports, to show what a GPU would cost.",
+    )
+    home: str | None = Field(
+        default=None,
+        description=(
+            "The directory local pods live in; empty means $PREFECT_RUNPOD_HOME or "
+            "~/.prefect-runpod."
+        ),
+    )
+
+    def get_provider(self) -> LocalPodProvider:
+        """The ``LocalPodProvider`` these settings describe."""
+        return LocalPodProvider(
+            home=Path(self.home).expanduser() if self.home else None,
+            mode=self.mode,
+            cost_per_hr=self.cost_per_hr,
+        )

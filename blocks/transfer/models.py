@@ -1,0 +1,74 @@
+"""Transfer records: manifests and transfer reports (docs/architecture.md#data-that-moves, #transfers-and-integrity).
+
+They live in blocks/ because the transfer code in blocks/ returns them and blocks
+never import tasks/; ``prefect_runpod.tasks.models`` re-exports them, so
+``from prefect_runpod.tasks.models import Manifest`` keeps working. Plain pydantic
+models: JSON-serialisable, safe to persist as Prefect results.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = ["Manifest", "ManifestEntry", "TransferReport"]
+
+
+class ManifestEntry(BaseModel):
+    """One file: path relative to the manifest root (POSIX separators), size in bytes,
+    md5 and sha256 hex digests."""
+
+    path: str
+    size_bytes: int = Field(ge=0)
+    md5: str
+    sha256: str
+
+
+class Manifest(BaseModel):
+    """The integrity record of a directory tree (or a single file).
+
+    Attributes:
+        root: where the files are (a local path or a pod path).
+        entries: one per file, sorted by path.
+    """
+
+    root: str
+    entries: list[ManifestEntry] = Field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of all entry sizes, in bytes."""
+        return sum(e.size_bytes for e in self.entries)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plain form ``pod_side.manifest`` uses (``{"root", "entries": [...]}``)."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """Build from the plain form ``pod_side.manifest.compute_manifest`` returns."""
+        return cls.model_validate({"root": data["root"], "entries": data["entries"]})
+
+
+class TransferReport(BaseModel):
+    """One upload or download.
+
+    Attributes:
+        direction: ``upload`` (local → pod) or ``download`` (pod → local).
+        method: ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
+        bytes: payload bytes moved (files' sizes, not the encoded wire bytes).
+        seconds: wall time.
+        retries: chunks/files re-sent after a drop or a mismatch.
+        source_manifest / dest_manifest: computed at each end.
+        verified: True only when both manifests match entry for entry.
+    """
+
+    direction: Literal["upload", "download"]
+    method: str
+    bytes: int = 0
+    seconds: float = 0.0
+    retries: int = 0
+    source_manifest: Manifest | None = None
+    dest_manifest: Manifest | None = None
+    verified: bool = False

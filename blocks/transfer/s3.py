@@ -1,0 +1,359 @@
+"""The ``s3`` transfer method: boto3 to a user bucket or a RunPod network volume.
+
+A RunPod network volume speaks S3 (runpod docs, storage/s3-api): endpoint
+``https://s3api-<dc>.runpod.io/``, ``region_name`` = the datacenter id, bucket = the
+volume id, keys = file paths, and ``/workspace/x`` on a pod is ``s3://<volume>/x``.
+Its limits shape this module: PutObject only under 500 MB (larger files go
+multipart), parts at most 500 MB, no DeleteObjects (single deletes only), and the
+first listing of a large tree may fail with "The same next token was received twice"
+(retried).
+
+Each object carries its sha256 and md5 as user metadata; a download re-hashes what
+arrived and compares with the expected manifest; a mismatch is fetched once more,
+then ``ChecksumMismatchError`` names the file. On a network volume the pod-side
+manifest is computed by ``manifest.py`` on the pod's own view of the files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect.blocks.core import Block
+from pydantic import Field, SecretStr
+
+from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError, TransferError
+from prefect_runpod.blocks.pod_side import manifest as mf
+
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.pod_handle import PodHandle
+
+__all__ = [
+    "MAX_PART_BYTES",
+    "S3Target",
+    "s3_download_dir",
+    "s3_download_from_pod",
+    "s3_upload_dir",
+    "s3_upload_to_pod",
+]
+
+MAX_PART_BYTES = 500 * 1000 * 1000
+"""RunPod's S3 API: the largest PutObject and the largest multipart part (500 MB)."""
+
+
+class S3Target(Block):
+    """A bucket, or a RunPod network volume through its S3 API.
+
+    Attributes:
+        bucket: the bucket name (for a network volume: its id).
+        endpoint_url: ``https://s3api-<dc>.runpod.io/`` for a volume; None for AWS.
+        region_name: the region (for a volume: the datacenter id, e.g. ``EU-RO-1``).
+        access_key_id / secret_access_key: the S3 key (RunPod: ``user_…`` / ``rps_…``,
+            separate from the API key).
+        prefix: key prefix for a user bucket.
+        volume_mount_path: where the volume appears on the pod (``/workspace``); None
+            for a user bucket the pod cannot see.
+        multipart_threshold_bytes / part_bytes: multipart above this size, in parts of
+            this size (both ≤ 500 MB for RunPod).
+    """
+
+    _block_type_name = "RunPod S3 Target"
+    _description = "A bucket or a RunPod network volume (S3 API) for moving files to pods."
+
+    _documentation_url = "https://docs.runpod.io/storage/s3-api"  # type: ignore[assignment]
+
+    bucket: str = Field(description="Bucket name; for a RunPod network volume, the volume's id.")
+    endpoint_url: str | None = Field(
+        default=None,
+        title="Endpoint URL",
+        description="S3 endpoint, e.g. https://s3api-eu-ro-1.runpod.io/ for a volume; empty for AWS.",
+    )
+    region_name: str | None = Field(
+        default=None,
+        description="Region; for a RunPod network volume, its datacenter id (e.g. EU-RO-1).",
+    )
+    access_key_id: str | None = Field(
+        default=None,
+        title="Access key ID",
+        description="S3 access key id (RunPod: user_…, separate from the API key).",
+    )
+    secret_access_key: SecretStr | None = Field(
+        default=None, description="S3 secret key (RunPod: rps_…); never logged."
+    )
+    prefix: str = Field(default="", description="Key prefix for objects in a user bucket.")
+    volume_mount_path: str | None = Field(
+        default=None,
+        description="Where the volume appears on the pod (/workspace); empty for a user bucket.",
+    )
+    multipart_threshold_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        le=MAX_PART_BYTES,
+        description="Files above this many bytes go up in parts (RunPod allows ≤ 500 MB).",
+    )
+    part_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        le=MAX_PART_BYTES,
+        description="Size of each multipart part in bytes (RunPod allows ≤ 500 MB).",
+    )
+
+    def get_client(self) -> Any:
+        """A boto3 S3 client for this target (the secret is unwrapped only here)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region_name,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=(
+                self.secret_access_key.get_secret_value() if self.secret_access_key else None
+            ),
+            config=Config(
+                retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"}
+            ),
+        )
+
+    def transfer_config(self) -> Any:
+        """boto3's ``TransferConfig`` honouring the 500 MB limits."""
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(
+            multipart_threshold=self.multipart_threshold_bytes,
+            multipart_chunksize=self.part_bytes,
+            max_concurrency=4,
+        )
+
+    def key_for(self, rel: str, key_prefix: str = "") -> str:
+        """The object key of relative path ``rel`` under ``prefix``/``key_prefix``."""
+        parts = [p.strip("/") for p in (self.prefix, key_prefix, rel) if p.strip("/")]
+        return "/".join(parts)
+
+
+def s3_upload_dir(
+    target: S3Target,
+    local_dir: Path,
+    key_prefix: str,
+    source: dict[str, Any] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Upload every file of ``source`` (a manifest of ``local_dir``) under ``key_prefix``.
+
+    Returns:
+        ``{"bytes", "keys": [...]}``.
+
+    Raises:
+        TransferError: S3 refused an upload (the file and the S3 error named).
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    source = source or mf.compute_manifest(str(local_dir))
+    client, config = target.get_client(), target.transfer_config()
+    single = local_dir.is_file()
+    total = sum(e["size_bytes"] for e in source["entries"])
+    done = 0
+    keys = []
+    for e in source["entries"]:
+        path = local_dir if single else local_dir.joinpath(*e["path"].split("/"))
+        key = target.key_for(e["path"], key_prefix)
+        try:
+            client.upload_file(
+                str(path),
+                target.bucket,
+                key,
+                Config=config,
+                ExtraArgs={"Metadata": {"sha256": e["sha256"], "md5": e["md5"]}},
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise TransferError(
+                f"uploading {e['path']} to s3://{target.bucket}/{key} failed: "
+                f"{exc}; check the bucket, key and quota"
+            ) from exc
+        keys.append(key)
+        done += e["size_bytes"]
+        if on_progress:
+            on_progress(done, total)
+    return {"bytes": total, "keys": keys}
+
+
+def _list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    from botocore.exceptions import ClientError
+
+    for attempt in range(3):
+        try:
+            out = []
+            for page in client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix
+            ):
+                out.extend(page.get("Contents", []))
+            return out
+        except (ClientError, RuntimeError) as exc:  # RunPod: "same next token … twice"
+            if attempt == 2 or "next token" not in str(exc):
+                raise
+            time.sleep(1.0 + attempt)
+    return []
+
+
+def s3_download_dir(
+    target: S3Target,
+    key_prefix: str,
+    local_dir: Path,
+    expected: dict[str, Any] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Download the objects under ``key_prefix`` into ``local_dir`` and verify them.
+
+    Args:
+        expected: the manifest to verify against (e.g. computed on the pod); default:
+            the sha256/md5 stored in each object's metadata at upload.
+
+    Returns:
+        ``{"bytes", "source_manifest", "dest_manifest", "retries"}``.
+
+    Raises:
+        ChecksumMismatchError: a file differs after one retry (named).
+        TransferError: nothing under the prefix, or S3 failed.
+    """
+    client, config = target.get_client(), target.transfer_config()
+    base = target.key_for("", key_prefix)
+    prefix = base + "/" if base else ""
+    if expected is None:
+        entries = []
+        for obj in _list_objects(client, target.bucket, prefix):
+            rel = obj["Key"][len(prefix) :]
+            if not rel or rel.endswith("/"):
+                continue  # RunPod lists empty directories too
+            meta = client.head_object(Bucket=target.bucket, Key=obj["Key"]).get("Metadata", {})
+            entries.append(
+                {
+                    "path": rel,
+                    "size_bytes": obj["Size"],
+                    "md5": meta.get("md5", ""),
+                    "sha256": meta.get("sha256", ""),
+                }
+            )
+        if not entries:
+            raise TransferError(f"nothing under s3://{target.bucket}/{prefix}; check the prefix")
+        expected = {
+            "root": f"s3://{target.bucket}/{prefix}",
+            "entries": sorted(entries, key=lambda x: x["path"]),
+        }
+    total = sum(e["size_bytes"] for e in expected["entries"])
+    retries = 0
+    todo = list(expected["entries"])
+    for attempt in range(2):
+        done = 0
+        for e in todo:
+            dest = local_dir.joinpath(*e["path"].split("/"))
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            part = Path(str(dest) + mf.PART_SUFFIX)
+            client.download_file(target.bucket, prefix + e["path"], str(part), Config=config)
+            os.replace(part, dest)
+            done += e["size_bytes"]
+            if on_progress:
+                on_progress(done, total)
+        dest_manifest = mf.compute_manifest(
+            str(local_dir), [e["path"] for e in expected["entries"]]
+        )
+        problems = mf.compare_manifests(expected, dest_manifest)
+        if not problems:
+            return {
+                "bytes": total,
+                "source_manifest": expected,
+                "dest_manifest": dest_manifest,
+                "retries": retries,
+            }
+        if attempt == 1:
+            path, why = problems[0]
+            raise ChecksumMismatchError(
+                f"{path} from s3://{target.bucket}/{prefix} differs from its manifest after a "
+                f"retry ({why}); the object changed or is damaged — re-upload it",
+                path=path,
+                stage="download",
+            )
+        bad = {p for p, _ in problems}
+        todo = [e for e in expected["entries"] if e["path"] in bad]
+        retries += len(todo)
+    raise AssertionError("unreachable")
+
+
+def _volume_prefix(target: S3Target, handle: PodHandle, remote: str) -> str:
+    mount = (target.volume_mount_path or "").rstrip("/")
+    if not mount or not (remote == mount or remote.startswith(mount + "/")):
+        raise SpecError(
+            f"pod {handle.pod_id}: the s3 method moves files through a network volume, so "
+            f"the pod folder must be under its mount ({target.volume_mount_path or 'unset'}), "
+            f"not {remote}; set S3Target.volume_mount_path or use method 'pty'",
+            pod_id=handle.pod_id,
+        )
+    return remote[len(mount) :].strip("/")
+
+
+def s3_upload_to_pod(
+    console: PodConsole,
+    handle: PodHandle,
+    target: S3Target,
+    local_dir: Path,
+    remote: str,
+    source: dict[str, Any],
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Upload through a network volume and verify on the pod (``manifest.py`` there).
+
+    Raises:
+        SpecError: ``remote`` is not under the volume's mount on the pod.
+        ChecksumMismatchError: a file seen by the pod differs after one re-upload.
+    """
+    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
+
+    key_prefix = _volume_prefix(target, handle, remote)
+    result = s3_upload_dir(target, local_dir, key_prefix, source, on_progress)
+    paths = [e["path"] for e in source["entries"]]
+    for attempt in range(2):
+        dest = pod_manifest(console, handle, remote, paths)
+        problems = mf.compare_manifests(source, dest)
+        if not problems:
+            result.update(dest_manifest=dest, retries=attempt)
+            return result
+        if attempt == 1:
+            path, why = problems[0]
+            raise ChecksumMismatchError(
+                f"{path} as seen on pod {handle.pod_id} differs after a re-upload ({why})",
+                path=path,
+                pod_id=handle.pod_id,
+                stage="upload",
+            )
+        bad = {p for p, _ in problems}
+        again = {
+            "root": source["root"],
+            "entries": [e for e in source["entries"] if e["path"] in bad],
+        }
+        s3_upload_dir(target, local_dir, key_prefix, again)
+    raise AssertionError("unreachable")
+
+
+def s3_download_from_pod(
+    console: PodConsole,
+    handle: PodHandle,
+    target: S3Target,
+    remote: str,
+    local_dir: Path,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Download a pod folder that lives on a network volume, verified against the
+    manifest the pod computes over its own files.
+
+    Raises:
+        SpecError, ChecksumMismatchError: as ``s3_upload_to_pod``/``s3_download_dir``.
+    """
+    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
+
+    key_prefix = _volume_prefix(target, handle, remote)
+    source = pod_manifest(console, handle, remote)
+    return s3_download_dir(target, key_prefix, local_dir, source, on_progress)

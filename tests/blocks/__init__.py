@@ -1,0 +1,1 @@
+"""Tests of prefect_runpod.blocks, one folder per subsystem."""

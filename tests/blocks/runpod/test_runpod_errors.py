@@ -1,0 +1,118 @@
+"""The RunPod error classifier: each exact RunPod string maps to one action."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from runpod.error import AuthenticationError, QueryError
+
+from prefect_runpod.blocks.exceptions import (
+    CapacityError,
+    ProviderAuthError,
+    ProviderError,
+    ProviderTransientError,
+    SpecError,
+)
+from prefect_runpod.blocks.runpod.errors import (
+    CAPACITY_MESSAGE,
+    HOST_GPUS_BUSY_MESSAGE,
+    NOT_FOUND_TO_TERMINATE_MESSAGE,
+    SOMETHING_WENT_WRONG_MESSAGE,
+    UNAUTHORIZED_MESSAGE,
+    UNKNOWN_GPU_MESSAGE,
+    ErrorKind,
+    FailoverAction,
+    classify_exception,
+    classify_message,
+    to_provider_error,
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "kind", "action"),
+    [
+        (CAPACITY_MESSAGE, ErrorKind.CAPACITY, FailoverAction.NEXT_OPTION),
+        (
+            "There are no longer any instances available with the request specifications. "
+            "Please try again later.",
+            ErrorKind.CAPACITY,
+            FailoverAction.NEXT_OPTION,
+        ),
+        (HOST_GPUS_BUSY_MESSAGE, ErrorKind.HOST_GPUS_BUSY, FailoverAction.RECREATE),
+        (SOMETHING_WENT_WRONG_MESSAGE, ErrorKind.TRANSIENT, FailoverAction.RETRY),
+        (NOT_FOUND_TO_TERMINATE_MESSAGE, ErrorKind.NOT_FOUND, FailoverAction.GONE),
+        (UNKNOWN_GPU_MESSAGE, ErrorKind.UNKNOWN_GPU, FailoverAction.STOP),
+        (
+            'Field "allowedCudaVersions" is not defined by type "PodResumeInput".',
+            ErrorKind.INVALID_REQUEST,
+            FailoverAction.STOP,
+        ),
+        ("Syntax Error: Unterminated string.", ErrorKind.INVALID_REQUEST, FailoverAction.STOP),
+        ("Insufficient funds, probably", ErrorKind.UNKNOWN, FailoverAction.STOP),
+    ],
+)
+def test_exact_runpod_strings(message: str, kind: ErrorKind, action: FailoverAction) -> None:
+    classified = classify_message(message)
+    assert (classified.kind, classified.action, classified.message) == (kind, action, message)
+
+
+def test_internal_server_error_code_is_transient_whatever_the_text() -> None:
+    assert classify_message("boom", code="INTERNAL_SERVER_ERROR").action is FailoverAction.RETRY
+
+
+def test_every_kind_has_an_action() -> None:
+    """Like httpx's mapping test: no kind is left without a decision."""
+    from prefect_runpod.blocks.runpod.errors import _ACTIONS
+
+    assert set(_ACTIONS) == set(ErrorKind)
+
+
+class TestClassifyException:
+    def test_sdk_401(self) -> None:
+        classified = classify_exception(AuthenticationError(UNAUTHORIZED_MESSAGE))
+        assert (classified.kind, classified.action) == (ErrorKind.AUTH, FailoverAction.STOP)
+
+    def test_sdk_query_error_keeps_runpod_text(self) -> None:
+        classified = classify_exception(QueryError(CAPACITY_MESSAGE, "mutation {…}"))
+        assert classified.kind is ErrorKind.CAPACITY
+
+    def test_sdk_unknown_gpu_value_error(self) -> None:
+        assert classify_exception(ValueError(UNKNOWN_GPU_MESSAGE)).kind is ErrorKind.UNKNOWN_GPU
+
+    @pytest.mark.parametrize(
+        "exc",
+        [
+            requests.exceptions.ConnectionError("refused"),
+            requests.exceptions.ReadTimeout("slow"),
+            requests.exceptions.JSONDecodeError("Expecting value", "<html>502</html>", 0),
+        ],
+    )
+    def test_network_and_non_json_5xx_are_transient(self, exc: Exception) -> None:
+        assert classify_exception(exc).action is FailoverAction.RETRY
+
+
+class TestToProviderError:
+    @pytest.mark.parametrize(
+        ("message", "cls"),
+        [
+            (UNAUTHORIZED_MESSAGE, ProviderAuthError),
+            (CAPACITY_MESSAGE, CapacityError),
+            (SOMETHING_WENT_WRONG_MESSAGE, ProviderTransientError),
+            (UNKNOWN_GPU_MESSAGE, SpecError),
+            ("unheard of", ProviderError),
+        ],
+    )
+    def test_class_per_kind(self, message: str, cls: type[Exception]) -> None:
+        exc = to_provider_error(classify_message(message), what="create pod prft-1", pod_id="p1")
+        assert type(exc) is cls
+        assert "create pod prft-1" in str(exc)
+
+    def test_auth_message_says_what_to_fix(self) -> None:
+        exc = to_provider_error(classify_message(UNAUTHORIZED_MESSAGE), what="list pods")
+        assert "api_key" in str(exc) and "401" in str(exc)
+
+    def test_capacity_keeps_attempts(self) -> None:
+        exc = to_provider_error(
+            classify_message(CAPACITY_MESSAGE), what="create", attempts=["a: capacity"]
+        )
+        assert isinstance(exc, CapacityError) and exc.attempts == ["a: capacity"]

@@ -1,0 +1,129 @@
+"""Manifests (md5 + sha256), the pod-side script form, and the checksum task."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.exceptions import ChecksumMismatchError
+from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.models import Manifest
+from prefect_runpod.tasks.checksum import checksum, verify_manifest
+from prefect_runpod.tasks.models import Manifest as ReExported
+from tests.fixtures.transfer import make_tree
+
+POD_SIDE = Path(mf.__file__).parent
+
+
+def test_entries_match_hashlib_and_skip_scratch(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "t", big_bytes=9 * 1024 * 1024 + 1)  # several read buffers
+    (root / "half.bin.part").write_bytes(b"x")
+    (root / "half.bin.part.json").write_text("{}")
+    m = mf.compute_manifest(str(root))
+    paths = [e["path"] for e in m["entries"]]
+    assert paths == sorted(paths) and "half.bin.part" not in paths
+    assert "sub dir/naïve café ✓.json" in paths and "empty.txt" in paths
+    for e in m["entries"]:
+        data = root.joinpath(*e["path"].split("/")).read_bytes()
+        assert e["size_bytes"] == len(data)
+        assert e["md5"] == hashlib.md5(data).hexdigest()
+        assert e["sha256"] == hashlib.sha256(data).hexdigest()
+    assert mf.compute_manifest(str(root / "empty.txt"))["entries"][0]["path"] == "empty.txt"
+    prefix = mf.entry_for(str(root), "text.log", 100)
+    assert prefix["size_bytes"] == 100
+    assert prefix["sha256"] == hashlib.sha256((root / "text.log").read_bytes()[:100]).hexdigest()
+
+
+def test_compare_names_each_problem(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "t", big_bytes=10)
+    want = mf.compute_manifest(str(root))
+    (root / "text.log").write_text("changed")
+    (root / "empty.txt").unlink()
+    problems = dict(mf.compare_manifests(want, mf.compute_manifest(str(root))))
+    assert problems["empty.txt"] == "missing"
+    assert problems["text.log"].startswith("size_bytes")
+    assert len(problems) == 2
+
+
+def test_script_prints_json_and_is_python38(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "t", big_bytes=10)
+    out = subprocess.run(
+        [sys.executable, str(POD_SIDE / "manifest.py"), str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout) == mf.compute_manifest(str(root))
+    missing = subprocess.run(
+        [sys.executable, str(POD_SIDE / "manifest.py"), str(tmp_path / "no")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    for name in ("manifest.py", "receiver.py"):
+        ast.parse((POD_SIDE / name).read_text(), feature_version=(3, 8))
+
+
+def test_models_are_shared(tmp_path: Path) -> None:
+    assert ReExported is Manifest
+    root = make_tree(tmp_path / "t", big_bytes=10)
+    m = Manifest.from_dict(mf.compute_manifest(str(root)))
+    assert m.total_bytes == sum(e.size_bytes for e in m.entries)
+    assert Manifest.from_dict(m.as_dict()) == m
+
+
+def test_verify_manifest_flags_flipped_byte(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "t", big_bytes=5000)
+    expected = Manifest.from_dict(mf.compute_manifest(str(root)))
+    big = root / "sub dir" / "deeper" / "big.bin"
+    data = bytearray(big.read_bytes())
+    data[1234] ^= 0xFF
+    big.write_bytes(bytes(data))
+    _, problems = verify_manifest(root, expected)
+    assert [p for p, _ in problems] == ["sub dir/deeper/big.bin"]
+    assert problems[0][1].startswith("sha256")
+
+
+@pytest.mark.slow
+def test_checksum_task_artifact_and_error(tmp_path: Path, prefect_server) -> None:
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    root = make_tree(tmp_path / "t", big_bytes=5000)
+    expected = Manifest.from_dict(mf.compute_manifest(str(root)))
+
+    @flow
+    def verify_ok() -> Manifest:
+        return checksum(root, expected)
+
+    assert verify_ok().entries == expected.entries
+    os.remove(root / "text.log")
+
+    @flow
+    def verify_bad() -> None:
+        checksum(root, expected, pod_id="lp-x")
+
+    with pytest.raises(ChecksumMismatchError, match="text.log") as info:
+        verify_bad()
+    assert info.value.path == "text.log"
+
+    async def _artifacts() -> list:
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["checksum-manifest"]))
+            )
+
+    import asyncio
+
+    arts = asyncio.run(_artifacts())
+    assert any("MISMATCH" in str(a.data) for a in arts)
+    assert any("all verified" in (a.description or "") for a in arts)

@@ -1,0 +1,106 @@
+"""upload_dir / download_dir through real consoles: the local pod's PTY-only gateway,
+its direct mode (SFTP), and a real OpenSSH sshd."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.console.session import PodConsole
+from prefect_runpod.blocks.exceptions import SpecError, TransferError
+from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.dispatch import (
+    bootstrap_pod_tools,
+    download_dir,
+    pick_method,
+    tools_dir,
+    upload_dir,
+)
+from prefect_runpod.blocks.transfer.pty import PtyOptions
+from tests.fixtures.transfer import FaultHooks, make_tree
+
+pytestmark = pytest.mark.slow
+
+
+def _drop(console: PodConsole) -> None:
+    """Cut the TCP connection under the console (the pod's shell gets SIGHUP)."""
+    transport = console._client.get_transport()  # noqa: SLF001 - the test severs the real link
+    assert transport is not None
+    transport.close()
+
+
+def test_gateway_pty_roundtrip_with_drops(tmp_path: Path, local_pod) -> None:
+    _, handle, keypair = local_pod
+    assert pick_method(handle) == "pty"
+    with pytest.raises(SpecError, match="sftp"):
+        pick_method(handle, "sftp")
+    src = make_tree(tmp_path / "src")
+    opts = PtyOptions(chunk_bytes=128 * 1024, window_bytes=1024 * 1024, stall_seconds=3.0)
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        remote = bootstrap_pod_tools(console, handle)
+        assert remote == tools_dir(handle)
+        before = console.run(f"ls {remote}").output
+        assert "receiver.py" in before and "manifest.py" in before
+        bootstrap_pod_tools(console, handle)  # idempotent
+        hooks = FaultHooks(drop_at_bytes=1024 * 1024, drop=lambda: _drop(console))
+        report = upload_dir(console, handle, src, "bundle", options=opts, hooks=hooks)
+        assert hooks.fired == ["drop"] and report.verified and report.retries >= 1
+        assert report.method == "pty"
+        assert report.dest_manifest.root.endswith("/bundle")
+        assert [e.path for e in report.dest_manifest.entries] == [
+            e["path"] for e in mf.compute_manifest(str(src))["entries"]
+        ]
+        hooks = FaultHooks(drop_at_bytes=1024 * 1024, drop=lambda: _drop(console))
+        back = tmp_path / "back"
+        down = download_dir(console, handle, "bundle", back, options=opts, hooks=hooks)
+        assert hooks.fired == ["drop"] and down.verified
+        assert mf.compute_manifest(str(back))["entries"] == mf.compute_manifest(str(src))["entries"]
+        # the console still works after the stream and the drops
+        assert console.run("echo still-here").output.strip() == "still-here"
+
+
+def test_gateway_disk_limit_names_file(tmp_path: Path, local_pod) -> None:
+    _, handle, keypair = local_pod
+    src = make_tree(tmp_path / "src")
+    opts = PtyOptions(shell_prefix="ulimit -f 512;", stall_seconds=3.0)
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        with pytest.raises(TransferError, match=r"big\.bin") as info:
+            upload_dir(console, handle, src, "full", options=opts)
+        assert handle.pod_id in str(info.value)
+        assert console.run("echo ok").output.strip() == "ok"
+
+
+def test_direct_pod_picks_sftp(tmp_path: Path, direct_pod) -> None:
+    _, handle, keypair = direct_pod
+    assert pick_method(handle) == "sftp"
+    src = make_tree(tmp_path / "src")
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        report = upload_dir(console, handle, src, "bundle", private_key=keypair.private_key)
+        assert report.method == "sftp" and report.verified
+        down = download_dir(
+            console, handle, "bundle", tmp_path / "back", private_key=keypair.private_key
+        )
+        assert down.verified and down.source_manifest == report.dest_manifest.model_copy(
+            update={"root": down.source_manifest.root}
+        )
+
+
+@pytest.mark.sshd
+def test_real_sshd_pty_and_sftp(tmp_path: Path, sshd_server) -> None:
+    handle = sshd_server.handle(pod_id=f"sshd-{os.getpid()}")
+    key = sshd_server.client_key.private_key
+    src = make_tree(tmp_path / "src")
+    with PodConsole.for_pod(handle, key) as console:
+        for method in ("pty", "sftp"):
+            up = upload_dir(console, handle, src, f"tx-{method}", method=method, private_key=key)
+            assert up.verified and up.method == method
+            down = download_dir(
+                console, handle, f"tx-{method}", tmp_path / method, method=method, private_key=key
+            )
+            assert down.verified
+            assert (
+                mf.compute_manifest(str(tmp_path / method))["entries"]
+                == mf.compute_manifest(str(src))["entries"]
+            )

@@ -1,0 +1,175 @@
+"""The pty transfer protocol against a real receiver process (pipes and a real pty)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
+from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.pod_side.receiver import FrameParser, encode_frame
+from prefect_runpod.blocks.transfer.pty import PtyOptions, pty_download, pty_upload
+from tests.fixtures.transfer import POD_SIDE_DIR, FaultHooks, make_tree
+
+FAST = PtyOptions(chunk_bytes=64 * 1024, window_bytes=512 * 1024, stall_seconds=1.0)
+
+
+def _same_tree(a: Path, b: Path) -> None:
+    ma, mb = mf.compute_manifest(str(a)), mf.compute_manifest(str(b))
+    assert ma["entries"] == mb["entries"]
+    assert not [p for p in mf.list_files(str(b)) if mf.is_transfer_scratch(p)]
+
+
+def test_codec_roundtrip_and_detects_damage() -> None:
+    raw = os.urandom(10000)
+    frame = encode_frame("3", 1, 4096, raw, line_chars=1000)
+    assert max(len(line) for line in frame.split(b"\n")) < 4096
+    ((kind, fr),) = FrameParser().feed(b"noise\r\n" + frame)
+    assert kind == "frame" and fr.raw == raw and fr.offset == 4096
+    flipped = bytearray(frame)
+    flipped[len(frame) // 2] ^= 0x01
+    ((_, bad),) = FrameParser().feed(bytes(flipped))
+    assert bad.raw is None
+    cut = frame[: len(frame) // 2] + b"\n#A 3 1 0 1\n"
+    events = FrameParser().feed(cut)
+    assert events[0][1].raw is None and events[0][1].error == "truncated payload"
+    assert events[1] == ("line", ["#A", "3", "1", "0", "1"])
+    # the same bytes claimed at another offset fail their hash
+    moved = frame.replace(b" 4096 ", b" 8192 ", 1)
+    ((_, bad),) = FrameParser().feed(moved)
+    assert bad.raw is None
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_upload_then_download_roundtrip(tmp_path: Path, pipe_streams, compress: bool) -> None:
+    src = make_tree(tmp_path / "src")
+    remote = tmp_path / "pod" / "bundle"
+    opts = PtyOptions(**{**FAST.__dict__, "compress": compress})
+    source = mf.compute_manifest(str(src))
+    up = pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=opts)
+    assert up["bytes"] == sum(e["size_bytes"] for e in source["entries"])
+    assert up["dest_manifest"]["entries"] == source["entries"]
+    _same_tree(src, remote)
+    back = tmp_path / "back"
+    down = pty_download(pipe_streams, POD_SIDE_DIR, str(remote), back, options=opts)
+    assert down["source_manifest"]["entries"] == source["entries"]
+    _same_tree(src, back)
+
+
+def test_raw_pty_carries_lines_longer_than_4096(tmp_path: Path, pty_streams) -> None:
+    src = make_tree(tmp_path / "src", big_bytes=300_000)
+    remote = tmp_path / "pod"
+    opts = PtyOptions(**{**FAST.__dict__, "line_chars": 20000})
+    pty_upload(
+        pty_streams, POD_SIDE_DIR, src, str(remote), mf.compute_manifest(str(src)), options=opts
+    )
+    _same_tree(src, remote)
+    pty_download(pty_streams, POD_SIDE_DIR, str(remote), tmp_path / "back", options=opts)
+    _same_tree(src, tmp_path / "back")
+
+
+def test_flipped_and_truncated_frames_are_repaired(tmp_path: Path, pipe_streams) -> None:
+    src = make_tree(tmp_path / "src")
+    remote = tmp_path / "pod"
+    hooks = FaultHooks(flip_frame=5, truncate_frame=9)
+    up = pty_upload(
+        pipe_streams,
+        POD_SIDE_DIR,
+        src,
+        str(remote),
+        mf.compute_manifest(str(src)),
+        options=FAST,
+        hooks=hooks,
+    )
+    assert hooks.fired == ["flip", "truncate"]
+    assert up["retries"] >= 2
+    _same_tree(src, remote)
+    hooks = FaultHooks(flip_read=6)
+    down = pty_download(
+        pipe_streams, POD_SIDE_DIR, str(remote), tmp_path / "back", options=FAST, hooks=hooks
+    )
+    assert hooks.fired == ["flip_read"] and down["retries"] >= 1
+    _same_tree(src, tmp_path / "back")
+
+
+def test_dropped_connection_resumes_from_verified_offset(tmp_path: Path, pipe_streams) -> None:
+    src = make_tree(tmp_path / "src")
+    remote = tmp_path / "pod"
+    hooks = FaultHooks(drop_at_bytes=1024 * 1024, drop=lambda: pipe_streams.streams[-1].kill())
+    up = pty_upload(
+        pipe_streams,
+        POD_SIDE_DIR,
+        src,
+        str(remote),
+        mf.compute_manifest(str(src)),
+        options=FAST,
+        hooks=hooks,
+        reconnect=pipe_streams.reconnect,
+    )
+    assert hooks.fired == ["drop"] and up["reconnects"] == 1 and pipe_streams.reconnects == 1
+    _same_tree(src, remote)
+    hooks = FaultHooks(drop_at_bytes=1024 * 1024, drop=lambda: pipe_streams.streams[-1].kill())
+    down = pty_download(
+        pipe_streams,
+        POD_SIDE_DIR,
+        str(remote),
+        tmp_path / "back",
+        options=FAST,
+        hooks=hooks,
+        reconnect=pipe_streams.reconnect,
+    )
+    assert down["reconnects"] == 1
+    _same_tree(src, tmp_path / "back")
+
+
+def test_upload_resumes_from_part_file(tmp_path: Path, pipe_streams) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(1_000_000)
+    (src / "f.bin").write_bytes(data)
+    remote = tmp_path / "pod"
+    remote.mkdir()
+    source = mf.compute_manifest(str(src))
+    (remote / "f.bin.part").write_bytes(data[:300_000])
+    (remote / "f.bin.part.json").write_text(
+        json.dumps({"size": len(data), "sha256": source["entries"][0]["sha256"]})
+    )
+    sent = []
+    hooks = FaultHooks()
+    hooks.frame_out = lambda fid, off, d: sent.append(off) or d  # type: ignore[method-assign]
+    pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=FAST, hooks=hooks)
+    assert min(sent) == 300_000
+    assert (remote / "f.bin").read_bytes() == data
+
+
+def test_disk_limit_names_the_file(tmp_path: Path, pipe_streams) -> None:
+    src = make_tree(tmp_path / "src")
+    opts = PtyOptions(**{**FAST.__dict__, "shell_prefix": "ulimit -f 1024;"})  # 1 MiB
+    with pytest.raises(TransferError, match=r"file size limit.*big\.bin") as info:
+        pty_upload(
+            pipe_streams,
+            POD_SIDE_DIR,
+            src,
+            str(tmp_path / "pod"),
+            mf.compute_manifest(str(src)),
+            options=opts,
+            pod="lp-test",
+        )
+    assert "lp-test" in str(info.value)
+    assert not isinstance(info.value, ChecksumMismatchError)
+
+
+def test_source_changed_during_upload_is_never_accepted(tmp_path: Path, pipe_streams) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.bin").write_bytes(os.urandom(200_000))
+    source = mf.compute_manifest(str(src))
+    (src / "model.bin").write_bytes(os.urandom(200_000))  # differs from its manifest
+    remote = tmp_path / "pod"
+    with pytest.raises(ChecksumMismatchError, match="model.bin") as info:
+        pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=FAST)
+    assert info.value.path == "model.bin"
+    assert not (remote / "model.bin").exists()

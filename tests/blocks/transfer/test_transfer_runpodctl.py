@@ -1,0 +1,46 @@
+"""The runpodctl method with a stand-in executable (the croc relay is unreachable
+here) that prints RunPod's real output: colours, progress redraws, "Code is: …"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.console.session import PodConsole
+from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.dispatch import download_dir, upload_dir
+from prefect_runpod.blocks.transfer.pty import PtyOptions
+from prefect_runpod.blocks.transfer.runpodctl import parse_code
+from tests.fixtures.transfer import make_tree
+
+
+def test_parse_code_from_coloured_log() -> None:
+    log = (
+        "Sending 'data.txt' (5 B)\r\n\x1b[1mCode is: 8338-galileo-collect-fidel\x1b[0m\r\n"
+        "On the other computer run\n\nrunpodctl receive 8338-galileo-collect-fidel\n"
+        "\r\x1b[36mdata.txt\x1b[0m  50% |#####"
+    )
+    assert parse_code(log) == "8338-galileo-collect-fidel"
+    assert parse_code("Code is: 3528-baron-ritual-lecture-8\n") == "3528-baron-ritual-lecture-8"
+    assert parse_code("Sending 'x' (5 B)\n") is None
+
+
+@pytest.mark.slow
+def test_runpodctl_roundtrip_on_local_pod(tmp_path: Path, local_pod, runpodctl_standin) -> None:
+    _, handle, keypair = local_pod
+    src = make_tree(tmp_path / "bundle", big_bytes=200_000)
+    opts = PtyOptions(
+        extra={"runpodctl_local": runpodctl_standin, "runpodctl_pod": runpodctl_standin}
+    )
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        up = upload_dir(console, handle, src, "work/bundle", method="runpodctl", options=opts)
+        assert up.verified and up.method == "runpodctl"
+        down = download_dir(
+            console, handle, "work/bundle", tmp_path / "back", method="runpodctl", options=opts
+        )
+        assert down.verified
+    assert (
+        mf.compute_manifest(str(tmp_path / "back"))["entries"]
+        == mf.compute_manifest(str(src))["entries"]
+    )

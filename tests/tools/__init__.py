@@ -1,0 +1,1 @@
+"""Tools the tests use that are not part of the installed package."""
