@@ -6,7 +6,7 @@ The key is passed per call (``api_key=``), never written to ``runpod.api_key``, 
 credentials can live in one process. The key is unwrapped only here, at the call.
 
 The SDK inlines values into GraphQL text unescaped (``f'name: "{name}"'``); callers
-pass values already validated by ``runpod_blocks`` (names, ids) or escaped with
+pass values already validated by ``runpod.blocks`` (names, ids) or escaped with
 ``graphql_escape`` (free text).
 """
 
@@ -36,7 +36,7 @@ class RunPodClient:
     Each method may raise what the SDK raises: ``runpod.error.AuthenticationError``
     (HTTP 401), ``runpod.error.QueryError`` (GraphQL ``errors``), ``ValueError``
     (unknown GPU id), ``requests`` errors (network, non-JSON 5xx). The provider
-    classifies them with ``runpod_errors.classify_exception``.
+    classifies them with ``runpod.errors.classify_exception``.
     """
 
     def __init__(self, api_key: SecretStr) -> None:

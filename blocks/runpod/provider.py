@@ -5,7 +5,7 @@ Fills in the ``PodProvider`` protocol (``blocks/provider.py``, docs/architecture
 - ``create`` validates everything first (``SpecError``, no request sent), adopts a live
   pod of the same name (a retried task never rents a second one), checks the GPU ids
   and prices, checks the account's SSH keys, then walks the spec's GPU types × data
-  centers in order, keyed on RunPod's exact answers (``runpod_errors``): capacity → next
+  centers in order, keyed on RunPod's exact answers (``runpod.errors``): capacity → next
   option, ``Something went wrong``/5xx/network → backoff (tenacity) after re-checking
   for a pod of that name, 401 → stop. It returns as soon as the pod id exists.
 - ``wait_ready`` polls until ``desiredStatus == RUNNING`` with a ``runtime``, then until
@@ -491,7 +491,7 @@ class RunPodProvider:
 
     def terminate(self, pod_id: str, timeout_seconds: float = 120.0) -> TerminateResult:
         """Terminate ``pod_id`` and return once RunPod reads it back as gone; see
-        ``runpod_lifecycle.terminate_until_gone`` (idempotent, never gone on a timeout).
+        ``runpod.lifecycle.terminate_until_gone`` (idempotent, never gone on a timeout).
 
         Raises:
             SpecError: on an unsafe pod id.
