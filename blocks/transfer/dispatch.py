@@ -19,9 +19,6 @@ by ``prefect_runpod.tasks.models``); the per-method functions return plain dicts
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,92 +30,16 @@ from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.models import Manifest, TransferReport
+from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools, remote_path
 from prefect_runpod.blocks.transfer.pty import PtyOptions, TransferHooks, pty_download, pty_upload
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.transfer.s3 import S3Target
 
-__all__ = [
-    "METHODS",
-    "POD_TOOLS_DIR",
-    "bootstrap_pod_tools",
-    "download_dir",
-    "pick_method",
-    "pod_manifest",
-    "remote_path",
-    "upload_dir",
-]
+__all__ = ["METHODS", "download_dir", "pick_method", "upload_dir"]
 
-POD_TOOLS_DIR = ".prefect-runpod/bin"
-"""Where the pod-side scripts live, relative to ``handle.workdir``."""
 METHODS = ("pty", "sftp", "s3", "runpodctl")
-_LINE_B64_CHARS = 3000  # base64 per console line: well under the tty's 4096-byte limit
-_POD_SIDE = Path(mf.__file__).parent
-
-
-def remote_path(handle: PodHandle, path: str) -> str:
-    """``path`` on the pod: absolute as given, else under ``handle.workdir``."""
-    return path if path.startswith("/") else f"{handle.workdir.rstrip('/')}/{path}"
-
-
-def tools_dir(handle: PodHandle) -> str:
-    """The pod folder holding the pod-side scripts."""
-    return remote_path(handle, POD_TOOLS_DIR)
-
-
-def bootstrap_pod_tools(console: PodConsole, handle: PodHandle) -> str:
-    """Copy every ``blocks/pod_side/*.py`` to ``<workdir>/.prefect-runpod/bin`` on the pod.
-
-    Each file travels as base64 in console lines under 3000 characters (the tty cuts
-    longer input lines at 4096 bytes), is decoded on the pod, checked against its
-    sha256 and only then renamed into place. Files already there with the right
-    sha256 are left alone, so a second call costs one command.
-
-    Returns:
-        The remote tools directory.
-
-    Raises:
-        TransferError: a file's sha256 differs after decoding (named).
-        ConsoleError: as ``PodConsole.run``.
-    """
-    remote = tools_dir(handle)
-    q = shlex.quote(remote)
-    local = {
-        p.name: p.read_bytes() for p in sorted(_POD_SIDE.glob("*.py")) if p.name != "__init__.py"
-    }
-    listing = console.run(
-        f"mkdir -p {q} && cd {q} && sha256sum -- *.py 2>/dev/null; true", timeout_seconds=60
-    )
-    have = {}
-    for line in listing.output.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and len(parts[0]) == 64:
-            have[parts[1].lstrip("*")] = parts[0]
-    for name, data in local.items():
-        digest = hashlib.sha256(data).hexdigest()
-        if have.get(name) == digest:
-            continue
-        tmp = shlex.quote(f"{remote}/.{name}.b64")
-        enc = base64.b64encode(data).decode("ascii")
-        console.run(f": > {tmp}", timeout_seconds=60, check=True)
-        for i in range(0, len(enc), _LINE_B64_CHARS):
-            console.run(
-                f"printf %s {enc[i : i + _LINE_B64_CHARS]} >> {tmp}", timeout_seconds=60, check=True
-            )
-        target = shlex.quote(f"{remote}/{name}")
-        done = console.run(
-            f"base64 -d {tmp} > {target}.tmp && echo '{digest}  '{target}.tmp | sha256sum -c --status"
-            f" && chmod +x {target}.tmp && mv -f {target}.tmp {target} && rm -f {tmp}",
-            timeout_seconds=60,
-        )
-        if done.exit_code != 0:
-            raise TransferError(
-                f"pod {handle.pod_id}: {name} did not arrive intact in {remote} "
-                f"(sha256 check failed); rerun, the copy is idempotent",
-                pod_id=handle.pod_id,
-            )
-    return remote
 
 
 def _direct_endpoint(handle: PodHandle) -> SSHEndpoint | None:
@@ -154,42 +75,6 @@ def pick_method(handle: PodHandle, requested: str = "auto", s3: S3Target | None 
     if requested == "s3" and s3 is None:
         raise SpecError("transfer method 's3' needs an S3Target (bucket or network volume)")
     return requested
-
-
-def pod_manifest(
-    console: PodConsole,
-    handle: PodHandle,
-    root: str,
-    paths: list[str] | None = None,
-    python: str = "python3",
-) -> dict[str, Any]:
-    """The manifest of ``root`` computed on the pod (``manifest.py``) through a raw
-    stream of the console (no output mangling, no line limits).
-
-    Raises:
-        TransferError: the script failed or printed no JSON.
-    """
-    import json
-
-    cmd = f"{shlex.quote(python)} {shlex.quote(tools_dir(handle) + '/manifest.py')} {shlex.quote(root)}"
-    if paths is not None:
-        cmd += " --files " + " ".join(shlex.quote(p) for p in paths)
-    stream = console.open_stream(cmd + " 2>&1")
-    chunks = []
-    deadline = time.monotonic() + 900
-    while not stream.ended and time.monotonic() < deadline:
-        chunks.append(stream.read(1 << 20, 1.0))
-    chunks.append(stream.read(1 << 24, 0.1))
-    code = stream.finish(30.0)
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    for line in text.splitlines():
-        if line.startswith('{"root"'):
-            result: dict[str, Any] = json.loads(line)
-            return result
-    raise TransferError(
-        f"pod {handle.pod_id}: manifest of {root} failed (exit {code}): {text[-500:]}",
-        pod_id=handle.pod_id,
-    )
 
 
 def _report(

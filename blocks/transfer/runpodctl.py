@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.session import PodConsole
@@ -84,8 +85,6 @@ def runpodctl_upload(
         TransferError: no code, or the receive failed (its output in the message).
         ChecksumMismatchError: a file differs on the pod after one resend (named).
     """
-    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
-
     pod = handle.pod_id
     for attempt in range(2):
         with tempfile.TemporaryDirectory(prefix="runpodctl-") as tmp:
@@ -152,8 +151,6 @@ def runpodctl_download(
         TransferError: no code in the pod's log, or the local receive failed.
         ChecksumMismatchError: a file differs after one resend (named).
     """
-    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
-
     pod, q = handle.pod_id, shlex.quote
     source = pod_manifest(console, handle, remote)
     paths = [e["path"] for e in source["entries"]]

@@ -27,6 +27,7 @@ from pydantic import Field, SecretStr
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.session import PodConsole
@@ -310,8 +311,6 @@ def s3_upload_to_pod(
         SpecError: ``remote`` is not under the volume's mount on the pod.
         ChecksumMismatchError: a file seen by the pod differs after one re-upload.
     """
-    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
-
     key_prefix = _volume_prefix(target, handle, remote)
     result = s3_upload_dir(target, local_dir, key_prefix, source, on_progress)
     paths = [e["path"] for e in source["entries"]]
@@ -352,8 +351,6 @@ def s3_download_from_pod(
     Raises:
         SpecError, ChecksumMismatchError: as ``s3_upload_to_pod``/``s3_download_dir``.
     """
-    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
-
     key_prefix = _volume_prefix(target, handle, remote)
     source = pod_manifest(console, handle, remote)
     return s3_download_dir(target, key_prefix, local_dir, source, on_progress)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.pod_tools import POD_TOOLS_DIR
 from prefect_runpod.blocks.transfer.sftp import SftpSession, sftp_download, sftp_upload
 from tests.fixtures.transfer import make_tree
 
@@ -21,7 +22,7 @@ def _tree_entries(root: Path) -> list[dict]:
 def test_sftp_roundtrip_with_resume_and_drop(tmp_path: Path, sshd_server) -> None:
     src = make_tree(tmp_path / "src")
     remote = str(sshd_server.home / f"up-{os.getpid()}")
-    tools = str(sshd_server.home / ".prefect-runpod" / "bin")
+    tools = str(sshd_server.home / POD_TOOLS_DIR)
     source = mf.compute_manifest(str(src))
     big = next(e for e in source["entries"] if e["path"].endswith("big.bin"))
     # a verified prefix already on the pod, and one bad prefix that must be redone
