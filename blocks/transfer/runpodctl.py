@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect_runpod.blocks.console.terminal_text import strip_ansi
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["parse_code", "runpodctl_download", "runpodctl_upload"]
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 _CODE = re.compile(r"Code is:\s*([A-Za-z0-9-]+)")
 CODE_TIMEOUT_SECONDS = 60.0
 TRANSFER_TIMEOUT_SECONDS = 3600.0
@@ -39,8 +39,13 @@ TRANSFER_TIMEOUT_SECONDS = 3600.0
 
 def parse_code(log_text: str) -> str | None:
     """The code from runpodctl send's output (``Code is: 8338-galileo-collect-fidel``),
-    ignoring colours and progress redraws; None while it has not appeared."""
-    clean = _ANSI.sub("", log_text).replace("\r", "\n")
+    ignoring colours and progress redraws; None while it has not appeared.
+
+    Escapes go through the console's one ANSI grammar (``terminal_text.strip_ansi``);
+    each ``\\r`` redraw is read as its own line, so a code followed by a progress bar on
+    the same line is still found.
+    """
+    clean = strip_ansi(log_text).replace("\r", "\n")
     match = _CODE.search(clean)
     return match.group(1) if match else None
 

@@ -24,6 +24,9 @@ def test_parse_code_from_coloured_log() -> None:
     assert parse_code(log) == "8338-galileo-collect-fidel"
     assert parse_code("Code is: 3528-baron-ritual-lecture-8\n") == "3528-baron-ritual-lecture-8"
     assert parse_code("Sending 'x' (5 B)\n") is None
+    # tput sgr0 resets with ESC ( B, a charset escape the console's grammar knows; a
+    # progress redraw may follow the code on the same line
+    assert parse_code("Code is: 12-\x1b[33mbaron\x1b(B\x1b[m-ritual\r 10% |#") == "12-baron-ritual"
 
 
 @pytest.mark.slow
