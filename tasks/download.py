@@ -14,9 +14,9 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import download_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
-from prefect_runpod.blocks.transfer.pty import PtyOptions
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.upload import progress_logger
 
@@ -31,7 +31,7 @@ def download(
     local_dir: Path,
     method: str = "auto",
     s3: S3Target | None = None,
-    options: PtyOptions | None = None,
+    options: MethodOptions | None = None,
     console: Any = None,
 ) -> TransferReport:
     """Download ``remote_dir`` (relative to the pod's workdir unless absolute) into

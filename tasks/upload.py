@@ -15,9 +15,9 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import upload_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
-from prefect_runpod.blocks.transfer.pty import PtyOptions
 from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = ["progress_logger", "upload"]
@@ -44,7 +44,7 @@ def upload(
     remote_dir: str,
     method: str = "auto",
     s3: S3Target | None = None,
-    options: PtyOptions | None = None,
+    options: MethodOptions | None = None,
     console: Any = None,
 ) -> TransferReport:
     """Upload ``local_dir`` to ``remote_dir`` on the pod (relative to its workdir).
