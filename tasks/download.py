@@ -18,7 +18,7 @@ from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import download_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
-from prefect_runpod.tasks.upload import progress_logger
+from prefect_runpod.tasks.upload import borrowed_console, progress_logger
 
 __all__ = ["download"]
 
@@ -46,11 +46,8 @@ def download(
     """
     from prefect.logging import get_run_logger
 
-    from prefect_runpod.blocks.console.session import PodConsole
-
     logger = get_run_logger()
-    live = console if console is not None else PodConsole.for_pod(handle, private_key)
-    try:
+    with borrowed_console(handle, private_key, console) as live:
         report = download_dir(
             live,
             handle,
@@ -62,9 +59,6 @@ def download(
             options=options,
             on_progress=progress_logger(logger, f"download from {handle.pod_id}"),
         )
-    finally:
-        if console is None:
-            live.close()
     logger.info(
         "downloaded %d bytes by %s in %.1f s, %d retries, verified",
         report.bytes,
