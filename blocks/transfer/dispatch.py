@@ -78,7 +78,6 @@ def _built_in(module: str, class_name: str) -> MethodFactory:
         method: TransferMethod = cls.from_config(config)
         return method
 
-    build.__qualname__ = f"{class_name}.from_config"
     return build
 
 
