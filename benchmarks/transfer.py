@@ -30,7 +30,8 @@ from benchmarks.wan_proxy import WanProxy
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer.dispatch import bootstrap_pod_tools, download_dir, upload_dir
+from prefect_runpod.blocks.transfer.dispatch import download_dir, upload_dir
+from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
 from prefect_runpod.blocks.transfer.sftp import connect_direct
 from tests.fixtures.sshd import run_sshd
 

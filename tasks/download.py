@@ -14,11 +14,11 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import download_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
-from prefect_runpod.blocks.transfer.pty import PtyOptions
 from prefect_runpod.blocks.transfer.s3 import S3Target
-from prefect_runpod.tasks.upload import progress_logger
+from prefect_runpod.tasks.upload import borrowed_console, progress_logger
 
 __all__ = ["download"]
 
@@ -31,7 +31,7 @@ def download(
     local_dir: Path,
     method: str = "auto",
     s3: S3Target | None = None,
-    options: PtyOptions | None = None,
+    options: MethodOptions | None = None,
     console: Any = None,
 ) -> TransferReport:
     """Download ``remote_dir`` (relative to the pod's workdir unless absolute) into
@@ -46,11 +46,8 @@ def download(
     """
     from prefect.logging import get_run_logger
 
-    from prefect_runpod.blocks.console.session import PodConsole
-
     logger = get_run_logger()
-    live = console if console is not None else PodConsole.for_pod(handle, private_key)
-    try:
+    with borrowed_console(handle, private_key, console) as live:
         report = download_dir(
             live,
             handle,
@@ -62,9 +59,6 @@ def download(
             options=options,
             on_progress=progress_logger(logger, f"download from {handle.pod_id}"),
         )
-    finally:
-        if console is None:
-            live.close()
     logger.info(
         "downloaded %d bytes by %s in %.1f s, %d retries, verified",
         report.bytes,

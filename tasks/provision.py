@@ -104,7 +104,7 @@ def prepare_pod(
         ConsoleError / TransferError when the pod cannot be reached or written.
     """
     from prefect_runpod.blocks.console.session import PodConsole
-    from prefect_runpod.blocks.transfer.dispatch import bootstrap_pod_tools
+    from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
 
     with PodConsole.for_pod(handle, private_key) as console:
         tools_dir = bootstrap_pod_tools(console, handle)

@@ -28,6 +28,7 @@ from pydantic import SecretStr
 
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer import pod_tools
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, parse_metrics, parse_progress
 from prefect_runpod.tasks.train_remote import (
@@ -245,7 +246,7 @@ def terminal_progress_bar(
 
 
 def _tools_dir(handle: PodHandle, tools_dir: str | None) -> str:
-    return tools_dir or f"{handle.workdir.rstrip('/')}/.prefect-runpod/bin"
+    return tools_dir or pod_tools.tools_dir(handle)
 
 
 @task(name="train", cache_policy=NO_CACHE, retries=0)
@@ -282,8 +283,8 @@ def train(
             never put secrets in it, they belong in the pod's env.
         python: the pod interpreter for the pod-side tools (and ``{python}``).
         max_runtime_seconds: runtime cap; None for none.
-        tools_dir: where ``launcher.py`` is on the pod, default
-            ``<workdir>/.prefect-runpod/bin``.
+        tools_dir: where ``launcher.py`` is on the pod, default the pod tools folder
+            (``pod_tools.tools_dir(handle)``).
         cwd: the job's working directory, default ``<run_dir>/bundle``.
         should_stop: returns a reason to stop (budget) or None; polled each step.
         on_progress: e.g. ``terminal_progress_bar()`` for a live bar in the terminal.

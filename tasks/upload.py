@@ -2,11 +2,14 @@
 
 The work is ``prefect_runpod.blocks.transfer.upload_dir``; this task opens (or reuses)
 a console, logs progress, and returns the ``TransferReport`` whose manifests go into
-the RunReport and the ``checksum-manifest`` artifact.
+the RunReport and the ``checksum-manifest`` artifact. ``borrowed_console`` and
+``progress_logger`` are shared with the download task.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +18,39 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import upload_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
-from prefect_runpod.blocks.transfer.pty import PtyOptions
 from prefect_runpod.blocks.transfer.s3 import S3Target
 
-__all__ = ["progress_logger", "upload"]
+__all__ = ["borrowed_console", "progress_logger", "upload"]
+
+
+@contextmanager
+def borrowed_console(
+    handle: PodHandle, private_key: SecretStr, console: Any = None
+) -> Iterator[Any]:
+    """The caller's console when it passed one (left open), else a console opened for
+    the pod here and closed on the way out, whatever happens inside.
+
+    Args:
+        handle: the pod.
+        private_key: the SSH key, used only when a console is opened here.
+        console: an open console to reuse, or None.
+
+    Raises:
+        ConsoleConnectError: the pod has no SSH endpoint yet (as ``PodConsole.for_pod``).
+    """
+    if console is not None:
+        yield console
+        return
+    from prefect_runpod.blocks.console.session import PodConsole
+
+    opened = PodConsole.for_pod(handle, private_key)
+    try:
+        yield opened
+    finally:
+        opened.close()
 
 
 def progress_logger(logger: Any, what: str, step_fraction: float = 0.1) -> Any:
@@ -44,7 +74,7 @@ def upload(
     remote_dir: str,
     method: str = "auto",
     s3: S3Target | None = None,
-    options: PtyOptions | None = None,
+    options: MethodOptions | None = None,
     console: Any = None,
 ) -> TransferReport:
     """Upload ``local_dir`` to ``remote_dir`` on the pod (relative to its workdir).
@@ -62,11 +92,8 @@ def upload(
     """
     from prefect.logging import get_run_logger
 
-    from prefect_runpod.blocks.console.session import PodConsole
-
     logger = get_run_logger()
-    live = console if console is not None else PodConsole.for_pod(handle, private_key)
-    try:
+    with borrowed_console(handle, private_key, console) as live:
         report = upload_dir(
             live,
             handle,
@@ -78,9 +105,6 @@ def upload(
             options=options,
             on_progress=progress_logger(logger, f"upload to {handle.pod_id}"),
         )
-    finally:
-        if console is None:
-            live.close()
     logger.info(
         "uploaded %d files, %d bytes by %s in %.1f s (%.1f MiB/s), %d retries, verified",
         len(report.source_manifest.entries) if report.source_manifest else 0,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from prefect_runpod.blocks.console.session import PodConsole
-from prefect_runpod.blocks.transfer.dispatch import bootstrap_pod_tools
+from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
 from prefect_runpod.tasks.train import follow_training, kill_training, launch_training
 
 pytestmark = pytest.mark.slow

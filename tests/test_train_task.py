@@ -12,7 +12,7 @@ from prefect import flow
 
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.exceptions import TrainingError
-from prefect_runpod.blocks.transfer.dispatch import bootstrap_pod_tools
+from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
 from prefect_runpod.tasks.train import Progress, terminal_progress_bar, train
 
 pytestmark = pytest.mark.slow

@@ -1,10 +1,12 @@
 """Moving a directory tree to and from a pod, verified end to end by manifests.
 
-- ``dispatch``  ``upload_dir`` / ``download_dir`` / ``pick_method``
-- ``models``    ``Manifest``, ``TransferReport``
+- ``base``       the ``TransferMethod`` protocol, ``PodLink``, ``MethodConfig``, ``TransferHooks``
+- ``dispatch``   ``upload_dir`` / ``download_dir`` / ``pick_method`` over ``METHOD_REGISTRY``
+- ``pod_tools``  the pod tools folder: ``tools_dir``, ``bootstrap_pod_tools``, ``pod_manifest``
+- ``models``     ``Manifest``, ``MethodResult``, ``TransferReport``
 - one module per method: ``pty``, ``sftp``, ``s3``, ``runpodctl``
 
-Names load lazily (the ``s3`` method imports boto3).
+Names load lazily (the ``s3`` method imports Prefect's blocks and boto3).
 """
 
 from __future__ import annotations
@@ -12,24 +14,64 @@ from __future__ import annotations
 from prefect_runpod.blocks import lazy_exports
 
 __all__ = [
-    "METHODS",
+    "METHOD_REGISTRY",
+    "POD_TOOLS_DIR",
     "Manifest",
+    "ManifestEntry",
+    "MethodConfig",
+    "MethodOptions",
+    "MethodResult",
+    "PodLink",
+    "PtyMethod",
+    "PtyOptions",
+    "RunpodctlMethod",
+    "RunpodctlOptions",
+    "S3Method",
     "S3Target",
+    "SftpMethod",
+    "TransferHooks",
+    "TransferMethod",
     "TransferReport",
+    "bootstrap_pod_tools",
     "download_dir",
+    "method_names",
     "pick_method",
+    "pod_manifest",
+    "register_method",
+    "remote_path",
+    "tools_dir",
     "upload_dir",
 ]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "METHODS": f"{__name__}.dispatch",
+        "METHOD_REGISTRY": f"{__name__}.dispatch",
+        "POD_TOOLS_DIR": f"{__name__}.pod_tools",
         "Manifest": f"{__name__}.models",
+        "ManifestEntry": f"{__name__}.models",
+        "MethodConfig": f"{__name__}.base",
+        "MethodOptions": f"{__name__}.base",
+        "MethodResult": f"{__name__}.models",
+        "PodLink": f"{__name__}.base",
+        "PtyMethod": f"{__name__}.pty",
+        "PtyOptions": f"{__name__}.pty",
+        "RunpodctlMethod": f"{__name__}.runpodctl",
+        "RunpodctlOptions": f"{__name__}.runpodctl",
+        "S3Method": f"{__name__}.s3",
         "S3Target": f"{__name__}.s3",
+        "SftpMethod": f"{__name__}.sftp",
+        "TransferHooks": f"{__name__}.base",
+        "TransferMethod": f"{__name__}.base",
         "TransferReport": f"{__name__}.models",
+        "bootstrap_pod_tools": f"{__name__}.pod_tools",
         "download_dir": f"{__name__}.dispatch",
+        "method_names": f"{__name__}.dispatch",
         "pick_method": f"{__name__}.dispatch",
+        "pod_manifest": f"{__name__}.pod_tools",
+        "register_method": f"{__name__}.dispatch",
+        "remote_path": f"{__name__}.pod_tools",
+        "tools_dir": f"{__name__}.pod_tools",
         "upload_dir": f"{__name__}.dispatch",
     },
 )

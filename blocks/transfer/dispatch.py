@@ -1,214 +1,177 @@
 """Moving a directory to and from a pod, verified end to end (docs/architecture.md#transfers-and-integrity).
 
 ``upload_dir`` / ``download_dir`` pick a method from what the pod offers (or the
-caller's choice), move the files, and return a ``TransferReport`` whose two manifests
-(md5 + sha256 per file) were computed where the files were and where they landed.
-A file that still differs after one retry raises ``ChecksumMismatchError`` naming it;
-nothing mismatched is accepted.
+caller's choice), let it move the files, and return a ``TransferReport`` whose two
+manifests (md5 + sha256 per file) were computed where the files were and where they
+landed. A file that still differs after one retry raises ``ChecksumMismatchError``
+naming it; nothing mismatched is accepted.
 
-Methods:
+Methods are looked up by name in ``METHOD_REGISTRY`` (name -> factory of a
+``TransferMethod``, :mod:`prefect_runpod.blocks.transfer.base`); nothing here knows a
+method by its name. The built-in ones, each in its own module:
+
     ``pty``        framed chunks through the PodConsole (works through RunPod's PTY-only
-                   gateway); see :mod:`prefect_runpod.blocks.transfer.pty`.
-    ``sftp``       paramiko SFTP to a direct-TCP sshd; :mod:`.transfer_sftp`.
-    ``s3``         boto3 to a bucket or a RunPod network volume's S3 API; :mod:`.transfer_s3`.
-    ``runpodctl``  ``runpodctl send``/``receive`` (croc relay); :mod:`.transfer_runpodctl`.
+                   gateway); :mod:`prefect_runpod.blocks.transfer.pty`.
+    ``sftp``       paramiko SFTP to a direct-TCP sshd; :mod:`.sftp`.
+    ``s3``         boto3 to a RunPod network volume's S3 API; :mod:`.s3`.
+    ``runpodctl``  ``runpodctl send``/``receive`` (croc relay); :mod:`.runpodctl`.
 
-Models: ``Manifest``/``TransferReport`` live in :mod:`.transfer_models` (re-exported
-by ``prefect_runpod.tasks.models``); the per-method functions return plain dicts.
+``auto`` takes the available method with the highest ``auto_priority`` (``s3`` when a
+target is configured, ``sftp`` when the pod has a direct-TCP sshd, else ``pty``).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import shlex
+import importlib
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
-from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
+from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer.models import Manifest, TransferReport
-from prefect_runpod.blocks.transfer.pty import PtyOptions, TransferHooks, pty_download, pty_upload
+from prefect_runpod.blocks.transfer.base import (
+    MethodConfig,
+    MethodFactory,
+    MethodOptions,
+    PodLink,
+    ProgressCallback,
+    TransferHooks,
+    TransferMethod,
+)
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult, TransferReport
+from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools, remote_path
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.session import PodConsole
-    from prefect_runpod.blocks.transfer.s3 import S3Target
+    from prefect_runpod.blocks.transfer.pty import PtyMethod
+    from prefect_runpod.blocks.transfer.runpodctl import RunpodctlMethod
+    from prefect_runpod.blocks.transfer.s3 import S3Method, S3Target
+    from prefect_runpod.blocks.transfer.sftp import SftpMethod
+
+    # mypy checks here that every built-in class implements the protocol
+    _BUILT_IN: tuple[type[TransferMethod], ...] = (
+        PtyMethod,
+        SftpMethod,
+        S3Method,
+        RunpodctlMethod,
+    )
 
 __all__ = [
-    "METHODS",
-    "POD_TOOLS_DIR",
-    "bootstrap_pod_tools",
+    "METHOD_REGISTRY",
     "download_dir",
+    "method_names",
     "pick_method",
-    "pod_manifest",
-    "remote_path",
+    "register_method",
     "upload_dir",
 ]
 
-POD_TOOLS_DIR = ".prefect-runpod/bin"
-"""Where the pod-side scripts live, relative to ``handle.workdir``."""
-METHODS = ("pty", "sftp", "s3", "runpodctl")
-_LINE_B64_CHARS = 3000  # base64 per console line: well under the tty's 4096-byte limit
-_POD_SIDE = Path(mf.__file__).parent
+
+def _built_in(module: str, class_name: str) -> MethodFactory:
+    """The factory of a method class in ``prefect_runpod.blocks.transfer.<module>``,
+    imported on first use (``s3`` pulls in Prefect's blocks, ``sftp`` paramiko's SFTP)."""
+
+    def build(config: MethodConfig) -> TransferMethod:
+        cls = getattr(importlib.import_module(f"{__package__}.{module}"), class_name)
+        method: TransferMethod = cls.from_config(config)
+        return method
+
+    return build
 
 
-def remote_path(handle: PodHandle, path: str) -> str:
-    """``path`` on the pod: absolute as given, else under ``handle.workdir``."""
-    return path if path.startswith("/") else f"{handle.workdir.rstrip('/')}/{path}"
+METHOD_REGISTRY: dict[str, MethodFactory] = {
+    "pty": _built_in("pty", "PtyMethod"),
+    "sftp": _built_in("sftp", "SftpMethod"),
+    "s3": _built_in("s3", "S3Method"),
+    "runpodctl": _built_in("runpodctl", "RunpodctlMethod"),
+}
+"""Every transfer method by name, in the order error messages list them."""
 
 
-def tools_dir(handle: PodHandle) -> str:
-    """The pod folder holding the pod-side scripts."""
-    return remote_path(handle, POD_TOOLS_DIR)
+def method_names() -> tuple[str, ...]:
+    """The registered method names (``pty``, ``sftp``, ``s3``, ``runpodctl``, …)."""
+    return tuple(METHOD_REGISTRY)
 
 
-def bootstrap_pod_tools(console: PodConsole, handle: PodHandle) -> str:
-    """Copy every ``blocks/pod_side/*.py`` to ``<workdir>/.prefect-runpod/bin`` on the pod.
+def register_method(name: str, factory: MethodFactory, *, replace: bool = False) -> None:
+    """Make ``factory`` the method called ``name`` for ``upload_dir`` / ``download_dir``.
 
-    Each file travels as base64 in console lines under 3000 characters (the tty cuts
-    longer input lines at 4096 bytes), is decoded on the pod, checked against its
-    sha256 and only then renamed into place. Files already there with the right
-    sha256 are left alone, so a second call costs one command.
-
-    Returns:
-        The remote tools directory.
+    Args:
+        name: the name callers pass as ``method`` and ``TransferReport.method`` shows.
+        factory: builds the method from the caller's ``MethodConfig`` (a class's
+            ``from_config``, or the class itself when its constructor takes the config).
+        replace: allow replacing a method already registered under ``name``.
 
     Raises:
-        TransferError: a file's sha256 differs after decoding (named).
-        ConsoleError: as ``PodConsole.run``.
+        ValueError: ``name`` is ``auto`` or empty, or already taken and not ``replace``.
     """
-    remote = tools_dir(handle)
-    q = shlex.quote(remote)
-    local = {
-        p.name: p.read_bytes() for p in sorted(_POD_SIDE.glob("*.py")) if p.name != "__init__.py"
-    }
-    listing = console.run(
-        f"mkdir -p {q} && cd {q} && sha256sum -- *.py 2>/dev/null; true", timeout_seconds=60
-    )
-    have = {}
-    for line in listing.output.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and len(parts[0]) == 64:
-            have[parts[1].lstrip("*")] = parts[0]
-    for name, data in local.items():
-        digest = hashlib.sha256(data).hexdigest()
-        if have.get(name) == digest:
-            continue
-        tmp = shlex.quote(f"{remote}/.{name}.b64")
-        enc = base64.b64encode(data).decode("ascii")
-        console.run(f": > {tmp}", timeout_seconds=60, check=True)
-        for i in range(0, len(enc), _LINE_B64_CHARS):
-            console.run(
-                f"printf %s {enc[i : i + _LINE_B64_CHARS]} >> {tmp}", timeout_seconds=60, check=True
-            )
-        target = shlex.quote(f"{remote}/{name}")
-        done = console.run(
-            f"base64 -d {tmp} > {target}.tmp && echo '{digest}  '{target}.tmp | sha256sum -c --status"
-            f" && chmod +x {target}.tmp && mv -f {target}.tmp {target} && rm -f {tmp}",
-            timeout_seconds=60,
-        )
-        if done.exit_code != 0:
-            raise TransferError(
-                f"pod {handle.pod_id}: {name} did not arrive intact in {remote} "
-                f"(sha256 check failed); rerun, the copy is idempotent",
+    if not name or name == "auto":
+        raise ValueError(f"{name!r} cannot name a transfer method")
+    if name in METHOD_REGISTRY and not replace:
+        raise ValueError(f"transfer method {name!r} is already registered; pass replace=True")
+    METHOD_REGISTRY[name] = factory
+
+
+def _choose(handle: PodHandle, requested: str, config: MethodConfig) -> tuple[str, TransferMethod]:
+    """``(name, method)`` for ``requested`` (see ``pick_method``)."""
+    if requested == "auto":
+        best: tuple[int, str, TransferMethod] | None = None
+        for name, factory in METHOD_REGISTRY.items():
+            method = factory(config)
+            rank = method.auto_priority
+            if rank is None or method.unavailable(handle) is not None:
+                continue
+            if best is None or rank > best[0]:
+                best = (rank, name, method)
+        if best is None:
+            raise SpecError(
+                f"no transfer method can reach pod {handle.pod_id}; name one of "
+                f"{', '.join(METHOD_REGISTRY)}",
                 pod_id=handle.pod_id,
             )
-    return remote
-
-
-def _direct_endpoint(handle: PodHandle) -> SSHEndpoint | None:
-    if handle.direct_ssh is not None:
-        return handle.direct_ssh
-    if handle.ssh is not None and handle.ssh.mode == "direct":
-        return handle.ssh
-    return None
+        return best[1], best[2]
+    build = METHOD_REGISTRY.get(requested)
+    if build is None:
+        raise SpecError(
+            f"unknown transfer method {requested!r}; use auto, {', '.join(METHOD_REGISTRY)}"
+        )
+    method = build(config)
+    reason = method.unavailable(handle)
+    if reason is not None:
+        raise SpecError(reason, pod_id=handle.pod_id)
+    return requested, method
 
 
 def pick_method(handle: PodHandle, requested: str = "auto", s3: S3Target | None = None) -> str:
     """The transfer method for this pod.
 
-    ``auto``: ``s3`` when a target is configured, ``sftp`` when the pod has a direct-TCP
-    sshd, else ``pty`` (RunPod's gateway refuses SFTP and exec).
+    ``auto``: of the registered methods that are available, the one with the highest
+    ``auto_priority`` — ``s3`` when a target is configured, ``sftp`` when the pod has a
+    direct-TCP sshd, else ``pty`` (RunPod's gateway refuses SFTP and exec).
 
     Raises:
-        SpecError: an unknown method, ``sftp`` without a direct endpoint, ``s3`` without
-            a target.
+        SpecError: an unknown method, or one that says it cannot work here (``sftp``
+            without a direct endpoint, ``s3`` without a target).
     """
-    if requested == "auto":
-        if s3 is not None:
-            return "s3"
-        return "sftp" if _direct_endpoint(handle) is not None else "pty"
-    if requested not in METHODS:
-        raise SpecError(f"unknown transfer method {requested!r}; use auto, {', '.join(METHODS)}")
-    if requested == "sftp" and _direct_endpoint(handle) is None:
-        raise SpecError(
-            f"pod {handle.pod_id} has no direct-TCP SSH endpoint, so sftp cannot work "
-            "(RunPod's gateway refuses SFTP); expose 22/tcp or use method 'pty'",
-            pod_id=handle.pod_id,
-        )
-    if requested == "s3" and s3 is None:
-        raise SpecError("transfer method 's3' needs an S3Target (bucket or network volume)")
-    return requested
-
-
-def pod_manifest(
-    console: PodConsole,
-    handle: PodHandle,
-    root: str,
-    paths: list[str] | None = None,
-    python: str = "python3",
-) -> dict[str, Any]:
-    """The manifest of ``root`` computed on the pod (``manifest.py``) through a raw
-    stream of the console (no output mangling, no line limits).
-
-    Raises:
-        TransferError: the script failed or printed no JSON.
-    """
-    import json
-
-    cmd = f"{shlex.quote(python)} {shlex.quote(tools_dir(handle) + '/manifest.py')} {shlex.quote(root)}"
-    if paths is not None:
-        cmd += " --files " + " ".join(shlex.quote(p) for p in paths)
-    stream = console.open_stream(cmd + " 2>&1")
-    chunks = []
-    deadline = time.monotonic() + 900
-    while not stream.ended and time.monotonic() < deadline:
-        chunks.append(stream.read(1 << 20, 1.0))
-    chunks.append(stream.read(1 << 24, 0.1))
-    code = stream.finish(30.0)
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    for line in text.splitlines():
-        if line.startswith('{"root"'):
-            result: dict[str, Any] = json.loads(line)
-            return result
-    raise TransferError(
-        f"pod {handle.pod_id}: manifest of {root} failed (exit {code}): {text[-500:]}",
-        pod_id=handle.pod_id,
-    )
+    return _choose(handle, requested, MethodConfig(s3=s3))[0]
 
 
 def _report(
-    direction: str,
-    method: str,
-    started: float,
-    result: dict[str, Any],
-    source: dict[str, Any],
-    dest: dict[str, Any],
+    direction: str, method: str, started: float, result: MethodResult, source: Manifest
 ) -> TransferReport:
-    problems = mf.compare_manifests(source, dest)
+    """The ``TransferReport`` of ``result``, verified against ``source`` (the manifest
+    dispatch trusts: its own for an upload, the pod's for a download)."""
+    problems = mf.compare_manifests(source.as_dict(), result.dest_manifest.as_dict())
     return TransferReport(
         direction=direction,  # type: ignore[arg-type]
         method=method,
-        bytes=result.get("bytes", sum(e["size_bytes"] for e in source["entries"])),
+        bytes=result.bytes,
         seconds=time.monotonic() - started,
-        retries=result.get("retries", 0) + result.get("reconnects", 0),
-        source_manifest=Manifest.from_dict(source),
-        dest_manifest=Manifest.from_dict(dest),
+        retries=result.retries + result.reconnects,
+        source_manifest=source,
+        dest_manifest=result.dest_manifest,
         verified=not problems,
     )
 
@@ -222,8 +185,8 @@ def upload_dir(
     method: str = "auto",
     private_key: SecretStr | None = None,
     s3: S3Target | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-    options: PtyOptions | None = None,
+    on_progress: ProgressCallback | None = None,
+    options: MethodOptions | None = None,
     hooks: TransferHooks | None = None,
 ) -> TransferReport:
     """Upload ``local_dir`` (a folder or one file) to ``remote_dir`` on the pod.
@@ -232,10 +195,15 @@ def upload_dir(
         console: an open console to the pod (the pty method runs through it; the
             others use it to install tools and verify).
         handle: the pod; ``remote_dir`` is relative to ``handle.workdir`` unless absolute.
-        method: ``auto`` or one of ``METHODS`` (see ``pick_method``).
+        local_dir: the local folder or file.
+        remote_dir: the pod folder the files land in.
+        method: ``auto`` or a registered name (``method_names()``; see ``pick_method``).
         private_key: needed by ``sftp`` (a second SSH connection).
         s3: the bucket / network volume for ``s3``.
         on_progress: ``(done_bytes, total_bytes)``.
+        options: one method's options (``PtyOptions``, ``RunpodctlOptions``): used when
+            the chosen method is theirs, ignored otherwise.
+        hooks: fault points (``TransferHooks``) for methods that honour them.
 
     Returns:
         A ``TransferReport`` with ``verified=True`` (source manifest computed locally,
@@ -244,72 +212,21 @@ def upload_dir(
     Raises:
         ChecksumMismatchError: a file differs after one retry (named).
         TransferError: disk full on the pod (file named), connection lost for good.
-        SpecError: method not possible for this pod.
+        SpecError: nothing to upload, or the method is not possible for this pod.
     """
     started = time.monotonic()
     local_dir = Path(local_dir)
     if not local_dir.exists():
         raise SpecError(f"nothing to upload: {local_dir} does not exist")
-    chosen = pick_method(handle, method, s3)
+    config = MethodConfig(private_key=private_key, s3=s3, options=options, hooks=hooks)
+    chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
-    source = mf.compute_manifest(str(local_dir))
-    tools = bootstrap_pod_tools(console, handle)
-    pod = handle.pod_id
-    if chosen == "pty":
-        result = pty_upload(
-            console.open_stream,
-            tools,
-            local_dir,
-            remote,
-            source,
-            reconnect=console.reconnect,
-            options=options,
-            hooks=hooks,
-            on_progress=on_progress,
-            pod=pod,
-        )
-        dest = result["dest_manifest"]
-    elif chosen == "sftp":
-        from prefect_runpod.blocks.transfer.sftp import sftp_upload
-
-        endpoint = _direct_endpoint(handle)
-        if private_key is None or endpoint is None:
-            raise SpecError("the sftp method needs private_key and a direct endpoint", pod_id=pod)
-        result = sftp_upload(
-            endpoint,
-            private_key,
-            local_dir,
-            remote,
-            source,
-            tools_dir=tools,
-            on_progress=on_progress,
-            pod=pod,
-        )
-        dest = result["dest_manifest"]
-    elif chosen == "s3":
-        from prefect_runpod.blocks.transfer.s3 import s3_upload_to_pod
-
-        assert s3 is not None
-        result = s3_upload_to_pod(
-            console, handle, s3, local_dir, remote, source, on_progress=on_progress
-        )
-        dest = result["dest_manifest"]
-    else:
-        from prefect_runpod.blocks.transfer.runpodctl import runpodctl_upload
-
-        extra = (options or PtyOptions()).extra
-        result = runpodctl_upload(
-            console,
-            handle,
-            local_dir,
-            remote,
-            source,
-            local_exe=extra.get("runpodctl_local", "runpodctl"),
-            pod_exe=extra.get("runpodctl_pod", "runpodctl"),
-        )
-        dest = result["dest_manifest"]
-    report = _report("upload", chosen, started, result, source, dest)
+    source = Manifest.compute(local_dir)
+    link = PodLink(handle, console, bootstrap_pod_tools(console, handle))
+    result = transfer.upload(link, local_dir, remote, source, on_progress=on_progress)
+    report = _report("upload", chosen, started, result, source)
     if not report.verified:  # the methods raise first; this is the last guard
+        pod = handle.pod_id
         raise TransferError(f"pod {pod}: upload of {local_dir} did not verify", pod_id=pod)
     return report
 
@@ -323,8 +240,8 @@ def download_dir(
     method: str = "auto",
     private_key: SecretStr | None = None,
     s3: S3Target | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-    options: PtyOptions | None = None,
+    on_progress: ProgressCallback | None = None,
+    options: MethodOptions | None = None,
     hooks: TransferHooks | None = None,
 ) -> TransferReport:
     """Download ``remote_dir`` from the pod into ``local_dir``; arguments as ``upload_dir``.
@@ -338,59 +255,13 @@ def download_dir(
     """
     started = time.monotonic()
     local_dir = Path(local_dir)
-    chosen = pick_method(handle, method, s3)
+    config = MethodConfig(private_key=private_key, s3=s3, options=options, hooks=hooks)
+    chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
-    tools = bootstrap_pod_tools(console, handle)
-    pod = handle.pod_id
-    if chosen == "pty":
-        result = pty_download(
-            console.open_stream,
-            tools,
-            remote,
-            local_dir,
-            reconnect=console.reconnect,
-            options=options,
-            hooks=hooks,
-            on_progress=on_progress,
-            pod=pod,
-        )
-    elif chosen == "sftp":
-        from prefect_runpod.blocks.transfer.sftp import sftp_download
-
-        endpoint = _direct_endpoint(handle)
-        if private_key is None or endpoint is None:
-            raise SpecError("the sftp method needs private_key and a direct endpoint", pod_id=pod)
-        result = sftp_download(
-            endpoint,
-            private_key,
-            remote,
-            local_dir,
-            tools_dir=tools,
-            on_progress=on_progress,
-            pod=pod,
-        )
-    elif chosen == "s3":
-        from prefect_runpod.blocks.transfer.s3 import s3_download_from_pod
-
-        assert s3 is not None
-        result = s3_download_from_pod(
-            console, handle, s3, remote, local_dir, on_progress=on_progress
-        )
-    else:
-        from prefect_runpod.blocks.transfer.runpodctl import runpodctl_download
-
-        extra = (options or PtyOptions()).extra
-        result = runpodctl_download(
-            console,
-            handle,
-            remote,
-            local_dir,
-            local_exe=extra.get("runpodctl_local", "runpodctl"),
-            pod_exe=extra.get("runpodctl_pod", "runpodctl"),
-        )
-    report = _report(
-        "download", chosen, started, result, result["source_manifest"], result["dest_manifest"]
-    )
+    link = PodLink(handle, console, bootstrap_pod_tools(console, handle))
+    result = transfer.download(link, remote, local_dir, on_progress=on_progress)
+    report = _report("download", chosen, started, result, result.source_manifest)
     if not report.verified:
+        pod = handle.pod_id
         raise TransferError(f"pod {pod}: download of {remote} did not verify", pod_id=pod)
     return report

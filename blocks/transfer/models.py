@@ -1,4 +1,4 @@
-"""Transfer records: manifests and transfer reports (docs/architecture.md#data-that-moves, #transfers-and-integrity).
+"""Transfer records: manifests, method results and transfer reports (docs/architecture.md#data-that-moves, #transfers-and-integrity).
 
 They live in blocks/ because the transfer code in blocks/ returns them and blocks
 never import tasks/; ``prefect_runpod.tasks.models`` re-exports them, so
@@ -8,11 +8,12 @@ models: JSON-serialisable, safe to persist as Prefect results.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["Manifest", "ManifestEntry", "TransferReport"]
+__all__ = ["Manifest", "ManifestEntry", "MethodResult", "TransferReport"]
 
 
 class ManifestEntry(BaseModel):
@@ -50,16 +51,51 @@ class Manifest(BaseModel):
         """Build from the plain form ``pod_side.manifest.compute_manifest`` returns."""
         return cls.model_validate({"root": data["root"], "entries": data["entries"]})
 
+    @classmethod
+    def compute(cls, root: str | Path, paths: list[str] | None = None) -> Manifest:
+        """The manifest of the local tree (or file) ``root``, computed here.
+
+        Args:
+            root: a local folder or file.
+            paths: only these relative paths; None for the whole tree.
+
+        Raises:
+            OSError: a file cannot be read.
+        """
+        from prefect_runpod.blocks.pod_side import manifest as mf
+
+        return cls.from_dict(mf.compute_manifest(str(root), paths))
+
+
+class MethodResult(BaseModel):
+    """What one ``TransferMethod`` reports for an upload or a download, before dispatch
+    times it and checks the two manifests into a ``TransferReport``.
+
+    Attributes:
+        bytes: payload bytes moved (files' sizes, not the encoded wire bytes).
+        retries: chunks or files re-sent after a damaged chunk or a mismatch.
+        reconnects: dropped connections the method survived.
+        source_manifest: computed where the files were (here for an upload, on the pod
+            for a download).
+        dest_manifest: computed where they landed, from the files on that disk.
+    """
+
+    bytes: int = Field(ge=0)
+    retries: int = Field(default=0, ge=0)
+    reconnects: int = Field(default=0, ge=0)
+    source_manifest: Manifest
+    dest_manifest: Manifest
+
 
 class TransferReport(BaseModel):
     """One upload or download.
 
     Attributes:
         direction: ``upload`` (local → pod) or ``download`` (pod → local).
-        method: ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
+        method: the registered method's name (``pty``, ``sftp``, ``s3``, ``runpodctl``).
         bytes: payload bytes moved (files' sizes, not the encoded wire bytes).
-        seconds: wall time.
-        retries: chunks/files re-sent after a drop or a mismatch.
+        seconds: wall time, in seconds.
+        retries: chunks/files re-sent after a drop or a mismatch, plus reconnects.
         source_manifest / dest_manifest: computed at each end.
         verified: True only when both manifests match entry for entry.
     """

@@ -15,9 +15,10 @@ The flow side of the protocol in :mod:`prefect_runpod.blocks.pod_side.receiver`
 * a dropped connection reconnects and resumes from the verified offset, which the
   receiver keeps on disk as ``<name>.part`` (+ ``.part.json`` sidecar).
 
-The transport is anything with ``write(bytes)``, ``read(max_bytes, timeout_seconds)``
-and ``finish(timeout_seconds)`` — a ``PtyStream`` from ``PodConsole.open_stream`` in
-production. Results are plain dicts (manifests as in ``pod_side.manifest``).
+``pty_upload`` / ``pty_download`` run the protocol over anything with
+``write(bytes)``, ``read(max_bytes, timeout_seconds)`` and ``finish(timeout_seconds)``;
+``PtyMethod`` is the ``TransferMethod`` that runs them over ``PodConsole.open_stream``
+(a ``PtyStream``). Both answer with a ``MethodResult``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import shlex
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect_runpod.blocks.exceptions import (
     ChecksumMismatchError,
@@ -47,8 +48,19 @@ from prefect_runpod.blocks.pod_side.receiver import (
     encode_frame,
     unb64text,
 )
+from prefect_runpod.blocks.transfer.base import (
+    MethodConfig,
+    MethodOptions,
+    PodLink,
+    ProgressCallback,
+    TransferHooks,
+)
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 
-__all__ = ["ByteStream", "PtyOptions", "TransferHooks", "pty_download", "pty_upload"]
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.pod_handle import PodHandle
+
+__all__ = ["ByteStream", "PtyMethod", "PtyOptions", "pty_download", "pty_upload"]
 
 
 class ByteStream(Protocol):
@@ -61,26 +73,8 @@ class ByteStream(Protocol):
     def finish(self, timeout_seconds: float = 30.0) -> int: ...
 
 
-class TransferHooks:
-    """Named fault points of a transfer. The default does nothing; fault tests override.
-
-    ``frame_out(fid, offset, data) -> bytes`` sees each data frame before it is
-    written; ``data_in(data) -> bytes`` sees what was read; ``progress(done_bytes)``
-    runs after each acknowledged chunk (a test may drop the connection there).
-    """
-
-    def frame_out(self, fid: str, offset: int, data: bytes) -> bytes:
-        return data
-
-    def data_in(self, data: bytes) -> bytes:
-        return data
-
-    def progress(self, done_bytes: int) -> None:
-        return None
-
-
 @dataclass
-class PtyOptions:
+class PtyOptions(MethodOptions):
     """Tuning of the ``pty`` method.
 
     Attributes:
@@ -88,14 +82,13 @@ class PtyOptions:
         window_bytes: payload bytes in flight before waiting for acknowledgements.
         line_chars: base64 characters per line (under the tty's 4096-byte limit).
         compress: zlib each chunk when it shrinks (text bundles).
-        stall_seconds: silence while waiting before asking the receiver where it is.
-        ready_timeout_seconds: how long the receiver may take to start.
+        stall_seconds: seconds of silence while waiting before asking the receiver
+            where it is.
+        ready_timeout_seconds: seconds the receiver may take to start.
         max_reconnects: dropped connections survived before giving up.
         python: the pod's interpreter.
         shell_prefix: shell text run before the receiver in the same subshell
             (e.g. ``ulimit -f 64;``); never secrets.
-        extra: method-specific settings (``runpodctl_local`` / ``runpodctl_pod``: the
-            runpodctl executables on each side).
     """
 
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
@@ -107,7 +100,6 @@ class PtyOptions:
     max_reconnects: int = 5
     python: str = "python3"
     shell_prefix: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _MAX_REWINDS = 20  # a file refused this often in a row without progress fails
@@ -234,14 +226,14 @@ class _File:
 
 
 def _resilient(
-    run_session: Callable[[_Session], dict[str, Any]],
+    run_session: Callable[[_Session], MethodResult],
     open_stream: Callable[[str], ByteStream],
     command: str,
     reconnect: Callable[[], None] | None,
     hooks: TransferHooks,
     opts: PtyOptions,
     pod: str,
-) -> dict[str, Any]:
+) -> MethodResult:
     reconnects = 0
     while True:
         session = None
@@ -250,8 +242,7 @@ def _resilient(
             session.wait_ready()
             result = run_session(session)
             session.close()
-            result["reconnects"] = reconnects
-            return result
+            return result.model_copy(update={"reconnects": reconnects})
         except (TransferError, KeyboardInterrupt):
             if session is not None:
                 session.close()  # end the receiver so the console is usable again
@@ -273,14 +264,14 @@ def pty_upload(
     tools_dir: str,
     local_root: Path,
     remote_root: str,
-    source: dict[str, Any],
+    source: Manifest,
     *,
     reconnect: Callable[[], None] | None = None,
     options: PtyOptions | None = None,
     hooks: TransferHooks | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: ProgressCallback | None = None,
     pod: str = "?",
-) -> dict[str, Any]:
+) -> MethodResult:
     """Upload the files of ``source`` (a manifest of ``local_root``) to ``remote_root``.
 
     Args:
@@ -288,14 +279,16 @@ def pty_upload(
         tools_dir: the pod folder holding ``receiver.py`` and ``manifest.py``.
         local_root: the local tree (or single file) the manifest was computed on.
         remote_root: destination folder on the pod (created when missing).
-        source: ``manifest.compute_manifest(local_root)``.
+        source: ``Manifest.compute(local_root)``.
         reconnect: re-opens the SSH connection after a drop (``PodConsole.reconnect``).
+        options: tuning; default ``PtyOptions()``.
+        hooks: fault points; default none.
         on_progress: ``(done_bytes, total_bytes)`` after each acknowledged chunk.
         pod: the pod id, for messages.
 
     Returns:
-        ``{"bytes", "retries", "reconnects", "dest_manifest"}``; ``dest_manifest`` was
-        computed on the pod from the files on its disk and matches ``source``.
+        ``MethodResult``: ``dest_manifest`` was computed on the pod from the files on
+        its disk and matches ``source``; ``retries`` counts re-sent chunks and files.
 
     Raises:
         ChecksumMismatchError: a file still differs after one retry (named).
@@ -304,6 +297,7 @@ def pty_upload(
     """
     opts = options or PtyOptions()
     hooks = hooks or TransferHooks()
+    expected = source.as_dict()
     single = local_root.is_file()
     files = [
         _File(
@@ -314,12 +308,12 @@ def pty_upload(
             e["md5"],
             local_root if single else local_root.joinpath(*e["path"].split("/")),
         )
-        for i, e in enumerate(source["entries"])
+        for i, e in enumerate(expected["entries"])
     ]
     total = sum(f.size for f in files)
     stats = {"retries": 0}
 
-    def session_run(s: _Session) -> dict[str, Any]:
+    def session_run(s: _Session) -> MethodResult:
         _upload_files(s, [f for f in files if not f.done], stats, total, files, on_progress, pod)
         for attempt in range(2):
             dest = s.blob({"paths": [f.rel for f in files]}, 600.0)
@@ -327,9 +321,14 @@ def pty_upload(
                 raise TransferError(
                     f"pod {pod}: manifest of {remote_root} failed: {dest['error']}", pod_id=pod
                 )
-            problems = mf.compare_manifests(source, dest)
+            problems = mf.compare_manifests(expected, dest)
             if not problems:
-                return {"bytes": total, "retries": stats["retries"], "dest_manifest": dest}
+                return MethodResult(
+                    bytes=total,
+                    retries=stats["retries"],
+                    source_manifest=source,
+                    dest_manifest=Manifest.from_dict(dest),
+                )
             bad = {p for p, _ in problems}
             if attempt == 1:
                 path, why = problems[0]
@@ -369,7 +368,7 @@ def _upload_files(
     stats: dict[str, int],
     total: int,
     every: list[_File],
-    on_progress: Callable[[int, int], None] | None,
+    on_progress: ProgressCallback | None,
     pod: str,
 ) -> None:
     opts, by_fid = s.opts, {f.fid: f for f in todo}
@@ -514,17 +513,18 @@ def pty_download(
     reconnect: Callable[[], None] | None = None,
     options: PtyOptions | None = None,
     hooks: TransferHooks | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: ProgressCallback | None = None,
     pod: str = "?",
-) -> dict[str, Any]:
+) -> MethodResult:
     """Download the tree ``remote_root`` from the pod into ``local_root``.
 
     The pod computes the source manifest first; each file lands as ``<name>.part``
-    (+ sidecar), is verified whole, and only then takes its name.
+    (+ sidecar), is verified whole, and only then takes its name. Arguments as
+    ``pty_upload``.
 
     Returns:
-        ``{"bytes", "retries", "reconnects", "source_manifest", "dest_manifest"}``;
-        ``dest_manifest`` is re-read from the local disk and matches the source.
+        ``MethodResult``: ``source_manifest`` computed on the pod, ``dest_manifest``
+        re-read from the local disk and matching it.
 
     Raises:
         ChecksumMismatchError: a file still differs after one retry (named).
@@ -536,7 +536,7 @@ def pty_download(
     state: dict[str, Any] = {"source": None, "retries": 0}
     files: list[_File] = []
 
-    def session_run(s: _Session) -> dict[str, Any]:
+    def session_run(s: _Session) -> MethodResult:
         if state["source"] is None:
             src = s.blob({"paths": None}, 600.0)
             if "error" in src:
@@ -566,12 +566,12 @@ def pty_download(
             dest = mf.compute_manifest(str(local_root), [f.rel for f in files])
             problems = mf.compare_manifests(src, dest)
             if not problems:
-                return {
-                    "bytes": total,
-                    "retries": state["retries"],
-                    "source_manifest": src,
-                    "dest_manifest": dest,
-                }
+                return MethodResult(
+                    bytes=total,
+                    retries=state["retries"],
+                    source_manifest=Manifest.from_dict(src),
+                    dest_manifest=Manifest.from_dict(dest),
+                )
             bad = {p for p, _ in problems}
             if attempt == 1:
                 path, why = problems[0]
@@ -648,7 +648,7 @@ def _download_files(
     state: dict[str, Any],
     total: int,
     every: list[_File],
-    on_progress: Callable[[int, int], None] | None,
+    on_progress: ProgressCallback | None,
     pod: str,
 ) -> None:
     opts, by_fid = s.opts, {f.fid: f for f in todo}
@@ -750,3 +750,74 @@ def _finish_download(s: _Session, f: _File, state: dict[str, Any], pod: str) -> 
     _local_part_open(f)
     f.epoch += 1
     s.line("#GET", f.fid, f.epoch, 0, b64text(f.rel))
+
+
+class PtyMethod:
+    """The ``pty`` ``TransferMethod``: the framed protocol through the console's tty.
+
+    Works wherever a shell works, so it is always available and the last choice of
+    ``auto``.
+
+    Args:
+        options: tuning; default ``PtyOptions()``.
+        hooks: fault points; default none.
+    """
+
+    auto_priority: int | None = 10
+
+    def __init__(self, options: PtyOptions | None = None, hooks: TransferHooks | None = None):
+        self.options = options or PtyOptions()
+        self.hooks = hooks
+
+    @classmethod
+    def from_config(cls, config: MethodConfig) -> PtyMethod:
+        """The method with the caller's ``PtyOptions`` (if any) and hooks."""
+        return cls(config.options_for(PtyOptions), config.hooks)
+
+    def unavailable(self, handle: PodHandle) -> str | None:
+        """Always None: a console is all it needs."""
+        return None
+
+    def upload(
+        self,
+        pod: PodLink,
+        local_root: Path,
+        remote_root: str,
+        source: Manifest,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """``pty_upload`` over ``pod.console``, reconnecting it after a drop."""
+        return pty_upload(
+            pod.console.open_stream,
+            pod.tools_dir,
+            local_root,
+            remote_root,
+            source,
+            reconnect=pod.console.reconnect,
+            options=self.options,
+            hooks=self.hooks,
+            on_progress=on_progress,
+            pod=pod.pod_id,
+        )
+
+    def download(
+        self,
+        pod: PodLink,
+        remote_root: str,
+        local_root: Path,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """``pty_download`` over ``pod.console``, reconnecting it after a drop."""
+        return pty_download(
+            pod.console.open_stream,
+            pod.tools_dir,
+            remote_root,
+            local_root,
+            reconnect=pod.console.reconnect,
+            options=self.options,
+            hooks=self.hooks,
+            on_progress=on_progress,
+            pod=pod.pod_id,
+        )

@@ -6,7 +6,9 @@ output in a log file, and the one-time code is read from ``Code is: …`` in tha
 Folders are zipped by runpodctl and arrive under their own name in the receiver's
 working directory, so each side receives into a staging folder and moves the tree
 into place. Both ends verify against the manifest: the pod's ``manifest.py`` for an
-upload, the local one for a download.
+upload, the local one for a download. ``RunpodctlMethod`` is the ``TransferMethod``;
+``auto`` never picks it (the relay is outside both machines), a caller asks for it by
+name.
 """
 
 from __future__ import annotations
@@ -18,19 +20,27 @@ import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from prefect_runpod.blocks.console.terminal_text import strip_ansi
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.base import (
+    MethodConfig,
+    MethodOptions,
+    PodLink,
+    ProgressCallback,
+)
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
+from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
 
 if TYPE_CHECKING:
-    from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.pod_handle import PodHandle
 
-__all__ = ["parse_code", "runpodctl_download", "runpodctl_upload"]
+__all__ = ["RunpodctlMethod", "RunpodctlOptions", "parse_code"]
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 _CODE = re.compile(r"Code is:\s*([A-Za-z0-9-]+)")
 CODE_TIMEOUT_SECONDS = 60.0
 TRANSFER_TIMEOUT_SECONDS = 3600.0
@@ -38,8 +48,13 @@ TRANSFER_TIMEOUT_SECONDS = 3600.0
 
 def parse_code(log_text: str) -> str | None:
     """The code from runpodctl send's output (``Code is: 8338-galileo-collect-fidel``),
-    ignoring colours and progress redraws; None while it has not appeared."""
-    clean = _ANSI.sub("", log_text).replace("\r", "\n")
+    ignoring colours and progress redraws; None while it has not appeared.
+
+    Escapes go through the console's one ANSI grammar (``terminal_text.strip_ansi``);
+    each ``\\r`` redraw is read as its own line, so a code followed by a progress bar on
+    the same line is still found.
+    """
+    clean = strip_ansi(log_text).replace("\r", "\n")
     match = _CODE.search(clean)
     return match.group(1) if match else None
 
@@ -68,141 +83,181 @@ def _local_send(path: Path, exe: str, log: Path) -> tuple[subprocess.Popen[bytes
     )
 
 
-def runpodctl_upload(
-    console: PodConsole,
-    handle: PodHandle,
-    local_dir: Path,
-    remote: str,
-    source: dict[str, Any],
-    *,
-    local_exe: str = "runpodctl",
-    pod_exe: str = "runpodctl",
-) -> dict[str, Any]:
-    """Send ``local_dir`` with runpodctl, receive it on the pod into ``remote``, verify.
+@dataclass
+class RunpodctlOptions(MethodOptions):
+    """Tuning of the ``runpodctl`` method.
 
-    Raises:
-        TransferError: no code, or the receive failed (its output in the message).
-        ChecksumMismatchError: a file differs on the pod after one resend (named).
+    Attributes:
+        local_exe: the runpodctl executable on this machine.
+        pod_exe: the runpodctl executable on the pod.
     """
-    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
 
-    pod = handle.pod_id
-    for attempt in range(2):
-        with tempfile.TemporaryDirectory(prefix="runpodctl-") as tmp:
-            proc, code = _local_send(local_dir, local_exe, Path(tmp) / "send.log")
-            stage = f"{remote.rstrip('/')}.rx-{uuid.uuid4().hex[:8]}"
-            name = local_dir.name
-            q = shlex.quote
-            landed = f"{stage}/{name}"
-            move = (
-                f"mkdir -p {q(remote)} && cp -a {q(landed)}/. {q(remote)}/"
-                if local_dir.is_dir()
-                else f"mkdir -p {q(remote)} && cp -a {q(landed)} {q(remote)}/"
-            )
-            try:
-                result = console.run(
-                    f"mkdir -p {q(stage)} && cd {q(stage)} && {q(pod_exe)} receive {q(code)} "
-                    f"&& {move}; __rc=$?; cd / && rm -rf {q(stage)}; (exit $__rc)",
-                    timeout_seconds=TRANSFER_TIMEOUT_SECONDS,
+    local_exe: str = "runpodctl"
+    pod_exe: str = "runpodctl"
+
+
+class RunpodctlMethod:
+    """The ``runpodctl`` ``TransferMethod``: ``runpodctl send`` on one side, ``receive``
+    on the other, through RunPod's croc relay. Used only when asked for by name.
+
+    Args:
+        options: the executables; default ``RunpodctlOptions()``.
+    """
+
+    auto_priority: int | None = None
+
+    def __init__(self, options: RunpodctlOptions | None = None):
+        self.options = options or RunpodctlOptions()
+
+    @classmethod
+    def from_config(cls, config: MethodConfig) -> RunpodctlMethod:
+        """The method with the caller's ``RunpodctlOptions`` (if any)."""
+        return cls(config.options_for(RunpodctlOptions))
+
+    def unavailable(self, handle: PodHandle) -> str | None:
+        """Always None: whether both ends have runpodctl shows only when it runs."""
+        return None
+
+    def upload(
+        self,
+        pod: PodLink,
+        local_root: Path,
+        remote_root: str,
+        source: Manifest,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """Send ``local_root`` with runpodctl, receive it on the pod into
+        ``remote_root``, verify with the pod's ``manifest.py``; a mismatch is sent once
+        more. ``on_progress`` is not called (runpodctl reports only to its terminal).
+
+        Raises:
+            TransferError: no code, or the receive failed (its output in the message).
+            ChecksumMismatchError: a file differs on the pod after one resend (named).
+        """
+        console, handle, pod_id = pod.console, pod.handle, pod.pod_id
+        local_exe, pod_exe = self.options.local_exe, self.options.pod_exe
+        expected = source.as_dict()
+        remote = remote_root
+        for attempt in range(2):
+            with tempfile.TemporaryDirectory(prefix="runpodctl-") as tmp:
+                proc, code = _local_send(local_root, local_exe, Path(tmp) / "send.log")
+                stage = f"{remote.rstrip('/')}.rx-{uuid.uuid4().hex[:8]}"
+                name = local_root.name
+                q = shlex.quote
+                landed = f"{stage}/{name}"
+                move = (
+                    f"mkdir -p {q(remote)} && cp -a {q(landed)}/. {q(remote)}/"
+                    if local_root.is_dir()
+                    else f"mkdir -p {q(remote)} && cp -a {q(landed)} {q(remote)}/"
                 )
-            finally:
                 try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
-            if result.exit_code != 0:
-                raise TransferError(
-                    f"pod {pod}: runpodctl receive failed ({result.exit_code}): "
-                    f"{result.output[-500:]}; try method 'pty'",
-                    pod_id=pod,
+                    result = console.run(
+                        f"mkdir -p {q(stage)} && cd {q(stage)} && {q(pod_exe)} receive {q(code)} "
+                        f"&& {move}; __rc=$?; cd / && rm -rf {q(stage)}; (exit $__rc)",
+                        timeout_seconds=TRANSFER_TIMEOUT_SECONDS,
+                    )
+                finally:
+                    try:
+                        proc.wait(30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait(10)
+                if result.exit_code != 0:
+                    raise TransferError(
+                        f"pod {pod_id}: runpodctl receive failed ({result.exit_code}): "
+                        f"{result.output[-500:]}; try method 'pty'",
+                        pod_id=pod_id,
+                    )
+            dest = pod_manifest(console, handle, remote, [e.path for e in source.entries])
+            problems = mf.compare_manifests(expected, dest)
+            if not problems:
+                return MethodResult(
+                    bytes=source.total_bytes,
+                    retries=attempt,
+                    source_manifest=source,
+                    dest_manifest=Manifest.from_dict(dest),
                 )
-        dest = pod_manifest(console, handle, remote, [e["path"] for e in source["entries"]])
-        problems = mf.compare_manifests(source, dest)
-        if not problems:
-            return {
-                "bytes": sum(e["size_bytes"] for e in source["entries"]),
-                "retries": attempt,
-                "dest_manifest": dest,
-            }
-        if attempt == 1:
-            path, why = problems[0]
-            raise ChecksumMismatchError(
-                f"{path} differs on pod {pod} after a resend ({why})",
-                path=path,
-                pod_id=pod,
-                stage="upload",
+            if attempt == 1:
+                path, why = problems[0]
+                raise ChecksumMismatchError(
+                    f"{path} differs on pod {pod_id} after a resend ({why})",
+                    path=path,
+                    pod_id=pod_id,
+                    stage="upload",
+                )
+        raise AssertionError("unreachable")
+
+    def download(
+        self,
+        pod: PodLink,
+        remote_root: str,
+        local_root: Path,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """Send ``remote_root`` from the pod (in the background, output to a log file),
+        receive it here, verify against the manifest the pod computed; a mismatch is
+        sent once more. ``on_progress`` is not called.
+
+        Raises:
+            TransferError: no code in the pod's log within 60 s, or the local receive
+                failed.
+            ChecksumMismatchError: a file differs after one resend (named).
+        """
+        console, handle, pod_id = pod.console, pod.handle, pod.pod_id
+        local_exe, pod_exe = self.options.local_exe, self.options.pod_exe
+        remote, local_dir, q = remote_root, local_root, shlex.quote
+        source = pod_manifest(console, handle, remote)
+        paths = [e["path"] for e in source["entries"]]
+        local_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(2):
+            log = f"/tmp/prefect-runpod-send-{uuid.uuid4().hex[:8]}.log"
+            console.run(
+                f"nohup {q(pod_exe)} send {q(remote)} > {q(log)} 2>&1 < /dev/null &",
+                timeout_seconds=30,
+                check=True,
             )
-    raise AssertionError("unreachable")
-
-
-def runpodctl_download(
-    console: PodConsole,
-    handle: PodHandle,
-    remote: str,
-    local_dir: Path,
-    *,
-    local_exe: str = "runpodctl",
-    pod_exe: str = "runpodctl",
-) -> dict[str, Any]:
-    """Send ``remote`` from the pod (background, log file), receive it here, verify
-    against the manifest the pod computed.
-
-    Raises:
-        TransferError: no code in the pod's log, or the local receive failed.
-        ChecksumMismatchError: a file differs after one resend (named).
-    """
-    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
-
-    pod, q = handle.pod_id, shlex.quote
-    source = pod_manifest(console, handle, remote)
-    paths = [e["path"] for e in source["entries"]]
-    local_dir.mkdir(parents=True, exist_ok=True)
-    for attempt in range(2):
-        log = f"/tmp/prefect-runpod-send-{uuid.uuid4().hex[:8]}.log"
-        console.run(
-            f"nohup {q(pod_exe)} send {q(remote)} > {q(log)} 2>&1 < /dev/null &",
-            timeout_seconds=30,
-            check=True,
-        )
-        code = None
-        deadline = time.monotonic() + CODE_TIMEOUT_SECONDS
-        while code is None and time.monotonic() < deadline:
-            code = parse_code(console.run(f"cat {q(log)}", timeout_seconds=30).output)
+            code = None
+            deadline = time.monotonic() + CODE_TIMEOUT_SECONDS
+            while code is None and time.monotonic() < deadline:
+                code = parse_code(console.run(f"cat {q(log)}", timeout_seconds=30).output)
+                if code is None:
+                    time.sleep(0.5)
             if code is None:
-                time.sleep(0.5)
-        if code is None:
-            raise TransferError(
-                f"pod {pod}: runpodctl send printed no code (log {log})", pod_id=pod
-            )
-        with tempfile.TemporaryDirectory(prefix="runpodctl-rx-", dir=local_dir.parent) as stage:
-            done = subprocess.run(
-                [local_exe, "receive", code],
-                cwd=stage,
-                capture_output=True,
-                timeout=TRANSFER_TIMEOUT_SECONDS,
-                check=False,
-            )
-            if done.returncode != 0:
-                raise TransferError(f"runpodctl receive failed: {done.stdout[-500:]!r}", pod_id=pod)
-            landed = Path(stage) / Path(remote.rstrip("/")).name
-            shutil.copytree(landed, local_dir, dirs_exist_ok=True)
-        console.run(f"rm -f {q(log)}", timeout_seconds=30)
-        dest = mf.compute_manifest(str(local_dir), paths)
-        problems = mf.compare_manifests(source, dest)
-        if not problems:
-            return {
-                "bytes": sum(e["size_bytes"] for e in source["entries"]),
-                "retries": attempt,
-                "source_manifest": source,
-                "dest_manifest": dest,
-            }
-        if attempt == 1:
-            path, why = problems[0]
-            raise ChecksumMismatchError(
-                f"{path} from pod {pod} differs after a resend ({why})",
-                path=path,
-                pod_id=pod,
-                stage="download",
-            )
-    raise AssertionError("unreachable")
+                raise TransferError(
+                    f"pod {pod_id}: runpodctl send printed no code (log {log})", pod_id=pod_id
+                )
+            with tempfile.TemporaryDirectory(prefix="runpodctl-rx-", dir=local_dir.parent) as stage:
+                done = subprocess.run(
+                    [local_exe, "receive", code],
+                    cwd=stage,
+                    capture_output=True,
+                    timeout=TRANSFER_TIMEOUT_SECONDS,
+                    check=False,
+                )
+                if done.returncode != 0:
+                    raise TransferError(
+                        f"runpodctl receive failed: {done.stdout[-500:]!r}", pod_id=pod_id
+                    )
+                landed = Path(stage) / Path(remote.rstrip("/")).name
+                shutil.copytree(landed, local_dir, dirs_exist_ok=True)
+            console.run(f"rm -f {q(log)}", timeout_seconds=30)
+            dest = mf.compute_manifest(str(local_dir), paths)
+            problems = mf.compare_manifests(source, dest)
+            if not problems:
+                return MethodResult(
+                    bytes=sum(e["size_bytes"] for e in source["entries"]),
+                    retries=attempt,
+                    source_manifest=Manifest.from_dict(source),
+                    dest_manifest=Manifest.from_dict(dest),
+                )
+            if attempt == 1:
+                path, why = problems[0]
+                raise ChecksumMismatchError(
+                    f"{path} from pod {pod_id} differs after a resend ({why})",
+                    path=path,
+                    pod_id=pod_id,
+                    stage="download",
+                )
+        raise AssertionError("unreachable")

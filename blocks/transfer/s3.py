@@ -12,13 +12,15 @@ Each object carries its sha256 and md5 as user metadata; a download re-hashes wh
 arrived and compares with the expected manifest; a mismatch is fetched once more,
 then ``ChecksumMismatchError`` names the file. On a network volume the pod-side
 manifest is computed by ``manifest.py`` on the pod's own view of the files.
+
+``s3_upload_dir`` / ``s3_download_dir`` work on a bucket alone; ``S3Method`` is the
+``TransferMethod`` that moves a pod folder through the volume it lives on.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,22 +29,24 @@ from pydantic import Field, SecretStr
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
+from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
 
 if TYPE_CHECKING:
-    from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.pod_handle import PodHandle
 
 __all__ = [
     "MAX_PART_BYTES",
+    "S3Method",
     "S3Target",
     "s3_download_dir",
-    "s3_download_from_pod",
     "s3_upload_dir",
-    "s3_upload_to_pod",
 ]
 
 MAX_PART_BYTES = 500 * 1000 * 1000
 """RunPod's S3 API: the largest PutObject and the largest multipart part (500 MB)."""
+_NO_TARGET = "transfer method 's3' needs an S3Target (bucket or network volume)"
 
 
 class S3Target(Block):
@@ -140,46 +144,55 @@ def s3_upload_dir(
     target: S3Target,
     local_dir: Path,
     key_prefix: str,
-    source: dict[str, Any] | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
-    """Upload every file of ``source`` (a manifest of ``local_dir``) under ``key_prefix``.
+    source: Manifest | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> list[str]:
+    """Upload every file of ``source`` (a manifest of ``local_dir``) under ``key_prefix``,
+    each object carrying its sha256 and md5 as user metadata.
+
+    Args:
+        target: the bucket or network volume.
+        local_dir: the local tree (or single file).
+        key_prefix: object keys start with ``target.prefix`` / ``key_prefix``.
+        source: the files to send; default ``Manifest.compute(local_dir)``.
+        on_progress: ``(done_bytes, total_bytes)`` after each file.
 
     Returns:
-        ``{"bytes", "keys": [...]}``.
+        The object keys written, in ``source`` order.
 
     Raises:
         TransferError: S3 refused an upload (the file and the S3 error named).
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    source = source or mf.compute_manifest(str(local_dir))
+    if source is None:
+        source = Manifest.compute(local_dir)
     client, config = target.get_client(), target.transfer_config()
     single = local_dir.is_file()
-    total = sum(e["size_bytes"] for e in source["entries"])
+    total = source.total_bytes
     done = 0
     keys = []
-    for e in source["entries"]:
-        path = local_dir if single else local_dir.joinpath(*e["path"].split("/"))
-        key = target.key_for(e["path"], key_prefix)
+    for e in source.entries:
+        path = local_dir if single else local_dir.joinpath(*e.path.split("/"))
+        key = target.key_for(e.path, key_prefix)
         try:
             client.upload_file(
                 str(path),
                 target.bucket,
                 key,
                 Config=config,
-                ExtraArgs={"Metadata": {"sha256": e["sha256"], "md5": e["md5"]}},
+                ExtraArgs={"Metadata": {"sha256": e.sha256, "md5": e.md5}},
             )
         except (BotoCoreError, ClientError) as exc:
             raise TransferError(
-                f"uploading {e['path']} to s3://{target.bucket}/{key} failed: "
+                f"uploading {e.path} to s3://{target.bucket}/{key} failed: "
                 f"{exc}; check the bucket, key and quota"
             ) from exc
         keys.append(key)
-        done += e["size_bytes"]
+        done += e.size_bytes
         if on_progress:
             on_progress(done, total)
-    return {"bytes": total, "keys": keys}
+    return keys
 
 
 def _list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
@@ -204,17 +217,22 @@ def s3_download_dir(
     target: S3Target,
     key_prefix: str,
     local_dir: Path,
-    expected: dict[str, Any] | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
+    expected: Manifest | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> MethodResult:
     """Download the objects under ``key_prefix`` into ``local_dir`` and verify them.
 
     Args:
+        target: the bucket or network volume.
+        key_prefix: as for ``s3_upload_dir``.
+        local_dir: where the tree lands (created when missing).
         expected: the manifest to verify against (e.g. computed on the pod); default:
             the sha256/md5 stored in each object's metadata at upload.
+        on_progress: ``(done_bytes, total_bytes)`` after each file.
 
     Returns:
-        ``{"bytes", "source_manifest", "dest_manifest", "retries"}``.
+        ``MethodResult``: ``source_manifest`` is ``expected`` (or the one read from the
+        objects' metadata), ``dest_manifest`` re-read from the local disk.
 
     Raises:
         ChecksumMismatchError: a file differs after one retry (named).
@@ -223,7 +241,8 @@ def s3_download_dir(
     client, config = target.get_client(), target.transfer_config()
     base = target.key_for("", key_prefix)
     prefix = base + "/" if base else ""
-    if expected is None:
+    wanted = expected.as_dict() if expected is not None else None
+    if wanted is None:
         entries = []
         for obj in _list_objects(client, target.bucket, prefix):
             rel = obj["Key"][len(prefix) :]
@@ -240,13 +259,13 @@ def s3_download_dir(
             )
         if not entries:
             raise TransferError(f"nothing under s3://{target.bucket}/{prefix}; check the prefix")
-        expected = {
+        wanted = {
             "root": f"s3://{target.bucket}/{prefix}",
             "entries": sorted(entries, key=lambda x: x["path"]),
         }
-    total = sum(e["size_bytes"] for e in expected["entries"])
+    total = sum(e["size_bytes"] for e in wanted["entries"])
     retries = 0
-    todo = list(expected["entries"])
+    todo = list(wanted["entries"])
     for attempt in range(2):
         done = 0
         for e in todo:
@@ -258,17 +277,15 @@ def s3_download_dir(
             done += e["size_bytes"]
             if on_progress:
                 on_progress(done, total)
-        dest_manifest = mf.compute_manifest(
-            str(local_dir), [e["path"] for e in expected["entries"]]
-        )
-        problems = mf.compare_manifests(expected, dest_manifest)
+        dest_manifest = mf.compute_manifest(str(local_dir), [e["path"] for e in wanted["entries"]])
+        problems = mf.compare_manifests(wanted, dest_manifest)
         if not problems:
-            return {
-                "bytes": total,
-                "source_manifest": expected,
-                "dest_manifest": dest_manifest,
-                "retries": retries,
-            }
+            return MethodResult(
+                bytes=total,
+                retries=retries,
+                source_manifest=Manifest.from_dict(wanted),
+                dest_manifest=Manifest.from_dict(dest_manifest),
+            )
         if attempt == 1:
             path, why = problems[0]
             raise ChecksumMismatchError(
@@ -278,7 +295,7 @@ def s3_download_dir(
                 stage="download",
             )
         bad = {p for p, _ in problems}
-        todo = [e for e in expected["entries"] if e["path"] in bad]
+        todo = [e for e in wanted["entries"] if e["path"] in bad]
         retries += len(todo)
     raise AssertionError("unreachable")
 
@@ -295,65 +312,97 @@ def _volume_prefix(target: S3Target, handle: PodHandle, remote: str) -> str:
     return remote[len(mount) :].strip("/")
 
 
-def s3_upload_to_pod(
-    console: PodConsole,
-    handle: PodHandle,
-    target: S3Target,
-    local_dir: Path,
-    remote: str,
-    source: dict[str, Any],
-    on_progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
-    """Upload through a network volume and verify on the pod (``manifest.py`` there).
+class S3Method:
+    """The ``s3`` ``TransferMethod``: a pod folder on a network volume, moved through the
+    volume's S3 API and verified by ``manifest.py`` on the pod's own view of the files.
+    ``auto`` picks it first whenever a target is configured.
 
-    Raises:
-        SpecError: ``remote`` is not under the volume's mount on the pod.
-        ChecksumMismatchError: a file seen by the pod differs after one re-upload.
+    Args:
+        target: the bucket or network volume; without one the method is unavailable.
     """
-    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
 
-    key_prefix = _volume_prefix(target, handle, remote)
-    result = s3_upload_dir(target, local_dir, key_prefix, source, on_progress)
-    paths = [e["path"] for e in source["entries"]]
-    for attempt in range(2):
-        dest = pod_manifest(console, handle, remote, paths)
-        problems = mf.compare_manifests(source, dest)
-        if not problems:
-            result.update(dest_manifest=dest, retries=attempt)
-            return result
-        if attempt == 1:
-            path, why = problems[0]
-            raise ChecksumMismatchError(
-                f"{path} as seen on pod {handle.pod_id} differs after a re-upload ({why})",
-                path=path,
-                pod_id=handle.pod_id,
-                stage="upload",
+    auto_priority: int | None = 30
+
+    def __init__(self, target: S3Target | None = None):
+        self.target = target
+
+    @classmethod
+    def from_config(cls, config: MethodConfig) -> S3Method:
+        """The method on the caller's ``S3Target``."""
+        return cls(config.s3)
+
+    def unavailable(self, handle: PodHandle) -> str | None:
+        """A message when no target is configured, else None."""
+        return _NO_TARGET if self.target is None else None
+
+    def _target(self, pod: PodLink) -> S3Target:
+        if self.target is None:
+            raise SpecError(_NO_TARGET, pod_id=pod.pod_id)
+        return self.target
+
+    def upload(
+        self,
+        pod: PodLink,
+        local_root: Path,
+        remote_root: str,
+        source: Manifest,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """Upload through the network volume and verify on the pod; a file the pod sees
+        differently is uploaded once more.
+
+        Raises:
+            SpecError: no target, or ``remote_root`` is not under the volume's mount.
+            ChecksumMismatchError: a file seen by the pod differs after one re-upload.
+            TransferError: as ``s3_upload_dir``.
+        """
+        target = self._target(pod)
+        key_prefix = _volume_prefix(target, pod.handle, remote_root)
+        s3_upload_dir(target, local_root, key_prefix, source, on_progress)
+        expected = source.as_dict()
+        paths = [e.path for e in source.entries]
+        for attempt in range(2):
+            dest = pod_manifest(pod.console, pod.handle, remote_root, paths)
+            problems = mf.compare_manifests(expected, dest)
+            if not problems:
+                return MethodResult(
+                    bytes=source.total_bytes,
+                    retries=attempt,
+                    source_manifest=source,
+                    dest_manifest=Manifest.from_dict(dest),
+                )
+            if attempt == 1:
+                path, why = problems[0]
+                raise ChecksumMismatchError(
+                    f"{path} as seen on pod {pod.pod_id} differs after a re-upload ({why})",
+                    path=path,
+                    pod_id=pod.pod_id,
+                    stage="upload",
+                )
+            bad = {p for p, _ in problems}
+            again = source.model_copy(
+                update={"entries": [e for e in source.entries if e.path in bad]}
             )
-        bad = {p for p, _ in problems}
-        again = {
-            "root": source["root"],
-            "entries": [e for e in source["entries"] if e["path"] in bad],
-        }
-        s3_upload_dir(target, local_dir, key_prefix, again)
-    raise AssertionError("unreachable")
+            s3_upload_dir(target, local_root, key_prefix, again)
+        raise AssertionError("unreachable")
 
+    def download(
+        self,
+        pod: PodLink,
+        remote_root: str,
+        local_root: Path,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """Download a pod folder that lives on the network volume, verified against the
+        manifest the pod computes over its own files.
 
-def s3_download_from_pod(
-    console: PodConsole,
-    handle: PodHandle,
-    target: S3Target,
-    remote: str,
-    local_dir: Path,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
-    """Download a pod folder that lives on a network volume, verified against the
-    manifest the pod computes over its own files.
-
-    Raises:
-        SpecError, ChecksumMismatchError: as ``s3_upload_to_pod``/``s3_download_dir``.
-    """
-    from prefect_runpod.blocks.transfer.dispatch import pod_manifest
-
-    key_prefix = _volume_prefix(target, handle, remote)
-    source = pod_manifest(console, handle, remote)
-    return s3_download_dir(target, key_prefix, local_dir, source, on_progress)
+        Raises:
+            SpecError: as ``upload``.
+            ChecksumMismatchError, TransferError: as ``s3_download_dir``.
+        """
+        target = self._target(pod)
+        key_prefix = _volume_prefix(target, pod.handle, remote_root)
+        source = Manifest.from_dict(pod_manifest(pod.console, pod.handle, remote_root))
+        return s3_download_dir(target, key_prefix, local_root, source, on_progress)

@@ -5,8 +5,9 @@ Direct mode only (RunPod's gateway refuses SFTP). Files land as ``<name>.part`` 
 are renamed once whole; a reconnect resumes a ``.part`` after checking its prefix
 hashes on both ends (the pod side through ``manifest.py --prefix-bytes`` over exec).
 The pod's manifest is computed by exec of ``manifest.py`` on the pod's disk, the
-local one by the same module imported here. Returns plain dicts like
-:mod:`prefect_runpod.blocks.transfer.pty`.
+local one by the same module imported here. ``sftp_upload`` / ``sftp_download`` work on
+an endpoint; ``SftpMethod`` is the ``TransferMethod`` that finds the pod's direct
+endpoint. Both answer with a ``MethodResult``.
 """
 
 from __future__ import annotations
@@ -24,16 +25,36 @@ from pydantic import SecretStr
 from prefect_runpod.blocks.console.ssh import open_ssh_client
 from prefect_runpod.blocks.exceptions import (
     ChecksumMismatchError,
+    SpecError,
     TransferError,
 )
-from prefect_runpod.blocks.pod_handle import SSHEndpoint
+from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 
-__all__ = ["SftpSession", "connect_direct", "sftp_download", "sftp_upload"]
+__all__ = [
+    "SftpMethod",
+    "SftpSession",
+    "connect_direct",
+    "direct_endpoint",
+    "sftp_download",
+    "sftp_upload",
+]
 
 WINDOW_BYTES = 8 * 1024 * 1024
 READ_BYTES = 1024 * 1024
 _DROPS = (paramiko.SSHException, OSError, EOFError)
+
+
+def direct_endpoint(handle: PodHandle) -> SSHEndpoint | None:
+    """The pod's direct-TCP sshd (``handle.direct_ssh``, or ``handle.ssh`` in direct
+    mode), or None when it has only the gateway."""
+    if handle.direct_ssh is not None:
+        return handle.direct_ssh
+    if handle.ssh is not None and handle.ssh.mode == "direct":
+        return handle.ssh
+    return None
 
 
 def connect_direct(
@@ -141,19 +162,18 @@ def _remote_size(sftp: paramiko.SFTPClient, path: str) -> int | None:
 
 
 def _with_reconnect(
-    work: Callable[[SftpSession], dict[str, Any]],
+    work: Callable[[SftpSession], MethodResult],
     open_session: Callable[[], SftpSession],
     max_reconnects: int,
     pod: str,
-) -> dict[str, Any]:
+) -> MethodResult:
     reconnects = 0
     while True:
         session = None
         try:
             session = open_session()
             result = work(session)
-            result["reconnects"] = reconnects
-            return result
+            return result.model_copy(update={"reconnects": reconnects})
         except _DROPS as exc:
             reconnects += 1
             if reconnects > max_reconnects:
@@ -172,26 +192,41 @@ def sftp_upload(
     private_key: SecretStr,
     local_root: Path,
     remote_root: str,
-    source: dict[str, Any],
+    source: Manifest,
     *,
     tools_dir: str,
     python: str = "python3",
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: ProgressCallback | None = None,
     max_reconnects: int = 3,
     pod: str = "?",
     session_factory: Callable[[], SftpSession] | None = None,
-) -> dict[str, Any]:
+) -> MethodResult:
     """Upload ``source``'s files (a manifest of ``local_root``) to ``remote_root``.
 
+    Args:
+        endpoint: the pod's direct-TCP sshd.
+        private_key: the SSH key.
+        local_root: the local tree (or single file) ``source`` describes.
+        remote_root: the absolute pod folder.
+        source: ``Manifest.compute(local_root)``.
+        tools_dir: the pod tools folder (``manifest.py`` is copied there if missing).
+        python: the pod's interpreter.
+        on_progress: ``(done_bytes, total_bytes)`` as bytes are written.
+        max_reconnects: dropped connections survived before giving up.
+        pod: the pod id, for messages.
+        session_factory: opens an ``SftpSession`` (tests inject drops); default a new
+            one on ``endpoint``.
+
     Returns:
-        ``{"bytes", "retries", "reconnects", "dest_manifest"}`` (dest computed on the pod).
+        ``MethodResult`` with ``dest_manifest`` computed on the pod.
 
     Raises:
         ChecksumMismatchError: a file still differs after one retry (named).
         TransferError: the connection kept dropping or a write failed (file named).
     """
     single = local_root.is_file()
-    entries = source["entries"]
+    expected = source.as_dict()
+    entries = expected["entries"]
     total = sum(e["size_bytes"] for e in entries)
     state = {"done": 0, "retries": 0}
     opener = session_factory or (lambda: SftpSession(endpoint, private_key, tools_dir, python))
@@ -235,7 +270,7 @@ def sftp_upload(
                     on_progress(state["done"], total)
         s.sftp.posix_rename(part, remote)
 
-    def work(s: SftpSession) -> dict[str, Any]:
+    def work(s: SftpSession) -> MethodResult:
         s.makedirs(remote_root)
         state["done"] = 0
         have = {}
@@ -252,9 +287,14 @@ def sftp_upload(
             for e in todo:
                 put_file(s, e)
             dest = s.manifest(remote_root, [e["path"] for e in entries])
-            problems = mf.compare_manifests(source, dest)
+            problems = mf.compare_manifests(expected, dest)
             if not problems:
-                return {"bytes": total, "retries": state["retries"], "dest_manifest": dest}
+                return MethodResult(
+                    bytes=total,
+                    retries=state["retries"],
+                    source_manifest=source,
+                    dest_manifest=Manifest.from_dict(dest),
+                )
             if attempt == 1:
                 path, why = problems[0]
                 raise ChecksumMismatchError(
@@ -280,15 +320,17 @@ def sftp_download(
     *,
     tools_dir: str,
     python: str = "python3",
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: ProgressCallback | None = None,
     max_reconnects: int = 3,
     pod: str = "?",
     session_factory: Callable[[], SftpSession] | None = None,
-) -> dict[str, Any]:
-    """Download the tree ``remote_root`` into ``local_root`` over SFTP.
+) -> MethodResult:
+    """Download the tree ``remote_root`` into ``local_root`` over SFTP; arguments as
+    ``sftp_upload``.
 
     Returns:
-        ``{"bytes", "retries", "reconnects", "source_manifest", "dest_manifest"}``.
+        ``MethodResult`` with ``source_manifest`` computed on the pod and
+        ``dest_manifest`` re-read from the local disk.
 
     Raises:
         ChecksumMismatchError: a file still differs after one retry (named).
@@ -329,7 +371,7 @@ def sftp_download(
                     on_progress(state["done"], total)
         part.replace(dest)
 
-    def work(s: SftpSession) -> dict[str, Any]:
+    def work(s: SftpSession) -> MethodResult:
         if state["source"] is None:
             state["source"] = s.manifest(remote_root)
         src = state["source"]
@@ -349,12 +391,12 @@ def sftp_download(
             dest = mf.compute_manifest(str(local_root), paths)
             problems = mf.compare_manifests(src, dest)
             if not problems:
-                return {
-                    "bytes": total,
-                    "retries": state["retries"],
-                    "source_manifest": src,
-                    "dest_manifest": dest,
-                }
+                return MethodResult(
+                    bytes=total,
+                    retries=state["retries"],
+                    source_manifest=Manifest.from_dict(src),
+                    dest_manifest=Manifest.from_dict(dest),
+                )
             if attempt == 1:
                 path, why = problems[0]
                 raise ChecksumMismatchError(
@@ -369,3 +411,96 @@ def sftp_download(
         raise AssertionError("unreachable")
 
     return _with_reconnect(work, opener, max_reconnects, pod)
+
+
+class SftpMethod:
+    """The ``sftp`` ``TransferMethod``: a second SSH connection to the pod's direct-TCP
+    sshd. Preferred by ``auto`` over ``pty`` whenever the pod has one.
+
+    Args:
+        private_key: the SSH key for the second connection; required to transfer.
+        python: the pod's interpreter (runs ``manifest.py``).
+    """
+
+    auto_priority: int | None = 20
+
+    def __init__(self, private_key: SecretStr | None = None, python: str = "python3"):
+        self.private_key = private_key
+        self.python = python
+
+    @classmethod
+    def from_config(cls, config: MethodConfig) -> SftpMethod:
+        """The method with the caller's private key."""
+        return cls(config.private_key)
+
+    def unavailable(self, handle: PodHandle) -> str | None:
+        """A message when the pod has no direct-TCP endpoint (RunPod's gateway refuses
+        SFTP), else None."""
+        if direct_endpoint(handle) is not None:
+            return None
+        return (
+            f"pod {handle.pod_id} has no direct-TCP SSH endpoint, so sftp cannot work "
+            "(RunPod's gateway refuses SFTP); expose 22/tcp or use method 'pty'"
+        )
+
+    def _endpoint(self, pod: PodLink) -> tuple[SSHEndpoint, SecretStr]:
+        endpoint = direct_endpoint(pod.handle)
+        if self.private_key is None or endpoint is None:
+            raise SpecError(
+                "the sftp method needs private_key and a direct endpoint", pod_id=pod.pod_id
+            )
+        return endpoint, self.private_key
+
+    def upload(
+        self,
+        pod: PodLink,
+        local_root: Path,
+        remote_root: str,
+        source: Manifest,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """``sftp_upload`` to the pod's direct endpoint.
+
+        Raises:
+            SpecError: no private key or no direct endpoint.
+            ChecksumMismatchError, TransferError: as ``sftp_upload``.
+        """
+        endpoint, key = self._endpoint(pod)
+        return sftp_upload(
+            endpoint,
+            key,
+            local_root,
+            remote_root,
+            source,
+            tools_dir=pod.tools_dir,
+            python=self.python,
+            on_progress=on_progress,
+            pod=pod.pod_id,
+        )
+
+    def download(
+        self,
+        pod: PodLink,
+        remote_root: str,
+        local_root: Path,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """``sftp_download`` from the pod's direct endpoint.
+
+        Raises:
+            SpecError: no private key or no direct endpoint.
+            ChecksumMismatchError, TransferError: as ``sftp_download``.
+        """
+        endpoint, key = self._endpoint(pod)
+        return sftp_download(
+            endpoint,
+            key,
+            remote_root,
+            local_root,
+            tools_dir=pod.tools_dir,
+            python=self.python,
+            on_progress=on_progress,
+            pod=pod.pod_id,
+        )

@@ -11,13 +11,8 @@ import pytest
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer.dispatch import (
-    bootstrap_pod_tools,
-    download_dir,
-    pick_method,
-    tools_dir,
-    upload_dir,
-)
+from prefect_runpod.blocks.transfer.dispatch import download_dir, pick_method, upload_dir
+from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools, tools_dir
 from prefect_runpod.blocks.transfer.pty import PtyOptions
 from tests.fixtures.transfer import FaultHooks, make_tree
 

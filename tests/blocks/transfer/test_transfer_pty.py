@@ -11,6 +11,7 @@ import pytest
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.pod_side.receiver import FrameParser, encode_frame
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 from prefect_runpod.blocks.transfer.pty import PtyOptions, pty_download, pty_upload
 from tests.fixtures.transfer import POD_SIDE_DIR, FaultHooks, make_tree
 
@@ -48,14 +49,17 @@ def test_upload_then_download_roundtrip(tmp_path: Path, pipe_streams, compress: 
     src = make_tree(tmp_path / "src")
     remote = tmp_path / "pod" / "bundle"
     opts = PtyOptions(**{**FAST.__dict__, "compress": compress})
-    source = mf.compute_manifest(str(src))
+    source = Manifest.compute(src)
     up = pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=opts)
-    assert up["bytes"] == sum(e["size_bytes"] for e in source["entries"])
-    assert up["dest_manifest"]["entries"] == source["entries"]
+    assert isinstance(up, MethodResult)
+    assert up.bytes == source.total_bytes and up.source_manifest == source
+    assert up.dest_manifest.entries == source.entries
+    assert up.dest_manifest.root == str(remote)
     _same_tree(src, remote)
     back = tmp_path / "back"
     down = pty_download(pipe_streams, POD_SIDE_DIR, str(remote), back, options=opts)
-    assert down["source_manifest"]["entries"] == source["entries"]
+    assert down.source_manifest.entries == source.entries
+    assert down.dest_manifest.entries == source.entries and down.bytes == source.total_bytes
     _same_tree(src, back)
 
 
@@ -63,9 +67,7 @@ def test_raw_pty_carries_lines_longer_than_4096(tmp_path: Path, pty_streams) -> 
     src = make_tree(tmp_path / "src", big_bytes=300_000)
     remote = tmp_path / "pod"
     opts = PtyOptions(**{**FAST.__dict__, "line_chars": 20000})
-    pty_upload(
-        pty_streams, POD_SIDE_DIR, src, str(remote), mf.compute_manifest(str(src)), options=opts
-    )
+    pty_upload(pty_streams, POD_SIDE_DIR, src, str(remote), Manifest.compute(src), options=opts)
     _same_tree(src, remote)
     pty_download(pty_streams, POD_SIDE_DIR, str(remote), tmp_path / "back", options=opts)
     _same_tree(src, tmp_path / "back")
@@ -80,18 +82,18 @@ def test_flipped_and_truncated_frames_are_repaired(tmp_path: Path, pipe_streams)
         POD_SIDE_DIR,
         src,
         str(remote),
-        mf.compute_manifest(str(src)),
+        Manifest.compute(src),
         options=FAST,
         hooks=hooks,
     )
     assert hooks.fired == ["flip", "truncate"]
-    assert up["retries"] >= 2
+    assert up.retries >= 2
     _same_tree(src, remote)
     hooks = FaultHooks(flip_read=6)
     down = pty_download(
         pipe_streams, POD_SIDE_DIR, str(remote), tmp_path / "back", options=FAST, hooks=hooks
     )
-    assert hooks.fired == ["flip_read"] and down["retries"] >= 1
+    assert hooks.fired == ["flip_read"] and down.retries >= 1
     _same_tree(src, tmp_path / "back")
 
 
@@ -104,12 +106,12 @@ def test_dropped_connection_resumes_from_verified_offset(tmp_path: Path, pipe_st
         POD_SIDE_DIR,
         src,
         str(remote),
-        mf.compute_manifest(str(src)),
+        Manifest.compute(src),
         options=FAST,
         hooks=hooks,
         reconnect=pipe_streams.reconnect,
     )
-    assert hooks.fired == ["drop"] and up["reconnects"] == 1 and pipe_streams.reconnects == 1
+    assert hooks.fired == ["drop"] and up.reconnects == 1 and pipe_streams.reconnects == 1
     _same_tree(src, remote)
     hooks = FaultHooks(drop_at_bytes=1024 * 1024, drop=lambda: pipe_streams.streams[-1].kill())
     down = pty_download(
@@ -121,7 +123,7 @@ def test_dropped_connection_resumes_from_verified_offset(tmp_path: Path, pipe_st
         hooks=hooks,
         reconnect=pipe_streams.reconnect,
     )
-    assert down["reconnects"] == 1
+    assert down.reconnects == 1
     _same_tree(src, tmp_path / "back")
 
 
@@ -132,10 +134,10 @@ def test_upload_resumes_from_part_file(tmp_path: Path, pipe_streams) -> None:
     (src / "f.bin").write_bytes(data)
     remote = tmp_path / "pod"
     remote.mkdir()
-    source = mf.compute_manifest(str(src))
+    source = Manifest.compute(src)
     (remote / "f.bin.part").write_bytes(data[:300_000])
     (remote / "f.bin.part.json").write_text(
-        json.dumps({"size": len(data), "sha256": source["entries"][0]["sha256"]})
+        json.dumps({"size": len(data), "sha256": source.entries[0].sha256})
     )
     sent = []
     hooks = FaultHooks()
@@ -154,7 +156,7 @@ def test_disk_limit_names_the_file(tmp_path: Path, pipe_streams) -> None:
             POD_SIDE_DIR,
             src,
             str(tmp_path / "pod"),
-            mf.compute_manifest(str(src)),
+            Manifest.compute(src),
             options=opts,
             pod="lp-test",
         )
@@ -166,7 +168,7 @@ def test_source_changed_during_upload_is_never_accepted(tmp_path: Path, pipe_str
     src = tmp_path / "src"
     src.mkdir()
     (src / "model.bin").write_bytes(os.urandom(200_000))
-    source = mf.compute_manifest(str(src))
+    source = Manifest.compute(src)
     (src / "model.bin").write_bytes(os.urandom(200_000))  # differs from its manifest
     remote = tmp_path / "pod"
     with pytest.raises(ChecksumMismatchError, match="model.bin") as info:

@@ -11,8 +11,8 @@ from pydantic import SecretStr
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.dispatch import pick_method
+from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.s3 import (
     S3Target,
     _volume_prefix,
@@ -39,30 +39,29 @@ def _target(moto_s3: dict[str, str], **kw: object) -> S3Target:
 def test_roundtrip_multipart_and_metadata(tmp_path: Path, moto_s3) -> None:
     target = _target(moto_s3, multipart_threshold_bytes=5 * 1024 * 1024, part_bytes=5 * 1024 * 1024)
     src = make_tree(tmp_path / "src", big_bytes=11 * 1024 * 1024 + 3)
-    source = mf.compute_manifest(str(src))
-    up = s3_upload_dir(target, src, "runs/r1", source)
-    assert "runs/r1/sub dir/naïve café ✓.json" in up["keys"]
+    source = Manifest.compute(src)
+    keys = s3_upload_dir(target, src, "runs/r1", source)
+    assert "runs/r1/sub dir/naïve café ✓.json" in keys
     client = target.get_client()
     head = client.head_object(Bucket=target.bucket, Key="runs/r1/sub dir/deeper/big.bin")
     assert head["ETag"].strip('"').endswith("-3")  # three parts: multipart was used
     down = s3_download_dir(target, "runs/r1", tmp_path / "back")
-    assert down["source_manifest"]["entries"] == source["entries"]
-    assert mf.compute_manifest(str(tmp_path / "back"))["entries"] == source["entries"]
+    assert down.source_manifest.entries == source.entries and down.bytes == source.total_bytes
+    assert down.dest_manifest.entries == source.entries
+    assert Manifest.compute(tmp_path / "back").entries == source.entries
 
 
 def test_damaged_object_is_never_accepted(tmp_path: Path, moto_s3) -> None:
     target = _target(moto_s3)
     src = make_tree(tmp_path / "src", big_bytes=1000)
-    source = mf.compute_manifest(str(src))
+    source = Manifest.compute(src)
     s3_upload_dir(target, src, "ckpt", source)
     # the object is replaced behind our back; its metadata still claims the old hash
     target.get_client().put_object(
         Bucket=target.bucket,
         Key="ckpt/text.log",
         Body=os.urandom(100),
-        Metadata={
-            "sha256": next(e["sha256"] for e in source["entries"] if e["path"] == "text.log")
-        },
+        Metadata={"sha256": next(e.sha256 for e in source.entries if e.path == "text.log")},
     )
     with pytest.raises(ChecksumMismatchError, match="text.log") as info:
         s3_download_dir(target, "ckpt", tmp_path / "back")

@@ -1,0 +1,179 @@
+"""The ``TransferMethod`` protocol: one way of moving a tree between here and a pod
+(docs/architecture.md#transfers-and-integrity).
+
+Modelled on httpx's transports: ``upload_dir`` / ``download_dir``
+(:mod:`prefect_runpod.blocks.transfer.dispatch`) do what every transfer shares — pick a
+method, compute the source manifest, install the pod tools, time the transfer and
+compare the two manifests — and hand the moving of bytes to a ``TransferMethod`` looked
+up by name in a registry. A method moves files, verifies what landed, and answers with
+one typed ``MethodResult``; it knows nothing of the other methods.
+
+Adding a method is one module with a class that implements ``TransferMethod`` (and a
+``from_config`` factory), plus one entry in ``dispatch.METHOD_REGISTRY`` — or
+``dispatch.register_method`` at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from pydantic import SecretStr
+
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
+
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.pod_handle import PodHandle
+    from prefect_runpod.blocks.transfer.s3 import S3Target
+
+__all__ = [
+    "MethodConfig",
+    "MethodFactory",
+    "MethodOptions",
+    "PodLink",
+    "ProgressCallback",
+    "TransferHooks",
+    "TransferMethod",
+]
+
+ProgressCallback = Callable[[int, int], None]
+"""``on_progress(done_bytes, total_bytes)``, called as payload bytes are confirmed."""
+
+
+class TransferHooks:
+    """Named fault points of a transfer. The default does nothing; fault tests override.
+
+    ``frame_out(fid, offset, data) -> bytes`` sees each data frame before it is
+    written; ``data_in(data) -> bytes`` sees what was read; ``progress(done_bytes)``
+    runs after each acknowledged chunk (a test may drop the connection there). The
+    ``pty`` method honours them; methods without frames ignore them.
+    """
+
+    def frame_out(self, fid: str, offset: int, data: bytes) -> bytes:
+        return data
+
+    def data_in(self, data: bytes) -> bytes:
+        return data
+
+    def progress(self, done_bytes: int) -> None:
+        return None
+
+
+class MethodOptions:
+    """Base class of a method's own tuning (``PtyOptions``, ``RunpodctlOptions``).
+
+    ``upload_dir`` / ``download_dir`` take one ``options`` object; the chosen method
+    uses it when it is an instance of that method's options class and its own
+    defaults otherwise (see ``MethodConfig.options_for``).
+    """
+
+
+_Options = TypeVar("_Options", bound=MethodOptions)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """What the caller of ``upload_dir`` / ``download_dir`` gave; each method's factory
+    takes the part it needs.
+
+    Attributes:
+        private_key: the SSH key, for a method that opens its own connection (``sftp``).
+        s3: the bucket or network volume (``s3``).
+        options: one method's options; read them with ``options_for``.
+        hooks: fault points (``TransferHooks``), or None for none.
+    """
+
+    private_key: SecretStr | None = None
+    s3: S3Target | None = None
+    options: MethodOptions | None = None
+    hooks: TransferHooks | None = None
+
+    def options_for(self, kind: type[_Options]) -> _Options:
+        """``options`` when it is a ``kind``, else ``kind()`` (that method's defaults)."""
+        return self.options if isinstance(self.options, kind) else kind()
+
+
+@dataclass(frozen=True)
+class PodLink:
+    """The pod end of one transfer, as dispatch hands it to a method.
+
+    Attributes:
+        handle: the pod (its id names it in errors; ``sftp`` reads its direct endpoint).
+        console: an open console to the pod (``pty`` streams through it; the others run
+            ``manifest.py`` and their own commands in it).
+        tools_dir: the pod folder holding the pod-side scripts, already installed.
+    """
+
+    handle: PodHandle
+    console: PodConsole
+    tools_dir: str
+
+    @property
+    def pod_id(self) -> str:
+        """The pod's id, for messages and errors."""
+        return self.handle.pod_id
+
+
+class TransferMethod(Protocol):
+    """One way of moving a directory tree (or one file) to and from a pod.
+
+    Attributes:
+        auto_priority: rank for ``method="auto"``: of the methods that are available,
+            the highest rank wins; None for a method used only when asked for by name.
+    """
+
+    auto_priority: int | None
+
+    def unavailable(self, handle: PodHandle) -> str | None:
+        """Why this method, as configured, cannot work for ``handle`` (a message that
+        names the fix), or None when it can. Must not touch the network."""
+        ...
+
+    def upload(
+        self,
+        pod: PodLink,
+        local_root: Path,
+        remote_root: str,
+        source: Manifest,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """Move the files of ``source`` (the manifest of ``local_root``) to the absolute
+        pod folder ``remote_root``, then verify them on the pod.
+
+        Returns:
+            ``MethodResult`` whose ``dest_manifest`` was computed on the pod from the
+            files on its disk, and whose ``source_manifest`` is ``source``.
+
+        Raises:
+            ChecksumMismatchError: a file still differs after the method's retry (named).
+            TransferError: the pod refused a write, or the connection was lost for good.
+            SpecError: the method cannot run with what it was given.
+        """
+        ...
+
+    def download(
+        self,
+        pod: PodLink,
+        remote_root: str,
+        local_root: Path,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> MethodResult:
+        """Move the tree at the absolute pod path ``remote_root`` into ``local_root``.
+
+        Returns:
+            ``MethodResult`` whose ``source_manifest`` was computed on the pod and whose
+            ``dest_manifest`` was re-read from the local disk.
+
+        Raises:
+            ChecksumMismatchError, TransferError, SpecError: as ``upload``.
+        """
+        ...
+
+
+MethodFactory = Callable[[MethodConfig], TransferMethod]
+"""Builds a method from the caller's ``MethodConfig``; the registry holds these."""

@@ -1,0 +1,141 @@
+"""The pod tools folder: where the pod-side scripts live on a pod, and how they get there
+(docs/architecture.md#transfers-and-integrity).
+
+Every stage that runs a pod-side script (the receiver, ``manifest.py``, the launcher,
+the watchdog, the probes) finds it through :func:`tools_dir`; this module is the one
+place that names the folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect_runpod.blocks.exceptions import TransferError
+from prefect_runpod.blocks.pod_side import manifest as mf
+
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.pod_handle import PodHandle
+
+__all__ = ["POD_TOOLS_DIR", "bootstrap_pod_tools", "pod_manifest", "remote_path", "tools_dir"]
+
+POD_TOOLS_DIR = ".prefect-runpod/bin"
+"""Where the pod-side scripts live, relative to ``handle.workdir``."""
+_LINE_B64_CHARS = 3000  # base64 per console line: well under the tty's 4096-byte limit
+_POD_SIDE = Path(mf.__file__).parent
+_MANIFEST_TIMEOUT_SECONDS = 900
+
+
+def remote_path(handle: PodHandle, path: str) -> str:
+    """``path`` on the pod: absolute as given, else under ``handle.workdir``."""
+    return path if path.startswith("/") else f"{handle.workdir.rstrip('/')}/{path}"
+
+
+def tools_dir(handle: PodHandle) -> str:
+    """The pod folder holding the pod-side scripts (``<workdir>/`` + ``POD_TOOLS_DIR``)."""
+    return remote_path(handle, POD_TOOLS_DIR)
+
+
+def bootstrap_pod_tools(console: PodConsole, handle: PodHandle) -> str:
+    """Copy every ``blocks/pod_side/*.py`` into :func:`tools_dir` on the pod.
+
+    Each file travels as base64 in console lines under 3000 characters (the tty cuts
+    longer input lines at 4096 bytes), is decoded on the pod, checked against its
+    sha256 and only then renamed into place. Files already there with the right
+    sha256 are left alone, so a second call costs one command.
+
+    Returns:
+        The remote tools directory.
+
+    Raises:
+        TransferError: a file's sha256 differs after decoding (named).
+        ConsoleError: as ``PodConsole.run``.
+    """
+    remote = tools_dir(handle)
+    q = shlex.quote(remote)
+    local = {
+        p.name: p.read_bytes() for p in sorted(_POD_SIDE.glob("*.py")) if p.name != "__init__.py"
+    }
+    listing = console.run(
+        f"mkdir -p {q} && cd {q} && sha256sum -- *.py 2>/dev/null; true", timeout_seconds=60
+    )
+    have = {}
+    for line in listing.output.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and len(parts[0]) == 64:
+            have[parts[1].lstrip("*")] = parts[0]
+    for name, data in local.items():
+        digest = hashlib.sha256(data).hexdigest()
+        if have.get(name) == digest:
+            continue
+        tmp = shlex.quote(f"{remote}/.{name}.b64")
+        enc = base64.b64encode(data).decode("ascii")
+        console.run(f": > {tmp}", timeout_seconds=60, check=True)
+        for i in range(0, len(enc), _LINE_B64_CHARS):
+            console.run(
+                f"printf %s {enc[i : i + _LINE_B64_CHARS]} >> {tmp}", timeout_seconds=60, check=True
+            )
+        target = shlex.quote(f"{remote}/{name}")
+        done = console.run(
+            f"base64 -d {tmp} > {target}.tmp && echo '{digest}  '{target}.tmp | sha256sum -c --status"
+            f" && chmod +x {target}.tmp && mv -f {target}.tmp {target} && rm -f {tmp}",
+            timeout_seconds=60,
+        )
+        if done.exit_code != 0:
+            raise TransferError(
+                f"pod {handle.pod_id}: {name} did not arrive intact in {remote} "
+                f"(sha256 check failed); rerun, the copy is idempotent",
+                pod_id=handle.pod_id,
+            )
+    return remote
+
+
+def pod_manifest(
+    console: PodConsole,
+    handle: PodHandle,
+    root: str,
+    paths: list[str] | None = None,
+    python: str = "python3",
+) -> dict[str, Any]:
+    """The manifest of ``root`` computed on the pod (``manifest.py`` in the tools folder)
+    through a raw stream of the console (no output mangling, no line limits).
+
+    Args:
+        console: an open console to the pod; the tools must be installed
+            (:func:`bootstrap_pod_tools`).
+        handle: the pod.
+        root: the pod folder (or file) to describe.
+        paths: only these relative paths; None for the whole tree.
+        python: the pod's interpreter.
+
+    Returns:
+        The plain form of ``pod_side.manifest`` (``{"root", "entries": [...]}``).
+
+    Raises:
+        TransferError: the script failed or printed no JSON within 900 s.
+    """
+    cmd = f"{shlex.quote(python)} {shlex.quote(tools_dir(handle) + '/manifest.py')} {shlex.quote(root)}"
+    if paths is not None:
+        cmd += " --files " + " ".join(shlex.quote(p) for p in paths)
+    stream = console.open_stream(cmd + " 2>&1")
+    chunks = []
+    deadline = time.monotonic() + _MANIFEST_TIMEOUT_SECONDS
+    while not stream.ended and time.monotonic() < deadline:
+        chunks.append(stream.read(1 << 20, 1.0))
+    chunks.append(stream.read(1 << 24, 0.1))
+    code = stream.finish(30.0)
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    for line in text.splitlines():
+        if line.startswith('{"root"'):
+            result: dict[str, Any] = json.loads(line)
+            return result
+    raise TransferError(
+        f"pod {handle.pod_id}: manifest of {root} failed (exit {code}): {text[-500:]}",
+        pod_id=handle.pod_id,
+    )
