@@ -27,6 +27,7 @@ from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.costs import budget_reason, settle
 from prefect_runpod.blocks.exceptions import (
     BudgetExceededError,
     ChecksumMismatchError,
@@ -107,29 +108,29 @@ def _flow_run_id() -> str:
 
 
 class _Budget:
-    """Projected spend vs ``max_cost_usd``: price × seconds since create."""
+    """The run's budget check: the pod's projected spend (``blocks/costs.py``) against
+    ``max_cost_usd``, from the moment the pod is on record."""
 
-    def __init__(self, max_cost_usd: float | None):
+    def __init__(
+        self,
+        max_cost_usd: float | None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
         self.max_cost_usd = max_cost_usd
         self.handle: PodHandle | None = None
-
-    def projected_usd(self) -> float:
-        if self.handle is None:
-            return 0.0
-        seconds = (datetime.now(UTC) - self.handle.created_at).total_seconds()
-        return self.handle.cost_per_hr * seconds / 3600.0
+        self._now = now
 
     def reason(self) -> str | None:
-        """A sentence when the budget is spent, else None."""
-        if self.max_cost_usd is None or self.handle is None:
+        """A sentence when the budget is spent, else None (also with no pod or no cap)."""
+        if self.handle is None:
             return None
-        spent = self.projected_usd()
-        if spent >= self.max_cost_usd:
-            return (
-                f"projected spend {spent:.4f} USD reached max_cost_usd {self.max_cost_usd:.4f} USD "
-                f"(pod {self.handle.pod_id} at {self.handle.cost_per_hr:.2f} USD/h)"
-            )
-        return None
+        return budget_reason(
+            self.handle.cost_per_hr,
+            self.handle.created_at,
+            self._now(),
+            self.max_cost_usd,
+            pod_id=self.handle.pod_id,
+        )
 
     def check(self) -> None:
         """Raise ``BudgetExceededError`` when the budget is spent."""
@@ -559,6 +560,7 @@ def _finish(
     """Terminate (unless kept), compute the cost, publish artifacts, write the report."""
     logger = get_run_logger()
     failed = any(s.state in (StageState.FAILED, StageState.CANCELLED) for s in report.stages)
+    confirmed_at: datetime | None = None
     if report.pod_id and pod_provider is not None:
         if keep_pod_on_failure and failed:
             report.stage("terminate").state = StageState.SKIPPED
@@ -571,21 +573,19 @@ def _finish(
                 with run_stage(report, "terminate", on_stage):
                     result = terminate(pod_provider, report.pod_id)
                     report.terminated = True
-                    assert report.pod is not None
-                    billed = (result.confirmed_at - report.pod.created_at).total_seconds()
-                    report.cost.billed_seconds = round(max(billed, 0.0), 3)
+                    confirmed_at = result.confirmed_at
             except BaseException as exc:  # never mask the run's own error
                 logger.error("%s: terminate failed: %s", report.pod_id, exc)
                 report.error = report.error or f"terminate failed: {exc}"
     elif report.pod_id is None:
         report.stage("terminate").state = StageState.SKIPPED
         report.stage("terminate").reason = "no pod was created"
-    if report.pod is not None and not report.terminated:
-        # Still billing (kept or unconfirmed): count until now, and say so.
-        report.cost.billed_seconds = round(
-            (datetime.now(UTC) - report.pod.created_at).total_seconds(), 3
-        )
-    report.cost.usd = round(report.cost.cost_per_hr * report.cost.billed_seconds / 3600.0, 8)
+    if report.pod is not None:
+        # Billed from create to the confirmed end; a pod that may still be billing (kept
+        # or unconfirmed) is counted until now.
+        ended_at = confirmed_at if confirmed_at is not None else datetime.now(UTC)
+        bill = settle(report.cost.cost_per_hr, report.pod.created_at, ended_at)
+        report.cost.billed_seconds, report.cost.usd = bill.billed_seconds, bill.usd
     try:
         publish_cost_artifact(report)
         publish_model_link(report)

@@ -127,6 +127,9 @@ def test_cli_json_report(prefect_server, tmp_path):
     cost = data["cost"]
     assert cost["cost_per_hr"] == pytest.approx(0.22)
     assert cost["usd"] == pytest.approx(0.22 * cost["billed_seconds"] / 3600, abs=1e-8)
+    # As recorded: seconds to the millisecond, USD to 1e-8 from those seconds.
+    assert cost["billed_seconds"] == round(cost["billed_seconds"], 3)
+    assert cost["usd"] == round(cost["cost_per_hr"] * cost["billed_seconds"] / 3600, 8)
     assert data["manifest"]["entries"]
     assert data["parity"]["verdict"] == "pass"
 
