@@ -321,7 +321,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     from prefect_runpod.tasks.env import cuda_floor_for_requirements
     from prefect_runpod.tasks.env import env as env_stage
     from prefect_runpod.tasks.hf_auth import hf_auth
-    from prefect_runpod.tasks.train import train
+    from prefect_runpod.tasks.train import terminal_progress_bar, train
     from prefect_runpod.tasks.upload import upload
 
     logger = get_run_logger()
@@ -399,7 +399,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             tools_dir=tools_dir,
             max_runtime_seconds=settings.max_runtime_seconds,
             should_stop=budget.reason,
-            on_progress=_progress_printer(handle.pod_id),
+            on_progress=terminal_progress_bar(pod_id=handle.pod_id),
             # A gated model is downloaded by the job itself: it needs the token in its env.
             secret_env={"HF_TOKEN": hf_token} if hf_token is not None else None,
         )
@@ -459,27 +459,6 @@ def _load_s3_target(name: str | None) -> S3Target | None:
     from prefect_runpod.blocks.transfer.s3 import S3Target
 
     return cast(S3Target, S3Target.load(name))
-
-
-def _progress_printer(pod_id: str, step_percent: int = 10) -> Callable[[Any], None]:
-    """A training-progress callback for the terminal: one whole line per
-    ``step_percent`` of progress (``[#####.....]  50% step 50/100``), only forwards
-    (logs interleave with it, so no ``\r`` redraws), to stderr."""
-    shown = {"percent": -step_percent}
-
-    def show(progress: Any) -> None:
-        percent = int(progress.percent)
-        if percent < shown["percent"] + step_percent and percent < 100:
-            return
-        if percent <= shown["percent"]:
-            return
-        shown["percent"] = percent
-        filled = percent // 5
-        counter = f" {progress.unit} {progress.step}/{progress.total}" if progress.total else ""
-        bar = "#" * filled + "." * (20 - filled)
-        print(f"{pod_id} training [{bar}] {percent:3d}%{counter}", file=sys.stderr, flush=True)
-
-    return show
 
 
 def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
