@@ -21,7 +21,7 @@ import shlex
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -33,6 +33,9 @@ from prefect_runpod.tasks.parity_render import (
     char_diff,
     render_parity_markdown,
 )
+
+if TYPE_CHECKING:  # the console package loads paramiko; comparing needs none of it
+    from prefect_runpod.blocks.console import CommandOutput, ConsoleLike
 
 __all__ = [
     "DEFAULT_OUTPUT_FORMAT",
@@ -290,25 +293,18 @@ def compare_eval(
     return report
 
 
-class _Console(Protocol):
-    """What ``run_standalone_eval`` needs from a pod console (``PodConsole.run``)."""
-
-    def run(self, command: str, *, timeout_seconds: float, check: bool) -> Any: ...
-
-
 def run_standalone_eval(
-    console: _Console,
+    console: ConsoleLike,
     bundle_remote_dir: str,
     eval_command: str,
     python: str,
     timeout_seconds: float,
     output_path: str | None = None,
-) -> Any:
+) -> CommandOutput:
     """Run the bundle's own, unmodified eval command on the pod, as the user would.
 
     Args:
-        console: an open pod console (``PodConsole``); ``run`` returns a result with
-            ``output`` (str) and ``exit_code`` (int).
+        console: an open pod console (``PodConsole`` or any ``ConsoleLike``).
         bundle_remote_dir: the bundle's directory on the pod (the command runs there).
         eval_command: the ``eval`` template from ``bundle.toml`` (``{python}`` placeholder).
         python: the interpreter the env stage chose.
@@ -317,7 +313,7 @@ def run_standalone_eval(
             copy is removed first and its absence afterwards is an error.
 
     Returns:
-        The console's ``CommandResult``.
+        The console's result of the eval command (``output``, ``exit_code``).
 
     Raises:
         EvalParityError: the eval exited non-zero or wrote no ``output_path`` (the message

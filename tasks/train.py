@@ -26,12 +26,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, parse_metrics, parse_progress
 from prefect_runpod.tasks.train_remote import (
-    ConsoleLike,
     LogChunk,
     LogFollower,
     kill_training,
@@ -40,7 +40,6 @@ from prefect_runpod.tasks.train_remote import (
 )
 
 __all__ = [
-    "ConsoleLike",
     "LogChunk",
     "LogFollower",
     "Progress",
