@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import uuid
 from collections.abc import Callable
@@ -41,8 +40,8 @@ from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_s
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
-from prefect_runpod.tasks.models import HFDiagnosis, ParityReport, StageState
-from prefect_runpod.tasks.preflight import RunSettings, preflight, validate_settings
+from prefect_runpod.tasks.models import HFDiagnosis, StageState
+from prefect_runpod.tasks.preflight import preflight, validate_settings
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate, terminate_by_name
 
@@ -320,6 +319,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     from prefect_runpod.tasks.download import download
     from prefect_runpod.tasks.env import cuda_floor_for_requirements
     from prefect_runpod.tasks.env import env as env_stage
+    from prefect_runpod.tasks.eval_parity import check_parity_on_pod
     from prefect_runpod.tasks.hf_auth import hf_auth
     from prefect_runpod.tasks.train import terminal_progress_bar, train
     from prefect_runpod.tasks.upload import upload
@@ -409,16 +409,18 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
         if not bundle.eval:
             raise StageSkipped("the bundle declares no standalone eval command")
         try:
-            report.parity = _check_parity(
+            report.parity = check_parity_on_pod(
                 handle,
                 key,
-                hf_token,
-                settings,
+                bundle,
                 run_dir,
                 python,
                 out / "parity",
+                timeout_seconds=settings.max_runtime_seconds,
                 tolerance=parity_tolerance,
                 warn_only=parity_warn_only,
+                transfer_method=settings.transfer_method,
+                hf_token=hf_token,
                 s3=s3,
             )
         except EvalParityError as exc:
@@ -472,65 +474,6 @@ def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(key.get_secret_value())
     return str(path)
-
-
-def _check_parity(
-    handle: PodHandle,
-    key: SecretStr,
-    hf_token: SecretStr | None,
-    settings: RunSettings,
-    run_dir: str,
-    python: str,
-    local_dir: Path,
-    *,
-    tolerance: float,
-    warn_only: bool,
-    s3: S3Target | None,
-) -> ParityReport:
-    """Run the bundle's own standalone eval on the pod, fetch both eval JSONL files (with
-    a verified manifest) and compare them (docs/architecture.md#eval-parity)."""
-    from prefect_runpod.blocks.console.session import PodConsole
-    from prefect_runpod.blocks.transfer.dispatch import download_dir
-    from prefect_runpod.tasks.eval_parity import eval_parity, run_standalone_eval
-
-    bundle = settings.bundle
-    remote_bundle = f"{run_dir}/bundle"
-    parity_dir = f"{run_dir}/parity"
-    q = shlex.quote
-    with PodConsole.for_pod(handle, key) as console:
-        if hf_token is not None:  # the user's eval may load the gated base model too
-            console.set_secret_env("HF_TOKEN", hf_token)
-        run_standalone_eval(
-            console,
-            remote_bundle,
-            bundle.eval,
-            python,
-            timeout_seconds=settings.max_runtime_seconds,
-            output_path=bundle.standalone_eval_jsonl,
-        )
-        console.run(
-            f"rm -rf {q(parity_dir)} && mkdir -p {q(parity_dir)} && "
-            f"cp {q(remote_bundle + '/' + bundle.train_eval_jsonl)} {q(parity_dir)}/train.jsonl && "
-            f"cp {q(remote_bundle + '/' + bundle.standalone_eval_jsonl)} {q(parity_dir)}/standalone.jsonl",
-            check=True,
-        )
-        download_dir(
-            console,
-            handle,
-            parity_dir,
-            local_dir,
-            method=settings.transfer_method,
-            private_key=key,
-            s3=s3,
-        )
-    return eval_parity(
-        local_dir / "train.jsonl",
-        local_dir / "standalone.jsonl",
-        output_format=bundle.output_format,
-        tolerance=tolerance,
-        warn_only=warn_only,
-        pod_id=handle.pod_id,
-    )
 
 
 def _finish(
