@@ -24,6 +24,10 @@ The hierarchy, so a caller can pick what to catch::
 
 Each message names the pod (when one exists) and the next step a person should
 take, in the spirit of httpx's exceptions: the class says which phase failed.
+
+``GATEWAY_PTY_ERROR`` lives here too: the console recognises it to raise
+``ExecRefusedError``, and the local pod's daemon, which must stay light (no paramiko,
+no Prefect), writes it. This module imports nothing, so both can.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "EnvError",
     "EvalParityError",
     "ExecRefusedError",
+    "GATEWAY_PTY_ERROR",
     "HFAuthError",
     "PodTimeoutError",
     "ProviderAuthError",
@@ -152,9 +157,14 @@ class CommandTimeoutError(ConsoleError):
         self.timeout_seconds = timeout_seconds
 
 
+GATEWAY_PTY_ERROR = "Error: Your SSH client doesn't support PTY"
+"""What RunPod's proxied SSH gateway writes to a session without a PTY (an exec or
+SFTP channel) before it closes it with exit status 1."""
+
+
 class ExecRefusedError(ConsoleError):
     """Raised when a gateway refuses an exec or SFTP channel, as RunPod's proxied SSH
-    gateway does (``Error: Your SSH client doesn't support PTY``)."""
+    gateway does (``GATEWAY_PTY_ERROR``)."""
 
 
 class TransferError(RunPodFlowError):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import uuid
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.costs import budget_reason, settle
 from prefect_runpod.blocks.exceptions import (
     BudgetExceededError,
     ChecksumMismatchError,
@@ -40,8 +40,8 @@ from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_s
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
-from prefect_runpod.tasks.models import HFDiagnosis, ParityReport, StageState
-from prefect_runpod.tasks.preflight import RunSettings, preflight, validate_settings
+from prefect_runpod.tasks.models import HFDiagnosis, StageState
+from prefect_runpod.tasks.preflight import preflight, validate_settings
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate, terminate_by_name
 
@@ -107,29 +107,29 @@ def _flow_run_id() -> str:
 
 
 class _Budget:
-    """Projected spend vs ``max_cost_usd``: price × seconds since create."""
+    """The run's budget check: the pod's projected spend (``blocks/costs.py``) against
+    ``max_cost_usd``, from the moment the pod is on record."""
 
-    def __init__(self, max_cost_usd: float | None):
+    def __init__(
+        self,
+        max_cost_usd: float | None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
         self.max_cost_usd = max_cost_usd
         self.handle: PodHandle | None = None
-
-    def projected_usd(self) -> float:
-        if self.handle is None:
-            return 0.0
-        seconds = (datetime.now(UTC) - self.handle.created_at).total_seconds()
-        return self.handle.cost_per_hr * seconds / 3600.0
+        self._now = now
 
     def reason(self) -> str | None:
-        """A sentence when the budget is spent, else None."""
-        if self.max_cost_usd is None or self.handle is None:
+        """A sentence when the budget is spent, else None (also with no pod or no cap)."""
+        if self.handle is None:
             return None
-        spent = self.projected_usd()
-        if spent >= self.max_cost_usd:
-            return (
-                f"projected spend {spent:.4f} USD reached max_cost_usd {self.max_cost_usd:.4f} USD "
-                f"(pod {self.handle.pod_id} at {self.handle.cost_per_hr:.2f} USD/h)"
-            )
-        return None
+        return budget_reason(
+            self.handle.cost_per_hr,
+            self.handle.created_at,
+            self._now(),
+            self.max_cost_usd,
+            pod_id=self.handle.pod_id,
+        )
 
     def check(self) -> None:
         """Raise ``BudgetExceededError`` when the budget is spent."""
@@ -319,8 +319,9 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     from prefect_runpod.tasks.download import download
     from prefect_runpod.tasks.env import cuda_floor_for_requirements
     from prefect_runpod.tasks.env import env as env_stage
+    from prefect_runpod.tasks.eval_parity import check_parity_on_pod
     from prefect_runpod.tasks.hf_auth import hf_auth
-    from prefect_runpod.tasks.train import train
+    from prefect_runpod.tasks.train import terminal_progress_bar, train
     from prefect_runpod.tasks.upload import upload
 
     logger = get_run_logger()
@@ -398,7 +399,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             tools_dir=tools_dir,
             max_runtime_seconds=settings.max_runtime_seconds,
             should_stop=budget.reason,
-            on_progress=_progress_printer(handle.pod_id),
+            on_progress=terminal_progress_bar(pod_id=handle.pod_id),
             # A gated model is downloaded by the job itself: it needs the token in its env.
             secret_env={"HF_TOKEN": hf_token} if hf_token is not None else None,
         )
@@ -408,16 +409,18 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
         if not bundle.eval:
             raise StageSkipped("the bundle declares no standalone eval command")
         try:
-            report.parity = _check_parity(
+            report.parity = check_parity_on_pod(
                 handle,
                 key,
-                hf_token,
-                settings,
+                bundle,
                 run_dir,
                 python,
                 out / "parity",
+                timeout_seconds=settings.max_runtime_seconds,
                 tolerance=parity_tolerance,
                 warn_only=parity_warn_only,
+                transfer_method=settings.transfer_method,
+                hf_token=hf_token,
                 s3=s3,
             )
         except EvalParityError as exc:
@@ -460,27 +463,6 @@ def _load_s3_target(name: str | None) -> S3Target | None:
     return cast(S3Target, S3Target.load(name))
 
 
-def _progress_printer(pod_id: str, step_percent: int = 10) -> Callable[[Any], None]:
-    """A training-progress callback for the terminal: one whole line per
-    ``step_percent`` of progress (``[#####.....]  50% step 50/100``), only forwards
-    (logs interleave with it, so no ``\r`` redraws), to stderr."""
-    shown = {"percent": -step_percent}
-
-    def show(progress: Any) -> None:
-        percent = int(progress.percent)
-        if percent < shown["percent"] + step_percent and percent < 100:
-            return
-        if percent <= shown["percent"]:
-            return
-        shown["percent"] = percent
-        filled = percent // 5
-        counter = f" {progress.unit} {progress.step}/{progress.total}" if progress.total else ""
-        bar = "#" * filled + "." * (20 - filled)
-        print(f"{pod_id} training [{bar}] {percent:3d}%{counter}", file=sys.stderr, flush=True)
-
-    return show
-
-
 def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
     """For a local pod, keep its throwaway per-run key (mode 0600) beside the outputs so
     the printed ``ssh`` command works; for RunPod, the user's own key is named instead."""
@@ -494,71 +476,13 @@ def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
     return str(path)
 
 
-def _check_parity(
-    handle: PodHandle,
-    key: SecretStr,
-    hf_token: SecretStr | None,
-    settings: RunSettings,
-    run_dir: str,
-    python: str,
-    local_dir: Path,
-    *,
-    tolerance: float,
-    warn_only: bool,
-    s3: S3Target | None,
-) -> ParityReport:
-    """Run the bundle's own standalone eval on the pod, fetch both eval JSONL files (with
-    a verified manifest) and compare them (docs/architecture.md#eval-parity)."""
-    from prefect_runpod.blocks.console.session import PodConsole
-    from prefect_runpod.blocks.transfer.dispatch import download_dir
-    from prefect_runpod.tasks.eval_parity import eval_parity, run_standalone_eval
-
-    bundle = settings.bundle
-    remote_bundle = f"{run_dir}/bundle"
-    parity_dir = f"{run_dir}/parity"
-    q = shlex.quote
-    with PodConsole.for_pod(handle, key) as console:
-        if hf_token is not None:  # the user's eval may load the gated base model too
-            console.set_secret_env("HF_TOKEN", hf_token)
-        run_standalone_eval(
-            console,
-            remote_bundle,
-            bundle.eval,
-            python,
-            timeout_seconds=settings.max_runtime_seconds,
-            output_path=bundle.standalone_eval_jsonl,
-        )
-        console.run(
-            f"rm -rf {q(parity_dir)} && mkdir -p {q(parity_dir)} && "
-            f"cp {q(remote_bundle + '/' + bundle.train_eval_jsonl)} {q(parity_dir)}/train.jsonl && "
-            f"cp {q(remote_bundle + '/' + bundle.standalone_eval_jsonl)} {q(parity_dir)}/standalone.jsonl",
-            check=True,
-        )
-        download_dir(
-            console,
-            handle,
-            parity_dir,
-            local_dir,
-            method=settings.transfer_method,
-            private_key=key,
-            s3=s3,
-        )
-    return eval_parity(
-        local_dir / "train.jsonl",
-        local_dir / "standalone.jsonl",
-        output_format=bundle.output_format,
-        tolerance=tolerance,
-        warn_only=warn_only,
-        pod_id=handle.pod_id,
-    )
-
-
 def _finish(
     report: RunReport, pod_provider: Any, budget: _Budget, keep_pod_on_failure: bool, on_stage: Any
 ) -> None:
     """Terminate (unless kept), compute the cost, publish artifacts, write the report."""
     logger = get_run_logger()
     failed = any(s.state in (StageState.FAILED, StageState.CANCELLED) for s in report.stages)
+    confirmed_at: datetime | None = None
     if report.pod_id and pod_provider is not None:
         if keep_pod_on_failure and failed:
             report.stage("terminate").state = StageState.SKIPPED
@@ -571,21 +495,19 @@ def _finish(
                 with run_stage(report, "terminate", on_stage):
                     result = terminate(pod_provider, report.pod_id)
                     report.terminated = True
-                    assert report.pod is not None
-                    billed = (result.confirmed_at - report.pod.created_at).total_seconds()
-                    report.cost.billed_seconds = round(max(billed, 0.0), 3)
+                    confirmed_at = result.confirmed_at
             except BaseException as exc:  # never mask the run's own error
                 logger.error("%s: terminate failed: %s", report.pod_id, exc)
                 report.error = report.error or f"terminate failed: {exc}"
     elif report.pod_id is None:
         report.stage("terminate").state = StageState.SKIPPED
         report.stage("terminate").reason = "no pod was created"
-    if report.pod is not None and not report.terminated:
-        # Still billing (kept or unconfirmed): count until now, and say so.
-        report.cost.billed_seconds = round(
-            (datetime.now(UTC) - report.pod.created_at).total_seconds(), 3
-        )
-    report.cost.usd = round(report.cost.cost_per_hr * report.cost.billed_seconds / 3600.0, 8)
+    if report.pod is not None:
+        # Billed from create to the confirmed end; a pod that may still be billing (kept
+        # or unconfirmed) is counted until now.
+        ended_at = confirmed_at if confirmed_at is not None else datetime.now(UTC)
+        bill = settle(report.cost.cost_per_hr, report.pod.created_at, ended_at)
+        report.cost.billed_seconds, report.cost.usd = bill.billed_seconds, bill.usd
     try:
         publish_cost_artifact(report)
         publish_model_link(report)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import Any, Protocol
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
@@ -27,6 +26,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import EnvError
 from prefect_runpod.blocks.pod_handle import PodHandle
@@ -81,10 +81,6 @@ _TRANSFORMERS_FLOORS: tuple[tuple[str, str | None], ...] = (
 )
 """(first version NOT in the row, torch floor of the row); 5.20+ needs 2.6.
 Source: transformers ``utils/import_utils.py`` ``is_torch_available`` per release."""
-
-
-class _Console(Protocol):
-    def run(self, command: str, *, timeout_seconds: float = ..., check: bool = ...) -> Any: ...
 
 
 def _v(text: str) -> Version:
@@ -357,7 +353,7 @@ def parse_probe_output(output: str) -> EnvReport:
 
 
 def probe_env(
-    console: _Console,
+    console: ConsoleLike,
     probe_path: str,
     *,
     runner: str = "python3",
@@ -389,7 +385,9 @@ def probe_env(
     return parse_probe_output(result.output)
 
 
-def apply_env_plan(console: _Console, plan: EnvPlan, *, timeout_seconds: float = 1800.0) -> EnvPlan:
+def apply_env_plan(
+    console: ConsoleLike, plan: EnvPlan, *, timeout_seconds: float = 1800.0
+) -> EnvPlan:
     """Run the plan's commands in order on the pod.
 
     Raises:
@@ -455,7 +453,7 @@ def verify_env(plan: EnvPlan, after: EnvReport) -> EnvPlan:
 
 
 def fix_env(  # noqa: PLR0913
-    console: _Console,
+    console: ConsoleLike,
     requirements: Sequence[str],
     probe_path: str,
     *,

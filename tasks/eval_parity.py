@@ -21,7 +21,7 @@ import shlex
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -34,9 +34,18 @@ from prefect_runpod.tasks.parity_render import (
     render_parity_markdown,
 )
 
+if TYPE_CHECKING:  # the console package loads paramiko; comparing needs none of it
+    from pydantic import SecretStr
+
+    from prefect_runpod.blocks.console import CommandOutput, ConsoleLike
+    from prefect_runpod.blocks.pod_handle import PodHandle
+    from prefect_runpod.blocks.transfer.s3 import S3Target
+    from prefect_runpod.tasks.bundle import BundleSpec
+
 __all__ = [
     "DEFAULT_OUTPUT_FORMAT",
     "char_diff",
+    "check_parity_on_pod",
     "compare_eval",
     "eval_parity",
     "load_jsonl",
@@ -290,25 +299,18 @@ def compare_eval(
     return report
 
 
-class _Console(Protocol):
-    """What ``run_standalone_eval`` needs from a pod console (``PodConsole.run``)."""
-
-    def run(self, command: str, *, timeout_seconds: float, check: bool) -> Any: ...
-
-
 def run_standalone_eval(
-    console: _Console,
+    console: ConsoleLike,
     bundle_remote_dir: str,
     eval_command: str,
     python: str,
     timeout_seconds: float,
     output_path: str | None = None,
-) -> Any:
+) -> CommandOutput:
     """Run the bundle's own, unmodified eval command on the pod, as the user would.
 
     Args:
-        console: an open pod console (``PodConsole``); ``run`` returns a result with
-            ``output`` (str) and ``exit_code`` (int).
+        console: an open pod console (``PodConsole`` or any ``ConsoleLike``).
         bundle_remote_dir: the bundle's directory on the pod (the command runs there).
         eval_command: the ``eval`` template from ``bundle.toml`` (``{python}`` placeholder).
         python: the interpreter the env stage chose.
@@ -317,7 +319,7 @@ def run_standalone_eval(
             copy is removed first and its absence afterwards is an error.
 
     Returns:
-        The console's ``CommandResult``.
+        The console's result of the eval command (``output``, ``exit_code``).
 
     Raises:
         EvalParityError: the eval exited non-zero or wrote no ``output_path`` (the message
@@ -405,3 +407,102 @@ def eval_parity(
                 stage="eval_parity",
             )
     return report
+
+
+def check_parity_on_pod(
+    handle: PodHandle,
+    private_key: SecretStr,
+    bundle: BundleSpec,
+    run_dir: str,
+    python: str,
+    local_dir: Path,
+    *,
+    timeout_seconds: float,
+    tolerance: float = 0.02,
+    warn_only: bool = False,
+    transfer_method: str = "auto",
+    hf_token: SecretStr | None = None,
+    s3: S3Target | None = None,
+) -> ParityReport:
+    """The whole ``eval_parity`` stage on a trained pod: run the bundle's own standalone
+    eval there, bring both eval JSONL files home with a verified manifest, and compare
+    them (``eval_parity``).
+
+    The two files are copied on the pod into ``<run_dir>/parity`` (as ``train.jsonl``
+    and ``standalone.jsonl``) so that only they travel, then downloaded into
+    ``local_dir``.
+
+    Args:
+        handle: the pod.
+        private_key: the SSH key (unwrapped only inside the console).
+        bundle: the bundle spec: its ``eval`` command, both JSONL paths, ``output_format``.
+        run_dir: the pod-side run directory; the trained bundle is ``<run_dir>/bundle``.
+        python: the pod interpreter the env stage chose (``{python}`` in the command).
+        local_dir: where the two JSONL files are downloaded.
+        timeout_seconds: the deadline for the standalone eval, in seconds.
+        tolerance / warn_only: as for ``eval_parity``.
+        transfer_method: ``auto``, ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
+        hf_token: exported hidden as ``HF_TOKEN`` first: the eval may load a gated base
+            model too.
+        s3: the ``S3Target`` for ``transfer_method="s3"``.
+
+    Returns:
+        The ``ParityReport`` (verdict ``pass``, or ``fail`` under ``warn_only``).
+
+    Raises:
+        EvalParityError: the eval failed or wrote nothing, or the verdict is ``fail``
+            without ``warn_only`` (the report attached as ``.report``).
+        ConsoleError: the copy on the pod failed. ConsoleConnectError and
+            CommandTimeoutError come from the console, TransferError and
+            ChecksumMismatchError from the download.
+
+    Example:
+        ```python
+        @flow
+        def parity(handle, key, bundle):
+            return check_parity_on_pod(
+                handle, key, bundle, "/workspace/prefect-runpod/run-1", "python3",
+                Path("out/parity"), timeout_seconds=3600,
+            )
+        ```
+    """
+    from prefect_runpod.blocks.console import PodConsole
+    from prefect_runpod.blocks.transfer import download_dir
+
+    remote_bundle = f"{run_dir}/bundle"
+    parity_dir = f"{run_dir}/parity"
+    q = shlex.quote
+    with PodConsole.for_pod(handle, private_key) as console:
+        if hf_token is not None:
+            console.set_secret_env("HF_TOKEN", hf_token)
+        run_standalone_eval(
+            console,
+            remote_bundle,
+            bundle.eval,
+            python,
+            timeout_seconds=timeout_seconds,
+            output_path=bundle.standalone_eval_jsonl,
+        )
+        console.run(
+            f"rm -rf {q(parity_dir)} && mkdir -p {q(parity_dir)} && "
+            f"cp {q(remote_bundle + '/' + bundle.train_eval_jsonl)} {q(parity_dir)}/train.jsonl && "
+            f"cp {q(remote_bundle + '/' + bundle.standalone_eval_jsonl)} {q(parity_dir)}/standalone.jsonl",
+            check=True,
+        )
+        download_dir(
+            console,
+            handle,
+            parity_dir,
+            local_dir,
+            method=transfer_method,
+            private_key=private_key,
+            s3=s3,
+        )
+    return eval_parity(
+        local_dir / "train.jsonl",
+        local_dir / "standalone.jsonl",
+        output_format=bundle.output_format,
+        tolerance=tolerance,
+        warn_only=warn_only,
+        pod_id=handle.pod_id,
+    )

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import HFAuthError
 from prefect_runpod.blocks.huggingface import collect_access_evidence
@@ -56,14 +57,6 @@ _PENDING_PHRASE = "awaiting a review"
 _REJECTED_PHRASE = "has been rejected"
 _LOGIN_PHRASE = "must have access to it and be authenticated"
 _INVALID_PHRASES = ("invalid credentials", "invalid username or password", "invalid user token")
-
-
-class _Console(Protocol):
-    """What :func:`diagnose_on_pod` needs of a PodConsole."""
-
-    def run(self, command: str, *, timeout_seconds: float = ..., check: bool = ...) -> Any: ...
-
-    def set_secret_env(self, name: str, value: SecretStr) -> Any: ...
 
 
 def _remedy(cause: HFCause, repo_id: str | None, where: str, user: str | None) -> tuple[str, str]:
@@ -303,7 +296,7 @@ def parse_hf_check_output(output: str) -> dict[str, Any] | None:
 
 
 def diagnose_on_pod(
-    console: _Console,
+    console: ConsoleLike,
     repo_id: str,
     token: SecretStr | None,
     endpoint: str | None,
@@ -323,7 +316,7 @@ def diagnose_on_pod(
     the script sees whatever the pod's shell already has.
 
     Args:
-        console: a PodConsole (``run(cmd, timeout_seconds=, check=)``, ``set_secret_env``).
+        console: the pod's console (``run`` and ``set_secret_env`` are used).
         repo_id / token / endpoint: as for :func:`diagnose_local`.
         python: the interpreter on the pod (e.g. the one the env stage chose).
         script_path: where ``hf_check.py`` lies on the pod.

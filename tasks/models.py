@@ -270,8 +270,10 @@ class CostReport(BaseModel):
 
     Attributes:
         cost_per_hr: USD/h (RunPod's ``costPerHr``).
-        billed_seconds: create → terminate confirmed.
-        usd: cost_per_hr × billed_seconds / 3600.
+        billed_seconds: create → terminate confirmed (until now for a pod that may
+            still be billing), to the millisecond.
+        usd: cost_per_hr × billed_seconds / 3600, to 1e-8 USD (``blocks/costs.py``
+            ``settle`` computes both).
         max_cost_usd: the budget cap, if any.
         stage_seconds: seconds per stage.
     """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -14,6 +15,9 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fi
 from prefect_runpod.blocks.exceptions import ConsoleConnectError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
+
+if TYPE_CHECKING:  # the console (paramiko) is opened only inside prepare_pod
+    from prefect_runpod.blocks.console import ConsoleLike
 
 __all__ = ["arm_deadman", "prepare_pod", "provision"]
 
@@ -60,7 +64,7 @@ def provision(
     return handle
 
 
-def arm_deadman(console, tools_dir: str, run_dir: str, deadman: DeadmanConfig) -> None:  # type: ignore[no-untyped-def]
+def arm_deadman(console: ConsoleLike, tools_dir: str, run_dir: str, deadman: DeadmanConfig) -> None:
     """Start the pod-side dead-man switch (``watchdog.py``) detached, with a fresh
     heartbeat file in ``run_dir``. The flow refreshes the heartbeat; when it goes stale for
     ``heartbeat_stale_seconds``, or ``lifetime_seconds`` pass, the pod removes itself

@@ -26,13 +26,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer import pod_tools
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, parse_metrics, parse_progress
 from prefect_runpod.tasks.train_remote import (
-    ConsoleLike,
     LogChunk,
     LogFollower,
     kill_training,
@@ -41,7 +41,6 @@ from prefect_runpod.tasks.train_remote import (
 )
 
 __all__ = [
-    "ConsoleLike",
     "LogChunk",
     "LogFollower",
     "Progress",
@@ -223,26 +222,46 @@ def _kill_quietly(follower: LogFollower, grace_seconds: float) -> dict[str, Any]
 
 
 def terminal_progress_bar(
-    stream: TextIO | None = None, width: int = 30
+    stream: TextIO | None = None,
+    width: int = 20,
+    *,
+    pod_id: str | None = None,
+    step_percent: int = 10,
 ) -> Callable[[Progress], None]:
-    """A callback drawing ``[#######.......]  40.0% step 40/100`` on one terminal line.
+    """A training-progress callback for the terminal: one whole line per
+    ``step_percent`` of progress, e.g. ``abc123 training [##########..........]  50% step
+    50/100``.
+
+    Lines only go forwards and are never redrawn with ``\r``: the task's log lines
+    interleave with them on the same terminal. The first progress seen is shown, then
+    one line each time the whole percent has moved ``step_percent`` on, and 100 % once.
 
     Args:
-        stream: where to draw (default ``sys.stderr``).
-        width: bar width in characters.
-    """
+        stream: where to write (default ``sys.stderr``, looked up at each line).
+        width: bar width in characters (20: one ``#`` per 5 %).
+        pod_id: the pod, named at the start of each line (``training [...]`` without it).
+        step_percent: the least progress, in whole percent, between two lines.
 
-    def _draw(progress: Progress) -> None:
-        out = stream or sys.stderr
-        filled = int(round(progress.fraction * width))
+    Returns:
+        The callback, for ``train(..., on_progress=...)``.
+    """
+    label = f"{pod_id} training" if pod_id else "training"
+    shown = {"percent": -step_percent}
+
+    def _show(progress: Progress) -> None:
+        percent = int(progress.percent)
+        if percent < shown["percent"] + step_percent and percent < 100:
+            return
+        if percent <= shown["percent"]:
+            return
+        shown["percent"] = percent
+        filled = percent * width // 100
         counter = f" {progress.unit} {progress.step}/{progress.total}" if progress.total else ""
-        end = "\n" if progress.fraction >= 1.0 else ""
-        out.write(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {progress.percent:5.1f}%{counter}{end}"
-        )
+        out = stream or sys.stderr
+        out.write(f"{label} [{'#' * filled}{'.' * (width - filled)}] {percent:3d}%{counter}\n")
         out.flush()
 
-    return _draw
+    return _show
 
 
 def _tools_dir(handle: PodHandle, tools_dir: str | None) -> str:
@@ -287,7 +306,8 @@ def train(
             (``pod_tools.tools_dir(handle)``).
         cwd: the job's working directory, default ``<run_dir>/bundle``.
         should_stop: returns a reason to stop (budget) or None; polled each step.
-        on_progress: e.g. ``terminal_progress_bar()`` for a live bar in the terminal.
+        on_progress: e.g. ``terminal_progress_bar(pod_id=handle.pod_id)`` for progress
+            lines in the terminal.
         heartbeat_path: the dead-man heartbeat file (default ``<run_dir>/heartbeat``).
         poll_interval_seconds: log poll period (slept in ≤ 1 s steps).
         kill_grace_seconds: SIGTERM → SIGKILL grace on the pod.
@@ -309,7 +329,8 @@ def train(
         @flow
         def finetune(handle, key):
             report = train(handle, key, "/workspace/run", "{python} -u train.py",
-                           max_runtime_seconds=3600, on_progress=terminal_progress_bar())
+                           max_runtime_seconds=3600,
+                           on_progress=terminal_progress_bar(pod_id=handle.pod_id))
         ```
     """
     from prefect.artifacts import (

@@ -13,14 +13,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import ConsoleError, TrainingError
 from prefect_runpod.tasks.train_log import strip_ansi
 
 __all__ = [
-    "ConsoleLike",
     "LogChunk",
     "LogFollower",
     "kill_training",
@@ -31,18 +31,6 @@ __all__ = [
 _MAX_SLEEP_SECONDS = 1.0
 _MAX_PENDING_BYTES = 1 << 20  # a "line" longer than this is emitted in pieces
 _MAX_GARBLED_ANSWERS = 3
-
-
-class ConsoleLike(Protocol):
-    """What the train stage needs of a console (``PodConsole`` fills it in)."""
-
-    def run(self, command: str, *, timeout_seconds: float = 60.0, **kw: Any) -> Any:
-        """Run one shell command; return an object with ``output`` and ``exit_code``."""
-        ...
-
-    def reconnect(self) -> None:
-        """Open a fresh SSH session and shell after a drop."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -92,7 +80,7 @@ class LogFollower:
     heartbeat file (the dead-man switch's sign of life).
 
     Args:
-        console: a ``PodConsole`` (or anything with ``run`` and ``reconnect``).
+        console: a ``PodConsole`` (or any ``ConsoleLike``: ``run`` and ``reconnect`` are used).
         run_dir: the pod-side run directory.
         tools_dir: the pod directory holding ``launcher.py``.
         python: the pod interpreter that runs ``launcher.py``.

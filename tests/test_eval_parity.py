@@ -352,3 +352,71 @@ class TestEvalParityTask:
 
         report = parity_flow(warn_only=True)
         assert report.verdict == "fail" and report.input_drift == report.n_records
+
+
+@pytest.mark.slow
+class TestCheckParityOnPod:
+    """The whole stage on a real local pod: the bundle's eval run through the console,
+    both files downloaded with a verified manifest, compared, the artifact published."""
+
+    @staticmethod
+    def _on_pod(handle, trained_demo_bundle: Path) -> str:
+        import shutil
+
+        run_dir = f"{handle.workdir}/prefect-runpod/parity-run"
+        shutil.copytree(trained_demo_bundle, Path(run_dir) / "bundle")
+        return run_dir
+
+    def test_unmodified_eval_passes_and_both_files_come_home(
+        self, prefect_server, local_pod, trained_demo_bundle, tmp_path
+    ):
+        from prefect import flow
+
+        from prefect_runpod.tasks.bundle import load_bundle
+        from prefect_runpod.tasks.eval_parity import check_parity_on_pod
+
+        _provider, handle, keypair = local_pod
+        run_dir = self._on_pod(handle, trained_demo_bundle)
+        bundle = load_bundle(trained_demo_bundle)
+
+        @flow
+        def stage():
+            return check_parity_on_pod(
+                handle, keypair.private_key, bundle, run_dir, sys.executable,
+                tmp_path / "parity", timeout_seconds=120,
+            )  # fmt: skip
+
+        report = stage()
+        assert report.verdict == "pass" and report.n_records > 0
+        train = load_jsonl(tmp_path / "parity" / "train.jsonl")
+        standalone = load_jsonl(tmp_path / "parity" / "standalone.jsonl")
+        assert len(train) == len(standalone) == report.n_records
+        pod_standalone = Path(run_dir) / "bundle" / bundle.standalone_eval_jsonl
+        assert load_jsonl(pod_standalone) == standalone  # written on the pod just now
+
+    def test_drifted_eval_fails_with_the_report(
+        self, prefect_server, local_pod, trained_demo_bundle, tmp_path
+    ):
+        from prefect import flow
+
+        from prefect_runpod.tasks.bundle import load_bundle
+        from prefect_runpod.tasks.eval_parity import check_parity_on_pod
+
+        _provider, handle, keypair = local_pod
+        run_dir = self._on_pod(handle, trained_demo_bundle)
+        eval_py = Path(run_dir) / "bundle" / "eval.py"
+        old, new, _ = DRIFTS["raw_input"]
+        eval_py.write_text(eval_py.read_text(encoding="utf-8").replace(old, new), "utf-8")
+        bundle = load_bundle(trained_demo_bundle)
+
+        @flow
+        def stage(warn_only: bool):
+            return check_parity_on_pod(
+                handle, keypair.private_key, bundle, run_dir, sys.executable,
+                tmp_path / "parity", timeout_seconds=120, warn_only=warn_only,
+            )  # fmt: skip
+
+        with pytest.raises(EvalParityError, match=f"{handle.pod_id}.*input drift") as info:
+            stage(warn_only=False)
+        assert info.value.report.verdict == "fail"
+        assert stage(warn_only=True).input_drift == info.value.report.n_records

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 
@@ -127,8 +128,19 @@ def test_cli_json_report(prefect_server, tmp_path):
     cost = data["cost"]
     assert cost["cost_per_hr"] == pytest.approx(0.22)
     assert cost["usd"] == pytest.approx(0.22 * cost["billed_seconds"] / 3600, abs=1e-8)
+    # As recorded: seconds to the millisecond, USD to 1e-8 from those seconds.
+    assert cost["billed_seconds"] == round(cost["billed_seconds"], 3)
+    assert cost["usd"] == round(cost["cost_per_hr"] * cost["billed_seconds"] / 3600, 8)
     assert data["manifest"]["entries"]
     assert data["parity"]["verdict"] == "pass"
+    # The terminal shows training as whole lines naming the pod, forwards, ending at 100 %.
+    bars = re.findall(
+        rf"^{re.escape(data['pod_id'])} training \[([#.]{{20}})\] +(\d+)%", proc.stderr, re.M
+    )
+    assert bars, proc.stderr[-3000:]
+    percents = [int(p) for _, p in bars]
+    assert percents == sorted(set(percents)) and percents[-1] == 100
+    assert all(bar.count("#") == int(p) // 5 for bar, p in bars)
 
 
 def test_direct_mode_pod_runs_every_stage_over_sftp(prefect_server, tmp_path):

@@ -48,6 +48,9 @@ def test_flow_runs_on_emulated_runpod_through_the_sdk(
     cost = report["cost"]
     assert cost["cost_per_hr"] == pytest.approx(0.22)
     assert cost["usd"] == pytest.approx(0.22 * cost["billed_seconds"] / 3600, abs=1e-8)
+    # As recorded: seconds to the millisecond, USD to 1e-8 from those seconds.
+    assert cost["billed_seconds"] == round(cost["billed_seconds"], 3)
+    assert cost["usd"] == round(cost["cost_per_hr"] * cost["billed_seconds"] / 3600, 8)
     ops = [r.get("query", "") for r in runpod_emulator.requests]
     assert any("podFindAndDeployOnDemand" in q for q in ops)
     assert any("podTerminate" in q for q in ops)
@@ -73,6 +76,9 @@ def test_budget_cap_ends_the_run_and_the_pod(prefect_server, tmp_path):
     cost = report["cost"]
     assert cost["billed_seconds"] > 0
     assert cost["usd"] == pytest.approx(0.22 * cost["billed_seconds"] / 3600, abs=1e-8)
+    # As recorded: seconds to the millisecond, USD to 1e-8 from those seconds.
+    assert cost["billed_seconds"] == round(cost["billed_seconds"], 3)
+    assert cost["usd"] == round(cost["cost_per_hr"] * cost["billed_seconds"] / 3600, 8)
 
 
 def _proc_cmdlines() -> str:

@@ -143,6 +143,7 @@ def test_tiny_random_run_trains_and_both_evals_agree(lora_python, tmp_path):
     shutil.copytree(LORA_BUNDLE, bundle, ignore=shutil.ignore_patterns("outputs", "__pycache__"))
     env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
     env["HF_HUB_OFFLINE"] = "1"  # proves the tiny run needs no download
+    env["DEVICE"] = "mps"  # never there on Linux: device.py falls back to CPU, and says so
     train = subprocess.run(
         [
             lora_python,
@@ -165,6 +166,7 @@ def test_tiny_random_run_trains_and_both_evals_agree(lora_python, tmp_path):
         env=env,
     )
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert "warning: mps was requested (env DEVICE) but is not available here" in train.stderr
     progress = [json.loads(x) for x in train.stdout.splitlines() if x.startswith("{")]
     steps = [p for p in progress if "loss" in p]
     assert [p["step"] for p in steps] == [1, 2, 3] and steps[-1]["progress"] == 1.0

@@ -1,6 +1,7 @@
 """PodConsole: commands on a pod through a PTY-only SSH gateway.
 
 - ``session``        ``PodConsole`` and ``run_remote`` (the console's contract)
+- ``protocol``       ``ConsoleLike``: what a task needs of a console (``PodConsole`` or a stand-in)
 - ``channel``        the byte layer: a channel read while written, ``PtyStream``
 - ``shell_lines``    the lines the console types (pure)
 - ``terminal_text``  what a terminal shows -> plain lines; the one ANSI grammar
@@ -9,6 +10,14 @@
 
 from __future__ import annotations
 
+from prefect_runpod.blocks.console.protocol import CommandOutput, ConsoleLike
 from prefect_runpod.blocks.console.session import CommandResult, PodConsole, PtyStream, run_remote
 
-__all__ = ["CommandResult", "PodConsole", "PtyStream", "run_remote"]
+__all__ = [
+    "CommandOutput",
+    "CommandResult",
+    "ConsoleLike",
+    "PodConsole",
+    "PtyStream",
+    "run_remote",
+]

@@ -23,6 +23,7 @@ import paramiko
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.exceptions import (
+    GATEWAY_PTY_ERROR,
     CommandTimeoutError,
     ConsoleConnectError,
     ExecRefusedError,
@@ -31,10 +32,11 @@ from prefect_runpod.blocks.exceptions import (
 from prefect_runpod.blocks.keys import load_private_key
 from prefect_runpod.blocks.pod_handle import SSHEndpoint
 
-__all__ = ["GATEWAY_PTY_ERROR", "exec_command", "fingerprint", "host_key_line", "open_ssh_client"]
+__all__ = ["exec_command", "fingerprint", "host_key_line", "open_ssh_client"]
 
-GATEWAY_PTY_ERROR = "Your SSH client doesn't support PTY"
-"""The text RunPod's gateway answers an exec request with (after ``Error: ``)."""
+_PTY_REFUSAL = GATEWAY_PTY_ERROR.removeprefix("Error: ").encode()
+"""The text RunPod's gateway answers an exec request with, matched without its
+``Error: `` prefix so that the sentence alone is recognised too."""
 
 _EXEC_READ_BYTES = 1 << 20
 
@@ -241,6 +243,6 @@ def exec_command(
         code = channel.recv_exit_status()
     finally:
         channel.close()
-    if code != 0 and GATEWAY_PTY_ERROR.encode() in bytes(out + err):
+    if code != 0 and _PTY_REFUSAL in bytes(out + err):
         raise ExecRefusedError(refused, pod_id=pod_id)
     return bytes(out), bytes(err), code

@@ -43,6 +43,7 @@ from typing import Any
 
 import asyncssh
 
+from prefect_runpod.blocks.exceptions import GATEWAY_PTY_ERROR  # imports nothing: stays light
 from prefect_runpod.blocks.local_pod.registry import (
     MARKER_VAR,
     PodPaths,
@@ -52,10 +53,7 @@ from prefect_runpod.blocks.local_pod.registry import (
     write_record,
 )
 
-__all__ = ["GATEWAY_PTY_ERROR", "PodConfig", "build_pod_env", "main"]
-
-GATEWAY_PTY_ERROR = "Error: Your SSH client doesn't support PTY"
-"""What RunPod's proxied SSH gateway answers a session without a PTY."""
+__all__ = ["PodConfig", "build_pod_env", "main"]
 
 _READ_CHUNK_BYTES = 65536
 _BATCH_BYTES = 256 * 1024

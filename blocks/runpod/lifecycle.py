@@ -24,11 +24,13 @@ from prefect_runpod.blocks.provider import TerminateResult
 from prefect_runpod.blocks.runpod.client import RunPodClient
 from prefect_runpod.blocks.runpod.errors import ErrorKind, FailoverAction, classify_exception
 
-__all__ = ["direct_endpoint", "probe_ssh_host_key", "terminate_until_gone"]
+__all__ = ["GONE_STATUSES", "direct_endpoint", "probe_ssh_host_key", "terminate_until_gone"]
 
 logger = logging.getLogger("prefect_runpod.runpod")
 
-_GONE_STATUSES = {"TERMINATED"}
+GONE_STATUSES = frozenset({"TERMINATED"})
+"""``desiredStatus`` values of a pod that is gone: terminate counts one as confirmed,
+and the provider's ``find`` and ``list`` leave it out."""
 
 
 def direct_endpoint(pod: dict[str, Any]) -> SSHEndpoint | None:
@@ -122,7 +124,7 @@ def terminate_until_gone(
         if not send:
             try:
                 pod = client.get_pod(pod_id)
-                if pod is None or pod.get("desiredStatus") in _GONE_STATUSES:
+                if pod is None or pod.get("desiredStatus") in GONE_STATUSES:
                     logger.info("%s: terminate confirmed", pod_id)
                     return TerminateResult(
                         pod_id=pod_id,

@@ -53,6 +53,7 @@ from prefect_runpod.blocks.runpod.errors import (
     to_provider_error,
 )
 from prefect_runpod.blocks.runpod.lifecycle import (
+    GONE_STATUSES,
     direct_endpoint,
     probe_ssh_host_key,
     terminate_until_gone,
@@ -68,7 +69,6 @@ __all__ = ["RunPodProvider"]
 logger = logging.getLogger("prefect_runpod.runpod")
 T = TypeVar("T")
 
-_GONE_STATUSES = {"TERMINATED"}
 _DEAD_STATUSES = {"TERMINATED", "EXITED", "DEAD"}
 
 
@@ -354,9 +354,7 @@ class RunPodProvider:
         validate_pod_name(name)
         pods = self._call("list pods", self._client.get_pods)
         live = [
-            p
-            for p in pods
-            if p.get("name") == name and p.get("desiredStatus") not in _GONE_STATUSES
+            p for p in pods if p.get("name") == name and p.get("desiredStatus") not in GONE_STATUSES
         ]
         if not live:
             return None
@@ -376,7 +374,7 @@ class RunPodProvider:
             self._handle_from_pod(p)
             for p in pods
             if (p.get("name") or "").startswith(prefix)
-            and p.get("desiredStatus") not in _GONE_STATUSES
+            and p.get("desiredStatus") not in GONE_STATUSES
         ]
 
     # -- wait -------------------------------------------------------------------------

@@ -10,7 +10,9 @@ the ``HF_TOKEN`` environment variable and never printed.
 
 import json
 import os
+import sys
 
+import device as devices
 import torch
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -44,10 +46,13 @@ class HFTokenizer:
 
 
 def device_and_dtype():
-    """CUDA with bfloat16 when a GPU is there, else CPU with float32."""
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16
-    return torch.device("cpu"), torch.float32
+    """The torch device and dtype for this machine (``device.py``): ``DEVICE`` from the
+    environment if set, else CUDA, then MPS, then CPU; bfloat16 on CUDA, float32
+    elsewhere. A requested device that is not there falls back to CPU with a warning."""
+    resolved = devices.resolve_device()
+    if resolved.warning:
+        print(f"warning: {resolved.warning}", file=sys.stderr, flush=True)
+    return torch.device(resolved.device), getattr(torch, devices.dtype_name(resolved.device))
 
 
 def hf_token():

@@ -18,9 +18,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.exceptions import GATEWAY_PTY_ERROR, SpecError
 from prefect_runpod.blocks.keys import KeyPair, generate_keypair
-from prefect_runpod.blocks.local_pod.daemon import GATEWAY_PTY_ERROR
 from prefect_runpod.blocks.local_pod.provider import (
     LocalPod,
     LocalPodProvider,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from prefect_runpod.blocks.exceptions import GATEWAY_PTY_ERROR
 from prefect_runpod.blocks.keys import KeyPair
-from prefect_runpod.blocks.local_pod.daemon import GATEWAY_PTY_ERROR
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.blocks.pod_handle import PodHandle
 from tests.fixtures.local_pod import PodFixture, known_hosts_line, start_pod

@@ -309,6 +309,21 @@ class TestAdoption:
             retry.terminate(first.pod_id)
         assert retry.find(name) is None
 
+    def test_a_terminated_pod_is_neither_found_nor_listed(
+        self, runpod_emulator: RunPodEmulator, runpod_blocks: RunPodBlocks, runpod_provider: Make
+    ) -> None:
+        """A pod listed with desiredStatus TERMINATED is gone to find and list alike
+        (one set of gone statuses, shared with terminate)."""
+        provider, name = runpod_provider(), _name()
+        handle = provider.create(_request(runpod_blocks[2]), name)
+        try:
+            runpod_emulator.pods[handle.pod_id].status = "TERMINATED"
+            assert provider.find(name) is None
+            assert provider.list("prft-") == []
+        finally:
+            result = provider.terminate(handle.pod_id, timeout_seconds=60)
+        assert result.pod_id == handle.pod_id
+
 
 class TestValidationBeforeRequests:
     @pytest.mark.parametrize(

@@ -1,37 +1,36 @@
-"""Which torch device a job should use, decided without importing torch.
+"""Which torch device and dtype the job uses, decided without needing torch to decide.
 
-The field guide's MPS story: a model that builds a ``float64`` tensor works on CUDA
-and CPU but fails on Apple's MPS backend (``Cannot convert a MPS Tensor to float64
-dtype as the MPS framework doesn't support float64``). The fix it recommends is a
-pure resolver — env var → config → auto-detect (cuda > mps > cpu) — that falls back
-to CPU when the requested device is not there, plus a dtype helper that never hands
-``float64`` to MPS. Both live here as plain functions; availability is passed in so
-callers (and tests) decide how it was probed.
+A model that builds a ``float64`` tensor runs on CUDA and CPU but fails on Apple's MPS
+backend (``Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't
+support float64``). So the choice is made in one pure place: the ``DEVICE``
+environment variable, then an explicit request, then a config value, then auto-detect
+(cuda > mps > cpu); a device that is not there falls back to CPU with a warning, and
+MPS never gets ``float64``.
+
+Standard library only (it ships in the bundle and runs on the pod's Python, 3.8 or
+newer); ``modeling.py`` passes in what torch reports, and tests pass in what they like.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal
+from dataclasses import dataclass
 
-from pydantic import BaseModel
-
-__all__ = ["DEVICES", "ResolvedDevice", "resolve_device", "safe_float_dtype"]
-
-DEVICES: tuple[str, ...] = ("cuda", "mps", "cpu")
-"""Device kinds the resolver hands out, in auto-detect preference order."""
+DEVICES = ("cuda", "mps", "cpu")
+"""Device kinds handed out, in auto-detect preference order."""
 
 _AUTO_WORDS = frozenset({"", "auto"})
 
 
-class ResolvedDevice(BaseModel):
+@dataclass(frozen=True)
+class ResolvedDevice:
     """The outcome of :func:`resolve_device`.
 
     Attributes:
         device: ``cuda``, ``cuda:N``, ``mps`` or ``cpu``.
-        reason: where the choice came from (``env DEVICE=…``, ``config``, ``auto-detect``).
-        warning: set when the requested device was unavailable and CPU was used instead.
+        reason: where the choice came from (``env DEVICE=…``, ``config=…``, ``auto-detect``).
+        warning: set when the requested device was not available and CPU was used instead.
     """
 
     device: str
@@ -39,9 +38,9 @@ class ResolvedDevice(BaseModel):
     warning: str | None = None
 
     @property
-    def kind(self) -> Literal["cuda", "mps", "cpu"]:
-        """The device without its index (``cuda:1`` → ``cuda``)."""
-        return self.device.split(":", 1)[0]  # type: ignore[return-value]
+    def kind(self) -> str:
+        """The device without its index (``cuda:1`` -> ``cuda``)."""
+        return self.device.split(":", 1)[0]
 
 
 def _normalise(value: str) -> str:
@@ -55,7 +54,7 @@ def _available(kind: str, cuda_available: bool, mps_available: bool) -> bool:
 def _probe_torch() -> tuple[bool, bool]:
     """Ask torch, when it imports, which accelerators exist; (False, False) otherwise."""
     try:
-        import torch  # type: ignore[import-not-found]
+        import torch
     except Exception:
         return False, False
     cuda = bool(torch.cuda.is_available())
@@ -73,19 +72,19 @@ def resolve_device(
     mps_available: bool | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ResolvedDevice:
-    """Pick the torch device: env var → explicit request → config → auto-detect.
+    """Pick the torch device: env var, then explicit request, then config, then auto-detect.
 
-    The env var wins so that ``DEVICE=cpu python run.py`` overrides everything (the
-    field guide's escape hatch). ``auto`` (or empty) anywhere means "keep looking".
-    An unavailable device (``cuda`` on a Mac, ``mps`` on a pod) falls back to CPU
-    with a warning instead of failing later inside the model.
+    The env var wins so that ``DEVICE=cpu python -u train.py`` overrides everything.
+    ``auto`` (or empty) anywhere means "keep looking". An unavailable device (``cuda``
+    on a Mac, ``mps`` on a pod) falls back to CPU with a warning instead of failing
+    later inside the model.
 
     Args:
         requested: the caller's choice (``auto``/``cuda``/``cuda:N``/``mps``/``cpu``), or None.
         env_var: the environment variable consulted first.
         config: a device string, or a mapping with a ``device`` key (a job config).
-        cuda_available / mps_available: what the machine has; when both are None torch
-            is imported (if installed) to find out.
+        cuda_available / mps_available: what the machine has; when both are None
+            torch is imported (if installed) to find out.
         environ: the environment to read (defaults to ``os.environ``).
 
     Returns:
@@ -100,7 +99,7 @@ def resolve_device(
     cuda_ok = bool(cuda_available)
     mps_ok = bool(mps_available)
 
-    config_value: object = config.get("device") if isinstance(config, Mapping) else config
+    config_value = config.get("device") if isinstance(config, Mapping) else config
     candidates: list[tuple[str, str | None]] = [
         (f"env {env_var}", env.get(env_var)),
         ("requested", requested),
@@ -129,19 +128,23 @@ def resolve_device(
     raise AssertionError("unreachable: cpu is always available")  # pragma: no cover
 
 
-def safe_float_dtype(device: str, wanted: str = "float64") -> str:
-    """The floating dtype name to use on ``device``: ``float64`` becomes ``float32`` on MPS.
+def dtype_name(device: str, wanted: str | None = None) -> str:
+    """The floating dtype name to use on ``device`` (pass it to ``getattr(torch, name)``).
 
-    Apple's MPS backend has no float64 (the field guide's ``Cannot convert a MPS Tensor
-    to float64 dtype``); CUDA and CPU keep what was asked for.
+    Without ``wanted``: ``bfloat16`` on CUDA (half the memory of float32; a 1B model
+    with LoRA fits a 24 GB card), ``float32`` elsewhere. With ``wanted``: that dtype,
+    except that ``float64`` becomes ``float32`` on MPS, which has no float64.
 
     Args:
         device: a device string such as ``mps``, ``cuda:0`` or ``cpu``.
         wanted: the dtype name the code would like (``float64``, ``float32``, ``bfloat16``…).
 
     Returns:
-        A torch dtype name (pass it to ``getattr(torch, name)``).
+        A torch dtype name.
     """
-    if device.split(":", 1)[0].lower() == "mps" and wanted in ("float64", "double"):
+    kind = device.split(":", 1)[0].lower()
+    if wanted is None:
+        return "bfloat16" if kind == "cuda" else "float32"
+    if kind == "mps" and wanted in ("float64", "double"):
         return "float32"
     return wanted

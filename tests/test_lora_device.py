@@ -1,11 +1,22 @@
-"""Device resolution (field guide: env var → config → auto-detect, CPU fallback, no
-float64 on MPS)."""
+"""The LoRA example's device choice (examples/lora-sft/device.py): env var → request →
+config → auto-detect, CPU fallback, bfloat16 on CUDA, no float64 on MPS. The module
+ships in the bundle, so it is loaded from there, as the pod loads it."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 
-from prefect_runpod.tasks.device import resolve_device, safe_float_dtype
+_DEVICE_PY = Path(__file__).resolve().parents[1] / "examples" / "lora-sft" / "device.py"
+_spec = importlib.util.spec_from_file_location("lora_sft_device", _DEVICE_PY)
+assert _spec is not None and _spec.loader is not None
+device = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = device  # dataclasses look their module up there
+_spec.loader.exec_module(device)
+resolve_device, dtype_name = device.resolve_device, device.dtype_name
 
 
 @pytest.mark.parametrize(
@@ -52,7 +63,7 @@ def test_unknown_device_is_refused(bad):
 
 
 @pytest.mark.parametrize(
-    ("device", "wanted", "expected"),
+    ("name", "wanted", "expected"),
     [
         ("mps", "float64", "float32"),
         ("mps", "double", "float32"),
@@ -61,5 +72,20 @@ def test_unknown_device_is_refused(bad):
         ("cpu", "float64", "float64"),
     ],
 )
-def test_safe_float_dtype_never_float64_on_mps(device, wanted, expected):
-    assert safe_float_dtype(device, wanted) == expected
+def test_dtype_never_float64_on_mps(name, wanted, expected):
+    assert dtype_name(name, wanted) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("cuda", "bfloat16"), ("cuda:1", "bfloat16"), ("mps", "float32"), ("cpu", "float32")],
+)
+def test_default_dtype_is_bfloat16_on_cuda_only(name, expected):
+    """What the example used before the choice moved here: bfloat16 on a GPU, else float32."""
+    assert dtype_name(name) == expected
+
+
+def test_without_torch_or_hints_it_is_cpu(monkeypatch):
+    monkeypatch.setattr(device, "_probe_torch", lambda: (False, False))
+    got = resolve_device(environ={})
+    assert (got.device, got.reason, got.warning) == ("cpu", "auto-detect", None)
