@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.validation import constrained
 
 __all__ = ["DeadmanConfig", "PodProvider", "PodRequest", "TerminateResult"]
 
@@ -28,9 +29,9 @@ class DeadmanConfig(BaseModel):
         check_interval_seconds: how often the pod-side watchdog looks.
     """
 
-    heartbeat_stale_seconds: float = Field(default=900.0, gt=0)
-    lifetime_seconds: float = Field(default=6 * 3600.0, gt=0)
-    check_interval_seconds: float = Field(default=30.0, gt=0)
+    heartbeat_stale_seconds: constrained("heartbeat_stale_seconds") = 900.0  # type: ignore[valid-type]
+    lifetime_seconds: constrained("pod_lifetime_seconds") = 6 * 3600.0  # type: ignore[valid-type]
+    check_interval_seconds: constrained("check_interval_seconds") = 30.0  # type: ignore[valid-type]
 
 
 class PodRequest(BaseModel):

@@ -15,6 +15,13 @@ from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
 from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.validation import (
+    POD_NAME_MAX_CHARS,
+    SECRET_ENV_NAME,
+    check_name_prefix,
+    constrained,
+    find_token_shape,
+)
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.runpod.client import RunPodClient
@@ -36,26 +43,21 @@ __all__ = [
 DEFAULT_IMAGE = "runpod/pytorch:2.1.0-py3.10-cuda11.8.0-devel-ubuntu22.04"
 DEFAULT_GPU_TYPE_IDS = ["NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000"]
 
-_POD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,59}$")
+_POD_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{POD_NAME_MAX_CHARS - 1}}}")
 """Pod names: dstack notes 60 characters work; plain characters keep GraphQL text safe."""
-_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{0,22}$")
-"""Leaves room for ``-<36-char flow run id>`` inside the 60-character name."""
-_POD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_GPU_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._/()+-]{0,99}$")
-_DC_ID = re.compile(r"^[A-Za-z0-9-]{1,40}$")
-_CUDA = re.compile(r"^\d{1,2}\.\d{1,2}$")
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
-_PORTS = re.compile(r"^\d{1,5}/(tcp|http|udp)(,\d{1,5}/(tcp|http|udp))*$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_SECRET_KEY_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|CREDENTIAL)", re.IGNORECASE
-)
-_SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|rpa_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,})")
+_POD_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_GPU_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._/()+-]{0,99}")
+_DC_ID = re.compile(r"[A-Za-z0-9-]{1,40}")
+_CUDA = re.compile(r"\d{1,2}\.\d{1,2}")
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")
+_PORTS = re.compile(r"\d{1,5}/(tcp|http|udp)(,\d{1,5}/(tcp|http|udp))*")
+_MOUNT = re.compile(r"/[A-Za-z0-9._/-]{0,200}")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _ENV_VALUE_MAX_CHARS = 32768
 
 
 def _check(pattern: re.Pattern[str], value: object, what: str, hint: str) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise SpecError(f"invalid {what} {value!r}: {hint}")
     return value
 
@@ -99,7 +101,7 @@ def validate_env(env: dict[str, str]) -> dict[str, str]:
     """
     for key, value in env.items():
         _check(_ENV_KEY, key, "env name", "use [A-Za-z_][A-Za-z0-9_]*")
-        if key != "PUBLIC_KEY" and _SECRET_KEY_NAME.search(key):
+        if key != "PUBLIC_KEY" and SECRET_ENV_NAME.fullmatch(key):
             raise SpecError(
                 f"env {key} looks like a secret; secrets are never put in pod env (RunPod "
                 "shows env in its API). Give it to the run as a secret so it is exported "
@@ -109,7 +111,7 @@ def validate_env(env: dict[str, str]) -> dict[str, str]:
             raise SpecError(f"env {key}: value must be a string, got {type(value).__name__}")
         if "\x00" in value or len(value) > _ENV_VALUE_MAX_CHARS:
             raise SpecError(f"env {key}: value has a NUL byte or is over 32768 characters")
-        if _SECRET_VALUE.search(value):
+        if find_token_shape(value):
             raise SpecError(
                 f"env {key}: the value looks like a token; pass it as a secret, not pod env"
             )
@@ -219,8 +221,8 @@ provider = spec.get_provider(credentials, ssh_key)
         default_factory=list,
         description="CUDA versions the host driver must support (e.g. 12.4); empty for any.",
     )
-    max_usd_per_hour: float | None = Field(
-        default=None, ge=0, description="Skip GPU types priced above this, in USD per hour."
+    max_usd_per_hour: constrained("max_usd_per_hour", optional=True) = Field(  # type: ignore[valid-type]
+        default=None, description="Skip GPU types priced above this, in USD per hour."
     )
     name_prefix: str = Field(
         default="prft", description="Pod names are <name_prefix>-<flow run id>."
@@ -239,7 +241,7 @@ provider = spec.get_provider(credentials, ssh_key)
     @field_validator("volume_mount_path")
     @classmethod
     def _mount(cls, value: str) -> str:
-        return _check(re.compile(r"^/[A-Za-z0-9._/-]{0,200}$"), value, "mount path", "absolute")
+        return _check(_MOUNT, value, "mount path", "absolute")
 
     @field_validator("ports")
     @classmethod
@@ -265,7 +267,7 @@ provider = spec.get_provider(credentials, ssh_key)
     @field_validator("name_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
-        return _check(_PREFIX, value, "name prefix", "lowercase letters, digits, '-', ≤ 23")
+        return check_name_prefix(value)
 
     def pod_name(self, flow_run_id: str) -> str:
         """``<name_prefix>-<flow_run_id>``, validated.

@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 __all__ = ["RunPodSSHKey", "key_in_authorized", "normalise_public_key"]
 
 _PUBLIC_KEY = re.compile(
-    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com)"
-    r" [A-Za-z0-9+/]+={0,3}( [A-Za-z0-9@._+:-]{0,100})?$"
+    r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com)"
+    r" [A-Za-z0-9+/]+={0,3}( [A-Za-z0-9@._+:-]{0,100})?"
 )
-_HOST = re.compile(r"^[A-Za-z0-9.-]{1,253}$|^\[?[0-9a-fA-F:]+\]?$")
+_HOST = re.compile(r"[A-Za-z0-9.-]{1,253}|\[?[0-9a-fA-F:]+\]?")
 
 
 def normalise_public_key(line: str) -> str:
@@ -38,7 +38,7 @@ def normalise_public_key(line: str) -> str:
         SpecError: when the line is not ``<type> <base64> [comment]``.
     """
     line = line.strip()
-    if not _PUBLIC_KEY.match(line):
+    if not _PUBLIC_KEY.fullmatch(line):
         raise SpecError(
             "the SSH public key is not one OpenSSH line '<type> <base64> [comment]' "
             "(comment: letters, digits, @._+:-); fix the RunPodSSHKey block's public_key"
@@ -103,7 +103,7 @@ print(ssh_key.get_public_key())
     @field_validator("gateway_host")
     @classmethod
     def _host(cls, value: str) -> str:
-        if not _HOST.match(value):
+        if not _HOST.fullmatch(value):
             raise SpecError(f"invalid gateway host {value!r}")
         return value
 
