@@ -19,11 +19,11 @@ from pydantic import SecretStr
 
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer.base import MethodOptions
-from prefect_runpod.blocks.transfer.dispatch import upload_dir
+from prefect_runpod.blocks.transfer.dispatch import check_pod_end, upload_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
 
-__all__ = ["borrowed_console", "progress_logger", "upload"]
+__all__ = ["borrowed_console", "check_upload_method", "progress_logger", "upload"]
 
 
 @contextmanager
@@ -66,6 +66,27 @@ def progress_logger(logger: Any, what: str, step_fraction: float = 0.1) -> Any:
     return _log
 
 
+def check_upload_method(
+    handle: PodHandle,
+    private_key: SecretStr,
+    method: str = "auto",
+    s3: S3Target | None = None,
+    console: Any = None,
+) -> str:
+    """Right after the pod is ready, before anything is uploaded: can the transfer
+    method work with this pod as it is (``dispatch.check_pod_end``)?
+
+    Returns:
+        The method the upload and the downloads will use.
+
+    Raises:
+        SpecError: naming the pod and why (no direct endpoint for ``sftp``, no
+            ``runpodctl`` on the pod, …); the flow then terminates the pod.
+    """
+    with borrowed_console(handle, private_key, console) as live:
+        return check_pod_end(live, handle, method, s3=s3, private_key=private_key)
+
+
 @task(name="upload", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
 def upload(
     handle: PodHandle,
@@ -76,8 +97,12 @@ def upload(
     s3: S3Target | None = None,
     options: MethodOptions | None = None,
     console: Any = None,
+    paths: list[str] | None = None,
 ) -> TransferReport:
     """Upload ``local_dir`` to ``remote_dir`` on the pod (relative to its workdir).
+
+    ``paths`` limits the upload to those relative paths (preflight's selection of the
+    bundle: ignore file, built-in excludes, secret scan); None sends the whole tree.
 
     A retry of the task resumes: verified files are skipped and partial ones continue
     from their last verified byte.
@@ -104,6 +129,7 @@ def upload(
             s3=s3,
             options=options,
             on_progress=progress_logger(logger, f"upload to {handle.pod_id}"),
+            paths=paths,
         )
     logger.info(
         "uploaded %d files, %d bytes by %s in %.1f s (%.1f MiB/s), %d retries, verified",

@@ -129,7 +129,16 @@ class TransferMethod(Protocol):
 
     def unavailable(self, handle: PodHandle) -> str | None:
         """Why this method, as configured, cannot work for ``handle`` (a message that
-        names the fix), or None when it can. Must not touch the network."""
+        names the fix), or None when it can. Must not touch the network: it is asked
+        before renting too, with a handle that describes the pod to be rented, so it
+        checks this machine's end (a tool on the PATH, a target configured) and what the
+        handle's endpoints offer."""
+        ...
+
+    def pod_unavailable(self, pod: PodLink) -> str | None:
+        """Why this method cannot work with the pod as it is now that it runs (asked
+        through its console, before any byte moves: a tool missing on the pod, say), or
+        None when it can."""
         ...
 
     def upload(

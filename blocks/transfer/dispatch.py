@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "METHOD_REGISTRY",
+    "check_pod_end",
     "download_dir",
     "method_names",
     "pick_method",
@@ -158,6 +159,40 @@ def pick_method(handle: PodHandle, requested: str = "auto", s3: S3Target | None 
     return _choose(handle, requested, MethodConfig(s3=s3))[0]
 
 
+def check_pod_end(
+    console: PodConsole,
+    handle: PodHandle,
+    requested: str = "auto",
+    *,
+    s3: S3Target | None = None,
+    private_key: SecretStr | None = None,
+    options: MethodOptions | None = None,
+) -> str:
+    """Once the pod runs and before any byte moves: the method ``upload_dir`` would use,
+    asked whether the pod as it now is can serve it (``TransferMethod.pod_unavailable``:
+    a tool missing on the pod, an endpoint that did not appear).
+
+    Args:
+        console: an open console to the pod.
+        handle: the ready pod.
+        requested: ``auto`` or a registered name.
+        s3 / private_key / options: as for ``upload_dir``.
+
+    Returns:
+        The name of the method the transfers will use.
+
+    Raises:
+        SpecError: the method cannot work with this pod (the method's own reason).
+    """
+    config = MethodConfig(private_key=private_key, s3=s3, options=options)
+    chosen, method = _choose(handle, requested, config)
+    ask = getattr(method, "pod_unavailable", None)  # methods registered before it existed
+    reason = ask(PodLink(handle, console, bootstrap_pod_tools(console, handle))) if ask else None
+    if reason is not None:
+        raise SpecError(reason, pod_id=handle.pod_id)
+    return chosen
+
+
 def _report(
     direction: str, method: str, started: float, result: MethodResult, source: Manifest
 ) -> TransferReport:
@@ -188,6 +223,7 @@ def upload_dir(
     on_progress: ProgressCallback | None = None,
     options: MethodOptions | None = None,
     hooks: TransferHooks | None = None,
+    paths: list[str] | None = None,
 ) -> TransferReport:
     """Upload ``local_dir`` (a folder or one file) to ``remote_dir`` on the pod.
 
@@ -204,6 +240,9 @@ def upload_dir(
         options: one method's options (``PtyOptions``, ``RunpodctlOptions``): used when
             the chosen method is theirs, ignored otherwise.
         hooks: fault points (``TransferHooks``) for methods that honour them.
+        paths: only these relative POSIX paths of ``local_dir`` (the bundle's selected
+            files: ignore file and secret scan applied); None for the whole tree. Files
+            not listed never leave this machine, whatever the method.
 
     Returns:
         A ``TransferReport`` with ``verified=True`` (source manifest computed locally,
@@ -221,7 +260,7 @@ def upload_dir(
     config = MethodConfig(private_key=private_key, s3=s3, options=options, hooks=hooks)
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
-    source = Manifest.compute(local_dir)
+    source = Manifest.compute(local_dir, paths)
     link = PodLink(handle, console, bootstrap_pod_tools(console, handle))
     result = transfer.upload(link, local_dir, remote, source, on_progress=on_progress)
     report = _report("upload", chosen, started, result, source)

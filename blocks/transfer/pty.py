@@ -778,6 +778,10 @@ class PtyMethod:
         """Always None: a console is all it needs."""
         return None
 
+    def pod_unavailable(self, pod: PodLink) -> str | None:
+        """Always None: the receiver is one of the pod tools, already installed."""
+        return None
+
     def upload(
         self,
         pod: PodLink,

@@ -13,6 +13,7 @@ name.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -83,6 +84,26 @@ def _local_send(path: Path, exe: str, log: Path) -> tuple[subprocess.Popen[bytes
     )
 
 
+def _only_manifest_files(local_root: Path, source: Manifest, staging: Path) -> Path:
+    """What to hand ``runpodctl send``: ``local_root`` itself when ``source`` lists every
+    file under it, else a staging copy (hard links where possible) holding exactly the
+    files of ``source``, so files the caller left out (ignored, secret) never travel."""
+    if local_root.is_file() or {e.path for e in source.entries} == set(
+        mf.list_files(str(local_root))
+    ):
+        return local_root
+    staged = staging / local_root.name
+    for entry in source.entries:
+        src = local_root.joinpath(*entry.path.split("/"))
+        dst = staged.joinpath(*entry.path.split("/"))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    return staged
+
+
 @dataclass
 class RunpodctlOptions(MethodOptions):
     """Tuning of the ``runpodctl`` method.
@@ -115,7 +136,25 @@ class RunpodctlMethod:
         return cls(config.options_for(RunpodctlOptions))
 
     def unavailable(self, handle: PodHandle) -> str | None:
-        """Always None: whether both ends have runpodctl shows only when it runs."""
+        """A message when this machine has no runpodctl (``options.local_exe`` on the
+        PATH), else None; the pod's end is ``pod_unavailable``'s question."""
+        if shutil.which(self.options.local_exe) is None:
+            return (
+                f"runpodctl is not installed on this machine ({self.options.local_exe!r} is "
+                "not on the PATH): install it (https://github.com/runpod/runpodctl) or use "
+                "--transfer pty"
+            )
+        return None
+
+    def pod_unavailable(self, pod: PodLink) -> str | None:
+        """A message when the pod has no runpodctl on its PATH, else None."""
+        exe = shlex.quote(self.options.pod_exe)
+        found = pod.console.run(f"command -v {exe} >/dev/null", timeout_seconds=30, check=False)
+        if found.exit_code != 0:
+            return (
+                f"pod {pod.pod_id} has no {self.options.pod_exe!r} on its PATH, so runpodctl "
+                "cannot receive there: use an image that ships runpodctl, or --transfer pty"
+            )
         return None
 
     def upload(
@@ -141,9 +180,10 @@ class RunpodctlMethod:
         remote = remote_root
         for attempt in range(2):
             with tempfile.TemporaryDirectory(prefix="runpodctl-") as tmp:
-                proc, code = _local_send(local_root, local_exe, Path(tmp) / "send.log")
+                sent = _only_manifest_files(local_root, source, Path(tmp) / "send")
+                proc, code = _local_send(sent, local_exe, Path(tmp) / "send.log")
                 stage = f"{remote.rstrip('/')}.rx-{uuid.uuid4().hex[:8]}"
-                name = local_root.name
+                name = sent.name
                 q = shlex.quote
                 landed = f"{stage}/{name}"
                 move = (

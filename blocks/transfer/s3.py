@@ -335,6 +335,10 @@ class S3Method:
         """A message when no target is configured, else None."""
         return _NO_TARGET if self.target is None else None
 
+    def pod_unavailable(self, pod: PodLink) -> str | None:
+        """Always None: the pod side is ``manifest.py``, one of the pod tools."""
+        return None
+
     def _target(self, pod: PodLink) -> S3Target:
         if self.target is None:
             raise SpecError(_NO_TARGET, pod_id=pod.pod_id)

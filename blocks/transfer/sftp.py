@@ -443,6 +443,10 @@ class SftpMethod:
             "(RunPod's gateway refuses SFTP); expose 22/tcp or use method 'pty'"
         )
 
+    def pod_unavailable(self, pod: PodLink) -> str | None:
+        """Whether the running pod's handle has a direct endpoint (``unavailable``)."""
+        return self.unavailable(pod.handle)
+
     def _endpoint(self, pod: PodLink) -> tuple[SSHEndpoint, SecretStr]:
         endpoint = direct_endpoint(pod.handle)
         if self.private_key is None or endpoint is None:

@@ -178,7 +178,7 @@ def test_register_refuses_auto_and_duplicates(copy_method) -> None:
     register_method("copy", CopyMethod.from_config, replace=True)
 
 
-def test_built_in_auto_choice(tmp_path: Path) -> None:
+def test_built_in_auto_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gateway = SSHEndpoint(host="ssh.runpod.io", port=22, user="abc-123")
     direct = SSHEndpoint(host="203.0.113.7", port=40022, user="root", mode="direct")
     on_gateway = _handle(tmp_path, ssh=gateway)
@@ -186,6 +186,13 @@ def test_built_in_auto_choice(tmp_path: Path) -> None:
     assert pick_method(on_gateway) == "pty"
     assert pick_method(with_direct) == "sftp"
     assert pick_method(with_direct, s3=S3Target(bucket="vol1")) == "s3"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(SpecError, match="runpodctl is not installed on this machine"):
+        pick_method(on_gateway, "runpodctl")  # this machine's end, asked before any transfer
+    (bin_dir / "runpodctl").write_text("#!/bin/sh\n")
+    (bin_dir / "runpodctl").chmod(0o755)
     assert pick_method(on_gateway, "runpodctl") == "runpodctl"  # never chosen by auto
     with pytest.raises(SpecError, match="no direct-TCP SSH endpoint"):
         pick_method(on_gateway, "sftp")

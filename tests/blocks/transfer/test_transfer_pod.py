@@ -99,3 +99,17 @@ def test_real_sshd_pty_and_sftp(tmp_path: Path, sshd_server) -> None:
                 mf.compute_manifest(str(tmp_path / method))["entries"]
                 == mf.compute_manifest(str(src))["entries"]
             )
+
+
+def test_upload_sends_only_the_selected_paths(tmp_path: Path, local_pod) -> None:
+    """``upload_dir(paths=…)``: what preflight selected (ignore file, secret scan) is all
+    that reaches the pod; the files left out never leave this machine."""
+    _, handle, keypair = local_pod
+    src = make_tree(tmp_path / "src", big_bytes=100_000)
+    (src / ".env").write_text("HF_TOKEN=left-behind\n")
+    chosen = ["empty.txt", "sub dir/naïve café ✓.json", "text.log"]
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        report = upload_dir(console, handle, src, "sel", paths=chosen)
+        listing = console.run(f"cd {handle.workdir}/sel && find . -type f | sort").output
+    assert report.verified and [e.path for e in report.dest_manifest.entries] == chosen
+    assert listing.split("\n") == ["./empty.txt", "./sub dir/naïve café ✓.json", "./text.log"]

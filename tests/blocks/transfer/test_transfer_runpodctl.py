@@ -44,3 +44,41 @@ def test_runpodctl_roundtrip_on_local_pod(tmp_path: Path, local_pod, runpodctl_s
         mf.compute_manifest(str(tmp_path / "back"))["entries"]
         == mf.compute_manifest(str(src))["entries"]
     )
+
+
+@pytest.mark.slow
+def test_runpodctl_sends_only_the_selected_paths(
+    tmp_path: Path, local_pod, runpodctl_standin
+) -> None:
+    """runpodctl sends folders whole, so a selection travels as a staging copy: the
+    files left out never reach the relay or the pod."""
+    _, handle, keypair = local_pod
+    src = make_tree(tmp_path / "bundle", big_bytes=50_000)
+    (src / ".env").write_text("HF_TOKEN=left-behind\n")
+    chosen = ["empty.txt", "text.log"]
+    opts = RunpodctlOptions(local_exe=runpodctl_standin, pod_exe=runpodctl_standin)
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        up = upload_dir(
+            console, handle, src, "work/sel", method="runpodctl", options=opts, paths=chosen
+        )
+        listing = console.run(f"cd {handle.workdir}/work/sel && find . -type f | sort").output
+    assert up.verified and [e.path for e in up.dest_manifest.entries] == chosen
+    assert listing.split("\n") == ["./empty.txt", "./text.log"]
+
+
+@pytest.mark.slow
+def test_a_pod_without_runpodctl_is_refused_before_any_byte_moves(
+    local_pod, runpodctl_standin
+) -> None:
+    """This machine has runpodctl, the pod does not: ``check_pod_end`` (run right after
+    the pod is ready) says so, naming the pod."""
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.transfer.dispatch import check_pod_end
+
+    _, handle, keypair = local_pod
+    opts = RunpodctlOptions(local_exe=runpodctl_standin, pod_exe="no-runpodctl-here")
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        assert check_pod_end(console, handle, "pty") == "pty"
+        with pytest.raises(SpecError, match=f"pod {handle.pod_id} has no 'no-runpodctl-here'"):
+            check_pod_end(console, handle, "runpodctl", options=opts)
+        assert console.run("echo alive").output.strip() == "alive"
