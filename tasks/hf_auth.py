@@ -18,6 +18,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -59,8 +60,20 @@ _LOGIN_PHRASE = "must have access to it and be authenticated"
 _INVALID_PHRASES = ("invalid credentials", "invalid username or password", "invalid user token")
 
 
-def _remedy(cause: HFCause, repo_id: str | None, where: str, user: str | None) -> tuple[str, str]:
+def _remedy(
+    cause: HFCause,
+    repo_id: str | None,
+    where: str,
+    user: str | None,
+    unreachable: str | None = None,
+) -> tuple[str, str]:
     repo_url = f"{HF_WEB}/{repo_id}" if repo_id else HF_WEB
+    if unreachable is not None:
+        return (
+            f"Cannot reach {unreachable} from {where}: check the network (DNS, proxy, "
+            "firewall) and the Hub endpoint (--hf-endpoint), then run again.",
+            _STATUS_URL,
+        )
     who = f" as {user}" if user else ""
     if cause == HFCause.OK:
         return "Access works; nothing to do.", repo_url
@@ -125,6 +138,7 @@ def classify_hf_access(
     token_can_read_gated: bool | None = None,
     where: str = "local",
     user: str | None = None,
+    endpoint: str | None = None,
 ) -> HFDiagnosis:
     """Decide why a request to a repo failed (or that it works). Pure.
 
@@ -150,6 +164,9 @@ def classify_hf_access(
     anything else (5xx, 429, unreachable)           ``unknown``
     ==============================================  ==========================
 
+    With no HTTP answer at all (``status`` None) the remediation says which host
+    could not be reached, never that the Hub answered.
+
     Args:
         repo_id: the repo checked.
         status: HTTP status of the decisive request; None when the Hub was unreachable.
@@ -160,6 +177,7 @@ def classify_hf_access(
         token_can_read_gated: a fine-grained token's ``canReadGatedRepos``; None otherwise.
         where: ``local`` or ``pod``.
         user: the account the token belongs to, for the remediation text.
+        endpoint: the Hub URL asked, named when it could not be reached.
 
     Returns:
         An :class:`HFDiagnosis` carrying the evidence and one remediation + URL.
@@ -198,8 +216,12 @@ def classify_hf_access(
         cause, recognised = HFCause.TOKEN_SCOPE, False
     else:
         cause, recognised = HFCause.UNKNOWN, False
-    remediation, url = _remedy(cause, repo_id, where, user)
-    if not recognised and cause != HFCause.UNKNOWN:
+    unreachable = None
+    if cause == HFCause.UNKNOWN and status is None:
+        host = urlsplit(endpoint or HF_WEB).netloc or (endpoint or HF_WEB)
+        unreachable = f"{host}" + (f" ({message})" if message else "")
+    remediation, url = _remedy(cause, repo_id, where, user, unreachable)
+    if not recognised and cause != HFCause.UNKNOWN and unreachable is None:
         remediation = (
             f"Unrecognised answer; by the usual rule (401 → licence, 403 → token scope): "
             f"{remediation}"
@@ -254,6 +276,7 @@ def diagnose_evidence(evidence: Mapping[str, Any], *, where: str = "local") -> H
         token_can_read_gated=who.get("can_read_gated"),
         where=where,
         user=who.get("user"),
+        endpoint=evidence.get("endpoint"),
     )
 
 
@@ -359,6 +382,7 @@ def diagnose_on_pod(
             message=f"hf_check printed no evidence (exit {result.exit_code}): {tail}",
             token_present=token is not None,
             where="pod",
+            endpoint=endpoint,
         )
     return diagnose_evidence(evidence, where="pod")
 
@@ -381,9 +405,11 @@ def raise_if_blocking(diagnosis: HFDiagnosis, *, pod_id: str | None = None) -> N
         return
     prefix = f"{pod_id}: " if pod_id else ""
     flag = "" if diagnosis.recognised else " (unrecognised answer)"
+    finding = f"will fail on {diagnosis.where}: {diagnosis.cause.value}{flag}, HTTP {diagnosis.http_status}"
+    if diagnosis.cause == HFCause.UNKNOWN and diagnosis.http_status is None:
+        finding = f"cannot be checked on {diagnosis.where}, the Hub gave no answer"
     raise HFAuthError(
-        f"{prefix}Hugging Face access to {diagnosis.repo_id} will fail on {diagnosis.where}: "
-        f"{diagnosis.cause.value}{flag}, HTTP {diagnosis.http_status}. "
+        f"{prefix}Hugging Face access to {diagnosis.repo_id} {finding}. "
         f"{diagnosis.remediation} {diagnosis.remediation_url or ''}".rstrip(),
         diagnosis=diagnosis,
         pod_id=pod_id,

@@ -15,6 +15,7 @@ is plain Python; the ``train`` task adds Prefect logs and artifacts only.
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 import time
 from collections import deque
@@ -31,7 +32,7 @@ from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer import pod_tools
 from prefect_runpod.tasks.models import TrainReport
-from prefect_runpod.tasks.train_log import Progress, parse_metrics, parse_progress
+from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
 from prefect_runpod.tasks.train_remote import (
     LogChunk,
     LogFollower,
@@ -47,6 +48,7 @@ __all__ = [
     "follow_training",
     "kill_training",
     "launch_training",
+    "missing_outputs",
     "parse_metrics",
     "parse_progress",
     "terminal_progress_bar",
@@ -57,6 +59,42 @@ __all__ = [
 def _last_lines_message(tail: deque[str] | list[str]) -> str:
     lines = list(tail)[-20:]
     return "\n".join(f"    {line}" for line in lines) if lines else "    (the log is empty)"
+
+
+def _cause(tail: deque[str] | list[str]) -> str:
+    """The log's error line (``tasks.train_log.error_line``), for the first line of a
+    failure: a stage summary and a Prefect state message show that line first."""
+    return error_line(list(tail)) or "the log is empty"
+
+
+_MISSING = "__prefect_runpod_missing__"
+
+
+def missing_outputs(console: ConsoleLike, workdir: str, expected: dict[str, str]) -> list[str]:
+    """Which of the job's declared outputs do not exist on the pod.
+
+    Args:
+        console: the pod's console.
+        workdir: the job's working directory (the pod-side bundle).
+        expected: relative path -> the ``bundle.toml`` field that declares it.
+
+    Returns:
+        ``"<path> (<field>)"`` for each missing one, in ``expected``'s order.
+    """
+    if not expected:
+        return []
+    quoted = " ".join(shlex.quote(p) for p in expected)
+    answer = console.run(
+        f'cd {shlex.quote(workdir)} && for p in {quoted}; do [ -e "$p" ] || '
+        f"printf '{_MISSING} %s\\n' \"$p\"; done; true",
+        timeout_seconds=60,
+    )
+    gone = {
+        line.split(" ", 1)[1].strip()
+        for line in (answer.output or "").splitlines()
+        if line.startswith(f"{_MISSING} ")
+    }
+    return [f"{path} ({field})" for path, field in expected.items() if path in gone]
 
 
 def follow_training(
@@ -176,7 +214,7 @@ def follow_training(
     if stop_reason:
         error = BudgetExceededError(
             f"pod {pod_id}: training stopped: {stop_reason}; the process group was killed "
-            f"(exit {exit_code}) after {report.seconds:.0f} s. Last log lines:\n"
+            f"(exit {exit_code}) after {report.seconds:.0f} s.\nLast log lines:\n"
             f"{_last_lines_message(follower.tail)}\nRaise the cap or resume from a checkpoint.",
             pod_id=pod_id,
             stage="train",
@@ -184,15 +222,16 @@ def follow_training(
     elif chunk is None or chunk.state == "lost" or exit_code is None:
         error = TrainingError(
             f"pod {pod_id}: the training process ended without an exit code (killed with its "
-            f"supervisor?) after {report.seconds:.0f} s. Last log lines:\n"
+            f"supervisor?) after {report.seconds:.0f} s: {_cause(follower.tail)}.\n"
+            "Last log lines:\n"
             f"{_last_lines_message(follower.tail)}\nSee {run_dir}/train.log on the pod.",
             pod_id=pod_id,
             stage="train",
         )
     elif exit_code != 0:
         error = TrainingError(
-            f"pod {pod_id}: training exited with code {exit_code} after {report.seconds:.0f} s. "
-            f"Last log lines:\n{_last_lines_message(follower.tail)}\n"
+            f"pod {pod_id}: training exited with code {exit_code} after {report.seconds:.0f} s: "
+            f"{_cause(follower.tail)}.\nLast log lines:\n{_last_lines_message(follower.tail)}\n"
             f"Fix the job and rerun; the full log is {run_dir}/train.log on the pod.",
             pod_id=pod_id,
             stage="train",
@@ -286,6 +325,7 @@ def train(
     kill_grace_seconds: float = 30.0,
     console: ConsoleLike | None = None,
     secret_env: dict[str, SecretStr] | None = None,
+    expected_outputs: dict[str, str] | None = None,
 ) -> TrainReport:
     """Launch ``command`` detached on the pod, stream its log into Prefect, and report.
 
@@ -315,12 +355,16 @@ def train(
         secret_env: secrets the job needs in its environment (``HF_TOKEN`` for a gated
             model): exported in the console hidden (``set_secret_env``), so the detached
             job inherits them while no command line, log or transcript shows them.
+        expected_outputs: paths (relative to ``cwd``) the job must leave behind, each
+            with the ``bundle.toml`` field that declares it (``{"outputs": "outputs"}``):
+            a job that exits 0 without one fails here, naming what is missing.
 
     Returns:
-        The ``TrainReport`` of a run that exited 0.
+        The ``TrainReport`` of a run that exited 0 and wrote its declared outputs.
 
     Raises:
-        TrainingError: launch refused, non-zero exit, process lost, pod unreachable.
+        TrainingError: launch refused, non-zero exit, process lost, pod unreachable,
+            declared outputs missing.
         BudgetExceededError: runtime cap or ``should_stop``.
         ConsoleConnectError: the console could not be opened.
 
@@ -385,6 +429,16 @@ def train(
             poll_interval_seconds=poll_interval_seconds, kill_grace_seconds=kill_grace_seconds,
             heartbeat_path=heartbeat_path, pod_id=pod,
         )  # fmt: skip
+        missing = missing_outputs(live, cwd or f"{run_dir}/bundle", expected_outputs or {})
+        if missing:
+            raise TrainingError(
+                f"pod {pod}: training exited 0 but did not write {', '.join(missing)}, "
+                "declared in bundle.toml: make the job write them there, or fix bundle.toml. "
+                f"The full log is {run_dir}/train.log on the pod.",
+                report=report,
+                pod_id=pod,
+                stage="train",
+            )
     except (TrainingError, BudgetExceededError) as exc:
         _publish_metrics(getattr(exc, "report", None))
         raise

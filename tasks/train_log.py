@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from prefect_runpod.blocks.console.terminal_text import strip_ansi  # one ANSI grammar for all
 
-__all__ = ["Progress", "parse_metrics", "parse_progress", "strip_ansi"]
+__all__ = ["Progress", "error_line", "parse_metrics", "parse_progress", "strip_ansi"]
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _COUNT = r"\d+(?:\.\d+)?[kMGTP]?"
@@ -44,6 +44,31 @@ _NOT_METRICS = frozenset(
     {"progress", "step", "steps", "total", "epoch", "epochs", "global_step", "max_steps"}
 )
 _SCALE = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+_EXCEPTION_LINE = re.compile(
+    r"(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::.*)?"
+)
+_ERROR_WORD = re.compile(r".*\b(?:error|fatal|failed|killed|out of memory|oom)\b.*", re.IGNORECASE)
+
+
+def error_line(lines: list[str]) -> str | None:
+    """The line of a log tail that names why the job failed, or None for an empty tail.
+
+    Searched from the end, so the cause wins over earlier noise: the last line that is
+    an exception (``ValueError: bad lr``, ``torch.OutOfMemoryError: CUDA out of memory``,
+    the last line of a Python traceback); else the last line with an error word
+    (``error``, ``fatal``, ``failed``, ``killed``, ``out of memory``); else the last
+    non-empty line. Lines are stripped; at most 300 characters are kept.
+    """
+    kept = [line.strip() for line in lines if line and line.strip()]
+    if not kept:
+        return None
+    for pattern in (_EXCEPTION_LINE, _ERROR_WORD):
+        for line in reversed(kept):
+            if pattern.fullmatch(line):
+                return line[:300]
+    return kept[-1][:300]
 
 
 @dataclass(frozen=True)

@@ -209,3 +209,32 @@ def test_raise_if_blocking_names_pod_cause_and_url():
 @pytest.mark.parametrize(("repo_id", "skipped"), [(None, True), ("  ", True), (REPO, False)])
 def test_skip_reason(repo_id, skipped):
     assert (skip_reason(repo_id) is not None) == skipped
+
+
+def test_no_answer_at_all_names_the_host_never_the_hub_answering():
+    diagnosis = classify_hf_access(
+        repo_id="org/m",
+        status=None,
+        message="ConnectError: [Errno -2] Name or service not known",
+        token_present=True,
+        endpoint="https://hub.internal.example:8443",
+    )
+    assert diagnosis.cause == HFCause.UNKNOWN
+    assert diagnosis.remediation.startswith("Cannot reach hub.internal.example:8443 (ConnectError")
+    assert "answered unexpectedly" not in diagnosis.remediation
+    with pytest.raises(HFAuthError) as info:
+        raise_if_blocking(diagnosis)
+    text = str(info.value)
+    assert "the Hub gave no answer" in text and "HTTP None" not in text
+
+
+def test_an_unreachable_hub_through_the_real_client_says_cannot_reach():
+    """A closed port on loopback: huggingface_hub raises a connection error, the
+    diagnosis names the host."""
+    from prefect_runpod.tasks.hf_auth import diagnose_local
+    from tests.fixtures.prefect_server import free_port
+
+    port = free_port()
+    diagnosis = diagnose_local("org/m", None, f"http://127.0.0.1:{port}")
+    assert f"Cannot reach 127.0.0.1:{port}" in diagnosis.remediation
+    assert "answered unexpectedly" not in diagnosis.remediation

@@ -14,6 +14,7 @@ from prefect_runpod.tasks.train import (
     Progress,
     follow_training,
     launch_training,
+    missing_outputs,
 )
 from tests.fixtures.train import LAUNCHER, LocalShellConsole, write_job
 
@@ -123,8 +124,22 @@ class TestEndings:
         launch_training(shell_console, str(train_run_dir), TOOLS, command, python=PY)
         with pytest.raises(TrainingError, match=r"pod pod-t: training exited with code 3") as err:
             follow(shell_console, train_run_dir)
-        assert "CUDA out of memory" in str(err.value)
+        # The first line (a stage's reason, a state message's headline) names the cause.
+        first = str(err.value).splitlines()[0]
+        assert first.startswith("pod pod-t: training exited with code 3 after ")
+        assert first.endswith(": CUDA out of memory.")
         assert err.value.report.exit_code == 3  # type: ignore[attr-defined]
+
+    def test_missing_declared_outputs_are_named(self, train_run_dir: Path, shell_console):
+        bundle = train_run_dir / "bundle"
+        (bundle / "outputs").mkdir()
+        expected = {"outputs": "outputs", "outputs/eval_train.jsonl": "train_eval_jsonl"}
+        assert missing_outputs(shell_console, str(bundle), expected) == [
+            "outputs/eval_train.jsonl (train_eval_jsonl)"
+        ]
+        (bundle / "outputs" / "eval_train.jsonl").write_text("{}\n")
+        assert missing_outputs(shell_console, str(bundle), expected) == []
+        assert missing_outputs(shell_console, str(bundle), {}) == []
 
     def test_runtime_cap_kills_the_process_group(self, train_run_dir: Path, shell_console):
         command = write_job(

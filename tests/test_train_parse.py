@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_runpod.tasks.train_log import parse_metrics, parse_progress, strip_ansi
+from prefect_runpod.tasks.train_log import error_line, parse_metrics, parse_progress, strip_ansi
 
 PROGRESS_TABLE = [
     # (line, fraction, step, total, unit)
@@ -90,3 +90,33 @@ def test_parse_metrics(line, expected):
 def test_strip_ansi_removes_colours_cursor_moves_and_titles():
     text = "\x1b]0;title\x07\x1b[2K\x1b[1;32mok\x1b[0m \x1b[6n"
     assert strip_ansi(text) == "ok "
+
+
+@pytest.mark.parametrize(
+    ("tail", "line"),
+    [
+        (
+            [
+                "Traceback (most recent call last):",
+                '  File "t.py", line 3',
+                "ValueError: lr<0",
+                "bye",
+            ],
+            "ValueError: lr<0",
+        ),
+        (
+            ["step 3/10", "torch.OutOfMemoryError: CUDA out of memory. Tried 2 GiB"],
+            "torch.OutOfMemoryError: CUDA out of memory. Tried 2 GiB",
+        ),
+        (["epoch 1/2", "CUDA out of memory", "cleaning up"], "CUDA out of memory"),
+        (
+            ["loading", "error: data/train.jsonl not found", "exiting"],
+            "error: data/train.jsonl not found",
+        ),
+        (["UserWarning: slow tokenizer", "done, 3 steps"], "done, 3 steps"),
+        (["", "  ", "last words  "], "last words"),
+        ([], None),
+    ],
+)
+def test_error_line_finds_the_cause_from_the_end(tail, line):
+    assert error_line(tail) == line

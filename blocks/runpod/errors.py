@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from urllib.parse import urlsplit
 
 from prefect_runpod.blocks.exceptions import (
     CapacityError,
@@ -211,7 +212,12 @@ def classify_exception(exc: BaseException) -> RunPodErrorClass:
     if isinstance(exc, requests.exceptions.RequestException):
         response = getattr(exc, "response", None)
         status = getattr(response, "status_code", None)
-        text = f"{name}: network or server error" + (f" (HTTP {status})" if status else "")
+        if response is None:
+            url = getattr(getattr(exc, "request", None), "url", None) or ""
+            host = urlsplit(url).netloc or "the RunPod API"
+            text = f"{name}: cannot reach {host} (network, DNS or proxy)"
+        else:
+            text = f"{name}: server error" + (f" (HTTP {status})" if status else "")
         return RunPodErrorClass(ErrorKind.TRANSIENT, FailoverAction.RETRY, text)
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return RunPodErrorClass(ErrorKind.TRANSIENT, FailoverAction.RETRY, f"{name}: {exc}")

@@ -116,3 +116,33 @@ class TestToProviderError:
             classify_message(CAPACITY_MESSAGE), what="create", attempts=["a: capacity"]
         )
         assert isinstance(exc, CapacityError) and exc.attempts == ["a: capacity"]
+
+
+def test_no_answer_names_the_host_it_could_not_reach() -> None:
+    request = requests.Request("POST", "https://api.runpod.io/graphql").prepare()
+    exc = requests.exceptions.ConnectionError("Name or service not known", request=request)
+    classified = classify_exception(exc)
+    assert classified.action is FailoverAction.RETRY
+    assert "cannot reach api.runpod.io" in classified.message
+    served = requests.exceptions.HTTPError("502", response=requests.Response())
+    assert "cannot reach" not in classify_exception(served).message
+
+
+def test_the_real_sdk_against_a_closed_port_says_cannot_reach(monkeypatch) -> None:
+    from pydantic import SecretStr
+
+    from prefect_runpod.blocks.exceptions import ProviderTransientError
+    from prefect_runpod.blocks.runpod.blocks import RunPodCredentials, RunPodPodSpec
+    from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
+    from tests.fixtures.prefect_server import free_port
+
+    port = free_port()
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", f"http://127.0.0.1:{port}")
+    provider = RunPodPodSpec().get_provider(
+        RunPodCredentials(api_key=SecretStr("rpa_" + "k" * 24)),
+        RunPodSSHKey.generate(),
+        retry_initial_delay_seconds=0.01,
+        retry_max_attempts=2,
+    )
+    with pytest.raises(ProviderTransientError, match=f"cannot reach 127.0.0.1:{port}"):
+        provider.list("prft")
