@@ -13,12 +13,21 @@ client, and returns the same evidence shape, so one classifier decides both.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+import os
+from typing import Any, ClassVar, NamedTuple
 
 from prefect.blocks.abstract import CredentialsBlock
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
-__all__ = ["DEFAULT_HF_ENDPOINT", "HuggingFaceCredentials", "collect_access_evidence"]
+from prefect_runpod.blocks.exceptions import SpecError
+
+__all__ = [
+    "DEFAULT_HF_ENDPOINT",
+    "HFAccess",
+    "HuggingFaceCredentials",
+    "collect_access_evidence",
+    "resolve_hf_access",
+]
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 
@@ -26,8 +35,10 @@ DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 class HuggingFaceCredentials(CredentialsBlock):
     """A Hugging Face access token and the Hub endpoint it is for.
 
-    The token reaches a pod only as the ``HF_TOKEN`` environment variable of the
-    console session (never on a command line). Leave it empty for public models.
+    A run names it (``hf_credentials_block`` / ``--hf-credentials NAME``); the token
+    reaches a pod only as the ``HF_TOKEN`` environment variable of the console session
+    (never on a command line, never as a run parameter). Leave it empty for public
+    models.
 
     Example:
         ```python
@@ -52,6 +63,13 @@ class HuggingFaceCredentials(CredentialsBlock):
         title="Hub endpoint",
         description="Base URL of the Hub (a mirror or a test Hub); trailing slashes are ignored.",
     )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        from prefect_runpod.blocks.validation import check_url
+
+        return check_url(value, "endpoint")
 
     def get_client(self) -> Any:
         """A ``huggingface_hub.HfApi`` bound to this endpoint and token.
@@ -84,6 +102,78 @@ class HuggingFaceCredentials(CredentialsBlock):
             filename=filename,
             timeout_seconds=timeout_seconds,
         )
+
+
+class HFAccess(NamedTuple):
+    """The Hugging Face token and endpoint a run uses, and where the token came from.
+
+    Attributes:
+        token: the token, or None (public models only).
+        endpoint: the Hub base URL, or None for ``DEFAULT_HF_ENDPOINT``.
+        source: ``HuggingFaceCredentials block 'NAME'``, ``Secret block 'NAME'``,
+            ``environment variable HF_TOKEN`` or ``none`` (never the token itself).
+    """
+
+    token: SecretStr | None
+    endpoint: str | None
+    source: str
+
+
+def resolve_hf_access(
+    *,
+    credentials_block: str | None = None,
+    token_secret: str | None = None,
+    token_env: str = "HF_TOKEN",
+    endpoint: str | None = None,
+) -> HFAccess:
+    """Where a run's Hugging Face token comes from, in this order: a saved
+    ``HuggingFaceCredentials`` block, else a saved Prefect ``Secret`` block, else the
+    environment variable ``token_env`` of the process running the flow (the worker).
+    A run parameter never carries the token itself: Prefect stores parameters as sent.
+
+    Args:
+        credentials_block: the name of a saved ``HuggingFaceCredentials`` block.
+        token_secret: the name of a saved ``prefect.blocks.system.Secret`` holding the token.
+        token_env: the environment variable read when no block is named.
+        endpoint: the Hub URL; default the credentials block's, else huggingface.co.
+
+    Returns:
+        ``HFAccess`` (the token stays a ``SecretStr``).
+
+    Raises:
+        SpecError: both blocks named, a named block that is not saved (the saved ones
+            are listed), a Secret that is not text, a malformed variable name or URL.
+    """
+    from prefect_runpod.blocks.validation import check_env_name, check_url, load_block
+
+    if credentials_block and token_secret:
+        raise SpecError(
+            "hf_credentials_block (--hf-credentials) and hf_token_secret (--hf-token-secret) "
+            "both name a Hugging Face token: give one of them."
+        )
+    if endpoint is not None:
+        endpoint = check_url(endpoint, "hf_endpoint")
+    if credentials_block:
+        block = load_block(HuggingFaceCredentials, credentials_block, "hf_credentials_block")
+        if endpoint is None and block.endpoint.rstrip("/") != DEFAULT_HF_ENDPOINT:
+            endpoint = check_url(block.endpoint, "hf_endpoint")
+        source = f"HuggingFaceCredentials block {credentials_block!r}"
+        return HFAccess(block.token, endpoint, source)
+    if token_secret:
+        from prefect.blocks.system import Secret
+
+        value = load_block(Secret, token_secret, "hf_token_secret").get()
+        if not isinstance(value, str) or not value.strip():
+            raise SpecError(
+                f"the Secret block {token_secret!r} (hf_token_secret) does not hold a token as "
+                "text: save the token itself, e.g. Secret(value='hf_...').save(NAME)."
+            )
+        return HFAccess(SecretStr(value.strip()), endpoint, f"Secret block {token_secret!r}")
+    name = check_env_name(token_env)
+    value = os.environ.get(name, "").strip()
+    if value:
+        return HFAccess(SecretStr(value), endpoint, f"environment variable {name}")
+    return HFAccess(None, endpoint, "none")
 
 
 def _scrub(text: str | None, secret: str | None) -> str | None:

@@ -38,6 +38,8 @@ from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron, Interval
+from prefect.utilities.callables import ParameterSchema
+from pydantic import ConfigDict
 
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.flows.reaper import reaper
@@ -54,6 +56,7 @@ __all__ = [
     "ensure_work_pool",
     "ensure_zombie_automation",
     "main",
+    "refuse_unknown_parameters",
     "serve_all",
     "setup",
 ]
@@ -165,6 +168,32 @@ def dataset_trigger() -> DeploymentEventTrigger:
     )
 
 
+class _StrictParameterSchema(ParameterSchema):
+    """Prefect's parameter schema, able to carry ``additionalProperties``."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def refuse_unknown_parameters(deployment: RunnerDeployment) -> RunnerDeployment:
+    """Make the server refuse a run of ``deployment`` that names a parameter the flow
+    does not have (HTTP 409, nothing stored), instead of storing it and failing later.
+
+    Prefect stores a run's parameters as sent, before the flow's code runs; a caller
+    still passing the removed ``hf_token`` would otherwise leave the token in the API
+    and the database. The deployment's schema gets ``additionalProperties: false``,
+    which the server enforces with ``enforce_parameter_schema`` (on by default).
+
+    Returns:
+        The same deployment, changed in place.
+    """
+    schema = deployment._parameter_openapi_schema
+    deployment._parameter_openapi_schema = _StrictParameterSchema(
+        **schema.model_dump(exclude_unset=True), additionalProperties=False
+    )
+    deployment.enforce_parameter_schema = True
+    return deployment
+
+
 def build_deployments(
     *, schedules: bool = True, finetune_defaults: dict[str, Any] | None = None
 ) -> list[RunnerDeployment]:
@@ -176,6 +205,9 @@ def build_deployments(
     - ``runpod-reaper/every-10-min``: the reaper, every 600 s;
     - ``runpod-sweep/on-demand``: a sweep of configs under the ``runpod-gpu`` cap.
 
+    Every deployment refuses parameters its flow does not declare
+    (``refuse_unknown_parameters``).
+
     Args:
         schedules: False leaves out the cron and interval schedules (tests, or a
             laptop where the shared reaper already runs elsewhere).
@@ -183,7 +215,7 @@ def build_deployments(
     """
     base = {"concurrency_limit": CONCURRENCY_LIMIT, **(finetune_defaults or {})}
     tags = ["prefect-runpod"]
-    return [
+    deployments = [
         finetune.to_deployment("on-demand", parameters=base, tags=tags),
         finetune.to_deployment(
             "nightly",
@@ -204,6 +236,7 @@ def build_deployments(
             "on-demand", parameters={"concurrency_limit": CONCURRENCY_LIMIT}, tags=tags
         ),
     ]
+    return [refuse_unknown_parameters(d) for d in deployments]
 
 
 def serve_all(
