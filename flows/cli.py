@@ -6,22 +6,34 @@
     prefect-runpod reaper                 run the reaper flow once
 
 Secrets are never taken as arguments (they would land in shell history and
-``/proc/*/cmdline``): the Hugging Face token is read from the environment variable
-named by ``--hf-token-env`` (default ``HF_TOKEN``), RunPod's key from blocks or
-``RUNPOD_API_KEY``.
+``/proc/*/cmdline``) nor passed on as run parameters (Prefect stores those as sent):
+the Hugging Face token comes from a saved block (``--hf-credentials`` or
+``--hf-token-secret``) or the environment variable named by ``--hf-token-env``
+(default ``HF_TOKEN``), RunPod's key from blocks or ``RUNPOD_API_KEY``.
+
+Bad input is refused before Prefect starts a run or anything is rented, with one
+sentence on stderr and exit status 2 (``blocks/validation.py`` holds the rules; see
+docs/architecture.md#input-validation). A run that fails prints its summary, never a
+traceback; exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
+
+EXIT_FAILED = 1
+"""A run (or a command) that started and failed."""
+EXIT_USAGE = 2
+"""Bad input, refused before anything started: nothing was rented."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,17 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-id", help="Hugging Face repo the job downloads; checked before any spend"
     )
     ft.add_argument(
+        "--hf-credentials",
+        metavar="NAME",
+        help="saved HuggingFaceCredentials block with the Hugging Face token (and endpoint)",
+    )
+    ft.add_argument(
+        "--hf-token-secret",
+        metavar="NAME",
+        help="saved Prefect Secret block holding the Hugging Face token",
+    )
+    ft.add_argument(
         "--hf-token-env",
         default="HF_TOKEN",
         metavar="VAR",
-        help="environment variable holding the Hugging Face token (default HF_TOKEN)",
+        help="without a block: the environment variable holding the Hugging Face token "
+        "(default HF_TOKEN); the token itself is never an argument",
     )
     ft.add_argument("--hf-endpoint", help="Hugging Face Hub endpoint (default huggingface.co)")
     ft.add_argument(
         "--transfer",
         default="auto",
-        choices=["auto", "pty", "sftp", "s3", "runpodctl"],
-        help="file transfer method (auto: pty through the gateway, sftp in direct mode)",
+        choices=_transfer_choices(),
+        help="file transfer method (auto: s3 with --s3-target, sftp in direct mode, else pty)",
     )
     ft.add_argument(
         "--max-cost-usd", type=float, help="budget cap in USD: reaching it ends the run"
@@ -93,14 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument(
         "--local-mode",
         choices=["gateway", "direct"],
-        default="gateway",
-        help="local pod SSH mode: gateway (PTY only, like RunPod) or direct (exec+SFTP)",
+        help="local pod SSH mode: gateway (PTY only, like RunPod; the default) or direct "
+        "(exec+SFTP)",
     )
     ft.add_argument(
         "--local-cost-per-hr",
         type=float,
-        default=0.0,
-        help="pretend price of the local pod in USD/h, to rehearse costs (e.g. 0.22)",
+        help="pretend price of the local pod in USD/h, to rehearse costs (e.g. 0.22; default 0)",
     )
     ft.add_argument(
         "--output-dir",
@@ -138,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-type 'NVIDIA GeForce RTX 3090' --gpu-type 'NVIDIA GeForce RTX 4090'",
     )
     ft.add_argument(
+        "--allow-secret-file",
+        action="append",
+        dest="allow_secret_files",
+        metavar="PATH",
+        help="upload this bundle file although it looks like a secret (a path or gitignore "
+        "pattern inside the bundle; repeat for more)",
+    )
+    ft.add_argument(
         "--json", action="store_true", help="print the RunReport as JSON instead of the summary"
     )
 
@@ -170,7 +200,16 @@ def _provider_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
 
 
+def _transfer_choices() -> tuple[str, ...]:
+    from prefect_runpod.tasks.preflight import transfer_methods
+
+    return transfer_methods()
+
+
 def _provider_params(args: argparse.Namespace) -> dict[str, Any]:
+    from prefect_runpod.blocks.validation import check_name_prefix
+
+    check_name_prefix(args.name_prefix)
     return {
         "provider": args.provider,
         "runpod_credentials_block": args.runpod_credentials,
@@ -179,53 +218,86 @@ def _provider_params(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _cmd_finetune(args: argparse.Namespace) -> int:
-    from pydantic import SecretStr
+def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The flow's parameters from the command line (no secret among them)."""
+    return {
+        "bundle": args.bundle,
+        "provider": args.provider,
+        "model_id": args.model_id,
+        "hf_credentials_block": args.hf_credentials,
+        "hf_token_secret": args.hf_token_secret,
+        "hf_token_env": args.hf_token_env,
+        "hf_endpoint": args.hf_endpoint,
+        "transfer_method": args.transfer,
+        "max_cost_usd": args.max_cost_usd,
+        "max_runtime_seconds": args.max_runtime_seconds,
+        "parity_tolerance": args.parity_tolerance,
+        "parity_warn_only": args.parity_warn_only,
+        "keep_pod_on_failure": args.keep_pod_on_failure,
+        "name_prefix": args.name_prefix,
+        "local_cost_per_hr": args.local_cost_per_hr,
+        "local_mode": args.local_mode,
+        "output_dir": args.output_dir,
+        "concurrency_limit": args.concurrency_limit,
+        "heartbeat_stale_seconds": args.heartbeat_stale_seconds,
+        "pod_lifetime_seconds": args.pod_lifetime_seconds,
+        "runpod_credentials_block": args.runpod_credentials,
+        "runpod_spec_block": args.runpod_spec,
+        "ssh_key_block": args.ssh_key,
+        "gpu_type_ids": args.gpu_types,
+        "s3_target_block": args.s3_target,
+        "allow_secret_files": args.allow_secret_files,
+    }
 
+
+class _NoTraceback(logging.Formatter):
+    """A console formatter that leaves tracebacks out: the run's summary names the error,
+    and the full traceback still reaches the Prefect API's logs."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+def _quiet_console_tracebacks() -> None:
+    """Give Prefect's console handlers a formatter without tracebacks (idempotent)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not isinstance(
+                handler.formatter, _NoTraceback
+            ):
+                handler.setFormatter(_NoTraceback(handler.formatter))
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
     from prefect_runpod.flows.finetune import demo_bundle, finetune
     from prefect_runpod.flows.report import RunReport, render_summary
-    from prefect_runpod.tasks.preflight import validate_settings
+    from prefect_runpod.flows.run_inputs import prepare_run
 
-    # Bad input fails here, before Prefect starts a server or anything is rented.
-    validate_settings(
-        bundle=args.bundle or demo_bundle(),
-        provider=args.provider,
-        model_id=args.model_id,
-        transfer_method=args.transfer,
-        max_cost_usd=args.max_cost_usd,
-        max_runtime_seconds=args.max_runtime_seconds,
-        name_prefix=args.name_prefix,
-        output_dir=args.output_dir or Path.cwd(),
-        parity_tolerance=args.parity_tolerance,
-        s3_target_block=args.s3_target,
+    params = _finetune_params(args)
+    # Bad input fails here, before Prefect starts a run or anything is rented; saved
+    # blocks are looked up only when the command names one.
+    checked = prepare_run(
+        {**params, "output_dir": args.output_dir or Path.cwd() / "prefect-runpod-runs"},
+        demo_bundle=demo_bundle(),
+        run_name=f"{args.name_prefix}-<flow_run_id>",
     )
-    token = os.environ.get(args.hf_token_env) or None
-    state = finetune(
-        bundle=args.bundle,
-        provider=args.provider,
-        model_id=args.model_id,
-        hf_token=SecretStr(token) if token else None,
-        hf_endpoint=args.hf_endpoint,
-        transfer_method=args.transfer,
-        max_cost_usd=args.max_cost_usd,
-        max_runtime_seconds=args.max_runtime_seconds,
-        parity_tolerance=args.parity_tolerance,
-        parity_warn_only=args.parity_warn_only,
-        keep_pod_on_failure=args.keep_pod_on_failure,
-        name_prefix=args.name_prefix,
-        local_cost_per_hr=args.local_cost_per_hr,
-        local_mode=args.local_mode,
-        output_dir=args.output_dir,
-        concurrency_limit=args.concurrency_limit,
-        heartbeat_stale_seconds=args.heartbeat_stale_seconds,
-        pod_lifetime_seconds=args.pod_lifetime_seconds,
-        runpod_credentials_block=args.runpod_credentials,
-        runpod_spec_block=args.runpod_spec,
-        ssh_key_block=args.ssh_key,
-        gpu_type_ids=args.gpu_types,
-        s3_target_block=args.s3_target,
-        return_state=True,
-    )
+    del checked  # the flow checks again, for callers that reach it without this CLI
+    _quiet_console_tracebacks()
+    state = finetune(**params, return_state=True)
     run_id = str(state.state_details.flow_run_id)
     out = (
         Path(args.output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()
@@ -236,7 +308,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
             f"the run ended {state.type.value} before writing a report: {state.message}",
             file=sys.stderr,
         )
-        return 1
+        return EXIT_FAILED
     data = json.loads(report_file.read_text())
     if args.json:
         print(json.dumps(data, indent=2))
@@ -244,7 +316,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         print()
         print(render_summary(RunReport.model_validate(data)))
         print(f"report       {report_file}")
-    return 0 if (state.is_completed() and data.get("passed")) else 1
+    return 0 if (state.is_completed() and data.get("passed")) else EXIT_FAILED
 
 
 def _cmd_pods(args: argparse.Namespace) -> int:
@@ -266,8 +338,10 @@ def _cmd_terminate(args: argparse.Namespace) -> int:
     from prefect_runpod.tasks.terminate import terminate_by_name, terminate_pod
 
     if not args.pod_id and not args.name:
-        print("give a POD_ID or --name NAME", file=sys.stderr)
-        return 2
+        print(
+            "error: give a POD_ID or --name NAME (prefect-runpod pods lists them)", file=sys.stderr
+        )
+        return EXIT_USAGE
     provider, _ = build_provider(_provider_params(args), need_ssh_key=False)
     if args.name:
         result = terminate_by_name(provider, args.name)
@@ -287,21 +361,35 @@ def _cmd_terminate(args: argparse.Namespace) -> int:
 
 
 def _cmd_reaper(args: argparse.Namespace) -> int:
+    from prefect_runpod.blocks.validation import check_number
     from prefect_runpod.flows.reaper import reaper
 
+    params = _provider_params(args)
+    check_number("ttl_seconds", args.ttl_seconds)
+    _quiet_console_tracebacks()
     result = reaper(
-        provider=args.provider, name_prefix=args.name_prefix, ttl_seconds=args.ttl_seconds
+        provider=args.provider,
+        name_prefix=args.name_prefix,
+        ttl_seconds=args.ttl_seconds,
+        runpod_credentials_block=params["runpod_credentials_block"],
+        runpod_spec_block=params["runpod_spec_block"],
+        ssh_key_block=params["ssh_key_block"],
     )
     print(json.dumps(result, indent=2, default=str))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``prefect-runpod``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Entry point of ``prefect-runpod``; returns the exit status: 0 success,
+    ``EXIT_FAILED`` (1) a run or command that failed, ``EXIT_USAGE`` (2) bad input
+    refused before anything was rented (one sentence on stderr, no traceback)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or argparse's own usage error (status 2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     from prefect.settings import get_current_settings, temporary_settings
 
-    from prefect_runpod.blocks.exceptions import RunPodFlowError
+    from prefect_runpod.blocks.exceptions import RunPodFlowError, SpecError
 
     # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
     # deadline is too short on a busy small machine, and it should not phone home.
@@ -317,9 +405,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with temporary_settings(updates=defaults):
             return _dispatch(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except RunPodFlowError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 def _dispatch(args: argparse.Namespace) -> int:

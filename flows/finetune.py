@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal
 
 from prefect import Flow, State, flow, get_run_logger
 from prefect.client.schemas.objects import FlowRun
@@ -39,14 +39,12 @@ from prefect_runpod.flows.artifacts import publish_cost_artifact, publish_model_
 from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
+from prefect_runpod.flows.run_inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
-from prefect_runpod.tasks.preflight import preflight, validate_settings
+from prefect_runpod.tasks.preflight import preflight
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate, terminate_by_name
-
-if TYPE_CHECKING:
-    from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = ["demo_bundle", "finetune", "pod_name_for"]
 
@@ -150,7 +148,9 @@ def finetune(
     bundle: str | None = None,
     provider: Literal["local", "runpod"] = "local",
     model_id: str | None = None,
-    hf_token: SecretStr | None = None,
+    hf_credentials_block: str | None = None,
+    hf_token_secret: str | None = None,
+    hf_token_env: str = "HF_TOKEN",
     hf_endpoint: str | None = None,
     transfer_method: str = "auto",
     max_cost_usd: float | None = None,
@@ -159,8 +159,8 @@ def finetune(
     parity_warn_only: bool = False,
     keep_pod_on_failure: bool = False,
     name_prefix: str = "prft",
-    local_cost_per_hr: float = 0.0,
-    local_mode: Literal["gateway", "direct"] = "gateway",
+    local_cost_per_hr: float | None = None,
+    local_mode: Literal["gateway", "direct"] | None = None,
     output_dir: str | None = None,
     concurrency_limit: str | None = None,
     heartbeat_stale_seconds: float = 900.0,
@@ -170,6 +170,7 @@ def finetune(
     ssh_key_block: str | None = None,
     gpu_type_ids: list[str] | None = None,
     s3_target_block: str | None = None,
+    allow_secret_files: list[str] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a bundle on a pod end to end and always terminate the pod.
 
@@ -178,8 +179,14 @@ def finetune(
         provider: ``local`` (the embedded local pod) or ``runpod``.
         model_id: Hugging Face repo the job downloads (default: the bundle's); checked
             locally before any spend and again on the pod.
-        hf_token: Hugging Face token (a secret: never logged, typed hidden into the PTY).
-        hf_endpoint: Hub endpoint (default huggingface.co).
+        hf_credentials_block: the name of a saved ``HuggingFaceCredentials`` block
+            holding the Hugging Face token (and the Hub endpoint).
+        hf_token_secret: the name of a saved Prefect ``Secret`` block holding the token
+            (instead of ``hf_credentials_block``).
+        hf_token_env: without either block, the environment variable of the process
+            running the flow (the worker) that holds the token; default ``HF_TOKEN``.
+            A token is never a parameter: Prefect stores parameters as sent.
+        hf_endpoint: Hub endpoint (default: the block's, else huggingface.co).
         transfer_method: ``auto``, ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
         max_cost_usd: budget cap in USD; reaching it ends the run and terminates the pod.
         max_runtime_seconds: training runtime cap in seconds.
@@ -188,8 +195,10 @@ def finetune(
         keep_pod_on_failure: leave the pod up after a failure for inspection (the dead-man
             lifetime still ends it).
         name_prefix: pods are named ``<name_prefix>-<flow_run_id>``.
-        local_cost_per_hr: the local pod's pretend price in USD/h (a rehearsal's cost).
-        local_mode: the local pod's SSH mode: ``gateway`` (PTY only, like RunPod) or ``direct``.
+        local_cost_per_hr: the local pod's pretend price in USD/h (a rehearsal's cost;
+            default 0); local provider only.
+        local_mode: the local pod's SSH mode: ``gateway`` (PTY only, like RunPod; the
+            default) or ``direct``; local provider only.
         output_dir: where downloads and ``run-report.json`` go (default
             ``./prefect-runpod-runs/<flow_run_id>``).
         concurrency_limit: a Prefect global concurrency limit (e.g. ``runpod-gpu``) that
@@ -201,6 +210,8 @@ def finetune(
             spec block's list), e.g. ``["NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"]``.
         s3_target_block: a saved ``S3Target`` block (a bucket, or a RunPod network
             volume's S3 endpoint) for ``transfer_method="s3"``.
+        allow_secret_files: bundle paths (gitignore patterns) that look like secrets and
+            are uploaded anyway, on purpose; every other such file stops the run.
 
     Returns:
         The RunReport as JSON data (``stages``, ``pod_id``, ``cost``, ``manifest``, ``parity``…).
@@ -209,6 +220,7 @@ def finetune(
         SpecError / HFAuthError before any pod exists; the failing stage's error otherwise
         (after the pod is terminated); EvalParityError after download when parity fails.
     """
+    params = dict(locals())  # every parameter, as the hooks see them in flow_run.parameters
     logger = get_run_logger()
     run_id = _flow_run_id()
     out = Path(output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()
@@ -218,17 +230,7 @@ def finetune(
         provider=provider,
         output_dir=str(out),
     )
-    report.cost.max_cost_usd = max_cost_usd
-    params = {
-        "provider": provider,
-        "local_mode": local_mode,
-        "local_cost_per_hr": local_cost_per_hr,
-        "runpod_credentials_block": runpod_credentials_block,
-        "runpod_spec_block": runpod_spec_block,
-        "ssh_key_block": ssh_key_block,
-        "gpu_type_ids": gpu_type_ids,
-    }
-    budget = _Budget(max_cost_usd)
+    budget = _Budget(None)
     ssh_key_path = (
         os.environ.get("RUNPOD_SSH_KEY_PATH", "~/.ssh/id_ed25519_runpod")
         if provider == "runpod"
@@ -245,43 +247,28 @@ def finetune(
     with ExitStack() as holds:
         try:
             with run_stage(report, "preflight", on_stage):
-                settings = validate_settings(
-                    bundle=bundle or demo_bundle(),
-                    provider=provider,
-                    model_id=model_id,
-                    transfer_method=transfer_method,
-                    max_cost_usd=max_cost_usd,
-                    max_runtime_seconds=max_runtime_seconds,
-                    name_prefix=name_prefix,
-                    output_dir=out,
-                    parity_tolerance=parity_tolerance,
-                    s3_target_block=s3_target_block,
+                run = prepare_run(
+                    {**params, "output_dir": out},
+                    demo_bundle=demo_bundle(),
+                    run_name=report.pod_name,
                 )
-                report.hf.extend(preflight(settings, hf_token, hf_endpoint))
-                pod_provider, keypair = build_provider(params)
+                logger.info("%s", run.upload_line)
+                logger.info("Hugging Face token: %s", run.hf.source)
+                report.cost.max_cost_usd = budget.max_cost_usd = run.settings.max_cost_usd
+                report.hf.extend(preflight(run.settings, run.hf.token, run.hf.endpoint))
+                pod_provider = run.provider
             if concurrency_limit:
                 from prefect.concurrency.sync import concurrency
 
                 holds.enter_context(concurrency(concurrency_limit, occupy=1, strict=True))
             deferred = _run_on_pod(
                 report,
-                settings,
-                pod_provider,
-                keypair,
+                run,
                 budget,
                 on_stage,
-                hf_token=hf_token,
-                hf_endpoint=hf_endpoint,
-                parity_tolerance=parity_tolerance,
                 parity_warn_only=parity_warn_only,
-                deadman=DeadmanConfig(
-                    heartbeat_stale_seconds=heartbeat_stale_seconds,
-                    lifetime_seconds=pod_lifetime_seconds,
-                    check_interval_seconds=heartbeat_interval_seconds(heartbeat_stale_seconds),
-                ),
                 key_path=ssh_key_path,
                 keepers=keepers,
-                s3=_load_s3_target(s3_target_block),
             )
         except BaseException as exc:
             report.error = report.error or f"{type(exc).__name__}: {str(exc).strip()[:400]}"
@@ -297,22 +284,15 @@ def finetune(
     return report.to_json_dict()
 
 
-def _run_on_pod(  # noqa: PLR0913 - the stages need these
+def _run_on_pod(
     report: RunReport,
-    settings: Any,
-    pod_provider: Any,
-    keypair: Any,
+    run: PreparedRun,
     budget: _Budget,
     on_stage: Any,
     *,
-    hf_token: SecretStr | None,
-    hf_endpoint: str | None,
-    parity_tolerance: float,
     parity_warn_only: bool,
-    deadman: DeadmanConfig,
     key_path: str | None,
     keepers: list[HeartbeatKeeper],
-    s3: S3Target | None,
 ) -> BaseException | None:
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
     from prefect_runpod.tasks.checksum import checksum
@@ -322,12 +302,20 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     from prefect_runpod.tasks.eval_parity import check_parity_on_pod
     from prefect_runpod.tasks.hf_auth import hf_auth
     from prefect_runpod.tasks.train import terminal_progress_bar, train
-    from prefect_runpod.tasks.upload import upload
+    from prefect_runpod.tasks.upload import check_upload_method, upload
 
     logger = get_run_logger()
+    settings, pod_provider, s3 = run.settings, run.provider, run.s3
+    hf_token, hf_endpoint = run.hf.token, run.hf.endpoint
     bundle = settings.bundle
+    keypair = run.keypair
     key = keypair.private_key
     out = Path(settings.output_dir)
+    deadman = DeadmanConfig(
+        heartbeat_stale_seconds=settings.heartbeat_stale_seconds,
+        lifetime_seconds=settings.pod_lifetime_seconds,
+        check_interval_seconds=heartbeat_interval_seconds(settings.heartbeat_stale_seconds),
+    )
 
     def record(handle: PodHandle) -> None:
         first = report.pod_id is None
@@ -366,6 +354,8 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
                 ).start()
             )
         print(f"pod {handle.pod_id} is up; get in with: {report.ssh_command}", file=sys.stderr)
+        # The pod's end of the transfer, now that it runs: before env, hf_auth or upload.
+        check_upload_method(handle, key, settings.transfer_method, s3=s3)
     remote_bundle = f"{run_dir}/bundle"
 
     with run_stage(report, "env", on_stage):
@@ -386,7 +376,13 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     with run_stage(report, "upload", on_stage):
         budget.check()
         report.upload = upload(
-            handle, key, Path(bundle.root), remote_bundle, settings.transfer_method, s3=s3
+            handle,
+            key,
+            Path(bundle.root),
+            remote_bundle,
+            settings.transfer_method,
+            s3=s3,
+            paths=settings.upload.files if settings.upload else None,
         )
 
     with run_stage(report, "train", on_stage):
@@ -402,6 +398,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
             on_progress=terminal_progress_bar(pod_id=handle.pod_id),
             # A gated model is downloaded by the job itself: it needs the token in its env.
             secret_env={"HF_TOKEN": hf_token} if hf_token is not None else None,
+            expected_outputs=_declared_outputs(bundle),
         )
 
     deferred: BaseException | None = None
@@ -417,7 +414,7 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
                 python,
                 out / "parity",
                 timeout_seconds=settings.max_runtime_seconds,
-                tolerance=parity_tolerance,
+                tolerance=settings.parity_tolerance,
                 warn_only=parity_warn_only,
                 transfer_method=settings.transfer_method,
                 hf_token=hf_token,
@@ -454,13 +451,14 @@ def _run_on_pod(  # noqa: PLR0913 - the stages need these
     return deferred
 
 
-def _load_s3_target(name: str | None) -> S3Target | None:
-    """The saved ``S3Target`` block named ``name`` (None when no name)."""
-    if not name:
-        return None
-    from prefect_runpod.blocks.transfer.s3 import S3Target
-
-    return cast(S3Target, S3Target.load(name))
+def _declared_outputs(bundle: Any) -> dict[str, str]:
+    """What training must leave in the pod-side bundle, by the ``bundle.toml`` field that
+    declares it: the ``outputs`` folder, and the in-training eval JSONL when the bundle
+    has a standalone eval to compare it with."""
+    expected = {bundle.outputs: "outputs"}
+    if bundle.eval:
+        expected[bundle.train_eval_jsonl] = "train_eval_jsonl"
+    return expected
 
 
 def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
@@ -520,8 +518,15 @@ def _write_report(report: RunReport) -> None:
     if not report.output_dir:
         return
     path = Path(report.output_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "run-report.json").write_text(json.dumps(report.to_json_dict(), indent=2))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "run-report.json").write_text(json.dumps(report.to_json_dict(), indent=2))
+    except OSError as exc:  # preflight refuses such a dir; never mask the run's own error
+        get_run_logger().warning(
+            "could not write %s (%s); the report is still the flow's result",
+            path / "run-report.json",
+            exc.strerror or exc,
+        )
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.validation import check_name_prefix, check_number
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.tasks.terminate import terminate_pod
 
@@ -58,7 +59,7 @@ HEARTBEAT_EVENT = "prefect.flow-run.heartbeat"
 """The event a running flow emits every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds
 (180 s by default, 30 s at least)."""
 
-_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class RunSnapshot(BaseModel):
@@ -111,7 +112,7 @@ def flow_run_id_from_pod_name(name: str, name_prefix: str) -> UUID | None:
     if not name.startswith(head):
         return None
     rest = name[len(head) :].lower()
-    if not _UUID_RE.match(rest):
+    if not _UUID_RE.fullmatch(rest):
         return None
     return UUID(rest)
 
@@ -238,9 +239,15 @@ def reaper(
         One ``ReapDecision`` per pod, as JSON-ready dicts.
 
     Raises:
+        SpecError: a malformed prefix, a number that is NaN, infinite or out of range,
+            or a named block that is not saved; nothing is listed or terminated.
         TerminateError: after reporting, when any terminate was not confirmed (the
             message lists the pods still billing).
     """
+    check_name_prefix(name_prefix)
+    check_number("ttl_seconds", ttl_seconds, optional=True)
+    check_number("stale_running_seconds", stale_running_seconds)
+    check_number("grace_seconds", grace_seconds)
     logger = get_run_logger()
     prov, _ = build_provider(
         {

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from pydantic import BaseModel, Field, field_validator
 
 from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.validation import pydantic_reason
 
 __all__ = ["BUNDLE_FILE", "BundleSpec", "load_bundle"]
 
@@ -94,18 +95,23 @@ def load_bundle(path: str | Path) -> BundleSpec:
     """
     root = Path(path).expanduser().resolve()
     spec_file = root / BUNDLE_FILE
+    if root.exists() and not root.is_dir():
+        raise SpecError(f"bundle {root} is a file, not a directory: pass --bundle DIR")
     if not root.is_dir():
-        raise SpecError(f"bundle directory {root} does not exist; pass --bundle DIR")
+        raise SpecError(f"bundle directory {root} does not exist: pass --bundle DIR")
     if not spec_file.is_file():
-        raise SpecError(f"{spec_file} is missing: a bundle declares its job in {BUNDLE_FILE}")
+        raise SpecError(
+            f"{spec_file} is missing: a bundle declares its job in {BUNDLE_FILE} "
+            "(a [job] table with a 'train' command); add one, or pass another --bundle"
+        )
     try:
         data = tomllib.loads(spec_file.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SpecError(f"{spec_file} cannot be read: {exc}") from exc
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{spec_file} cannot be read ({exc}): fix the file") from None
     job = data.get("job")
     if not isinstance(job, dict) or not job.get("train"):
-        raise SpecError(f"{spec_file} needs a [job] table with a 'train' command")
+        raise SpecError(f"{spec_file} needs a [job] table with a 'train' command: add one")
     try:
         return BundleSpec(root=str(root), **job)
     except ValueError as exc:
-        raise SpecError(f"{spec_file} is invalid: {exc}") from exc
+        raise SpecError(f"{spec_file} is invalid: {pydantic_reason(exc)}; fix the file") from None

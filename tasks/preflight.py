@@ -1,24 +1,54 @@
 """Preflight: everything that can be checked before a pod exists, so a run that cannot
-succeed spends nothing (docs/architecture.md#layers-and-packages)."""
+succeed spends nothing (docs/architecture.md#input-validation).
+
+``validate_settings`` checks the run's parameters with the one validation layer
+(``blocks/validation.py``) and reads the bundle: which files it would upload, and
+that none of them looks like a secret (``tasks/bundle_files.py``). It touches no
+network and no Prefect API. ``check_transfer_before_renting`` and ``check_pod_disk``
+hold the run against the pod that is about to be rented; the ``preflight`` task runs
+the Hugging Face diagnosis locally.
+"""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, SecretStr
 
+from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
+from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_bundle_files
 
-__all__ = ["TRANSFER_METHODS", "RunSettings", "preflight", "validate_settings"]
+__all__ = [
+    "RunSettings",
+    "check_pod_disk",
+    "check_transfer_before_renting",
+    "preflight",
+    "transfer_methods",
+    "validate_settings",
+]
 
-TRANSFER_METHODS = ("auto", "pty", "sftp", "s3", "runpodctl")
-_PREFIX_RE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
-_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_BLOCK_PARAMS = (
+    "runpod_credentials_block",
+    "runpod_spec_block",
+    "ssh_key_block",
+    "s3_target_block",
+    "hf_credentials_block",
+    "hf_token_secret",
+)
+
+
+def transfer_methods() -> tuple[str, ...]:
+    """``auto`` and every registered transfer method (``blocks.transfer.method_names``),
+    in the order messages list them: what ``--transfer`` accepts."""
+    from prefect_runpod.blocks.transfer.dispatch import method_names
+
+    return ("auto", *method_names())
 
 
 class RunSettings(BaseModel):
@@ -28,11 +58,15 @@ class RunSettings(BaseModel):
         bundle: the loaded bundle spec.
         provider: ``local`` or ``runpod``.
         model_id: the Hugging Face repo to check, or None (then ``hf_auth`` is Skipped).
-        transfer_method: one of ``TRANSFER_METHODS``.
+        transfer_method: ``auto`` or a registered method (``transfer_methods()``).
         max_cost_usd: budget cap in USD, or None.
-        max_runtime_seconds: the training runtime cap.
+        max_runtime_seconds: the training runtime cap, in seconds.
         name_prefix: pods are named ``<name_prefix>-<flow_run_id>``.
-        output_dir: local directory for downloads and the run report.
+        output_dir: local directory for downloads and the run report (absolute).
+        parity_tolerance: the allowed accuracy gap (a fraction).
+        heartbeat_stale_seconds / pod_lifetime_seconds: the dead-man switch, in seconds.
+        hf_endpoint: the Hub URL given, or None (the block's, else huggingface.co).
+        upload: the bundle files the upload sends, with their total bytes.
     """
 
     bundle: BundleSpec
@@ -43,6 +77,11 @@ class RunSettings(BaseModel):
     max_runtime_seconds: float
     name_prefix: str
     output_dir: str
+    parity_tolerance: float = 0.02
+    heartbeat_stale_seconds: float = 900.0
+    pod_lifetime_seconds: float = 6 * 3600.0
+    hf_endpoint: str | None = None
+    upload: BundleFiles | None = None
 
 
 def validate_settings(
@@ -57,51 +96,180 @@ def validate_settings(
     output_dir: str | Path,
     parity_tolerance: float,
     s3_target_block: str | None = None,
+    heartbeat_stale_seconds: float = 900.0,
+    pod_lifetime_seconds: float = 6 * 3600.0,
+    hf_endpoint: str | None = None,
+    hf_credentials_block: str | None = None,
+    hf_token_secret: str | None = None,
+    hf_token_env: str = "HF_TOKEN",
+    concurrency_limit: str | None = None,
+    local_mode: str | None = None,
+    local_cost_per_hr: float | None = None,
+    runpod_credentials_block: str | None = None,
+    runpod_spec_block: str | None = None,
+    ssh_key_block: str | None = None,
+    gpu_type_ids: list[str] | None = None,
+    allow_secret_files: list[str] | None = None,
 ) -> RunSettings:
-    """Check the run's input; pure apart from reading the bundle.
+    """Check a run's input before anything is rented; reads the bundle, nothing else.
+
+    Every check is one sentence naming the parameter (and its CLI option) and what to
+    do; the first problem found is raised. Saved blocks are checked by name only here
+    (loading them needs the Prefect API: ``flows/run_inputs.py`` does that next).
 
     Returns:
         The ``RunSettings``; ``model_id`` falls back to the bundle's own ``model_id``.
 
     Raises:
-        SpecError: naming the bad value and what would be accepted.
+        SpecError: a token in a parameter, an option of the other provider, an unknown
+            transfer method, a number that is NaN/infinite/out of range, a malformed
+            prefix, URL, block name or repo id, an output dir that cannot be written, a
+            bad bundle, or bundle files that look like secrets.
     """
-    if provider not in ("local", "runpod"):
-        raise SpecError(f"provider {provider!r} is not one of: local, runpod")
-    if transfer_method not in TRANSFER_METHODS:
+    given: dict[str, Any] = dict(locals())
+    v.refuse_secret_values({k: val for k, val in given.items() if k != "hf_token_env"})
+    v.check_env_name(hf_token_env)
+    v.check_provider_options(provider, given)
+    methods = transfer_methods()
+    if transfer_method not in methods:
         raise SpecError(
-            f"transfer method {transfer_method!r} is not one of: {', '.join(TRANSFER_METHODS)}"
+            f"{v.label('transfer_method')} {transfer_method!r} is not one of: {', '.join(methods)}."
+        )
+    if s3_target_block and transfer_method not in ("auto", "s3"):
+        raise SpecError(
+            f"{v.label('s3_target_block')} is only used by --transfer s3 (or auto), and this "
+            f"run asks for {transfer_method!r}: drop it, or use --transfer s3."
         )
     if transfer_method == "s3" and not s3_target_block:
         raise SpecError(
             "transfer method 's3' needs a saved S3Target block (a bucket or a RunPod network "
-            "volume's S3 endpoint): save one and pass --s3-target NAME"
+            "volume's S3 endpoint): save one and pass --s3-target NAME."
         )
-    if not _PREFIX_RE.match(name_prefix):
+    if local_mode is not None and local_mode not in ("gateway", "direct"):
+        raise SpecError(f"{v.label('local_mode')} {local_mode!r} is not one of: gateway, direct.")
+    for param in _BLOCK_PARAMS:
+        if given[param] is not None:
+            v.check_block_name(given[param], param)
+    v.check_name_prefix(name_prefix)
+    max_cost_usd = v.check_number("max_cost_usd", max_cost_usd, optional=True)
+    runtime = v.check_number("max_runtime_seconds", max_runtime_seconds)
+    tolerance = v.check_number("parity_tolerance", parity_tolerance)
+    v.check_number("local_cost_per_hr", local_cost_per_hr, optional=True)
+    stale = v.check_number("heartbeat_stale_seconds", heartbeat_stale_seconds)
+    lifetime = v.check_number("pod_lifetime_seconds", pod_lifetime_seconds)
+    assert runtime is not None and tolerance is not None and stale is not None and lifetime
+    if runtime > lifetime:
         raise SpecError(
-            f"name prefix {name_prefix!r} must be 1-24 lowercase letters, digits or '-', "
-            "starting with a letter (pods are found and reaped by it)"
+            f"{v.label('max_runtime_seconds')} {runtime:g} s is longer than "
+            f"{v.label('pod_lifetime_seconds')} {lifetime:g} s: the pod would remove itself "
+            "before training could finish; raise the lifetime or lower the runtime cap."
         )
-    if max_cost_usd is not None and max_cost_usd <= 0:
-        raise SpecError(f"max_cost_usd must be > 0 USD, got {max_cost_usd}")
-    if max_runtime_seconds <= 0:
-        raise SpecError(f"max_runtime_seconds must be > 0 s, got {max_runtime_seconds}")
-    if not 0 <= parity_tolerance < 1:
-        raise SpecError(f"parity tolerance must be in [0, 1), got {parity_tolerance}")
+    if concurrency_limit is not None:
+        v.check_limit_name(concurrency_limit)
+    if hf_endpoint is not None:
+        hf_endpoint = v.check_url(hf_endpoint, "hf_endpoint")
+    if gpu_type_ids is not None and (
+        not isinstance(gpu_type_ids, list) or not all(isinstance(g, str) for g in gpu_type_ids)
+    ):
+        raise SpecError(f"{v.label('gpu_type_ids')} must be a list of GPU type ids.")
+    out = v.check_output_dir(output_dir)
     spec = load_bundle(bundle)
     repo = model_id or spec.model_id or None
-    if repo is not None and not _REPO_RE.match(repo):
-        raise SpecError(f"model id {repo!r} is not a Hugging Face repo id like 'org/name'")
+    if repo is not None:
+        v.check_repo_id(repo)
+    files = select_bundle_files(
+        spec.root, allow_secret_files=list(allow_secret_files or []), skip_dirs=[out]
+    )
+    if not files.files:
+        raise SpecError(
+            f"the bundle {spec.root} has no file to upload after {IGNORE_FILE} and the "
+            "built-in excludes: check the ignore file."
+        )
     return RunSettings(
         bundle=spec,
         provider=provider,  # type: ignore[arg-type]
         model_id=repo,
         transfer_method=transfer_method,
         max_cost_usd=max_cost_usd,
-        max_runtime_seconds=max_runtime_seconds,
+        max_runtime_seconds=runtime,
         name_prefix=name_prefix,
-        output_dir=str(Path(output_dir).expanduser().resolve()),
+        output_dir=str(out),
+        parity_tolerance=tolerance,
+        heartbeat_stale_seconds=stale,
+        pod_lifetime_seconds=lifetime,
+        hf_endpoint=hf_endpoint,
+        upload=files,
     )
+
+
+def check_transfer_before_renting(
+    transfer_method: str, planned: PodHandle, description: str, s3: Any = None
+) -> str:
+    """Can the transfer method work with the pod about to be rented? Asks the method
+    itself (``TransferMethod.unavailable``) about this machine's end and about what the
+    pod will offer, described by ``planned`` (its endpoints; no pod exists yet).
+
+    Args:
+        transfer_method: ``auto`` or a registered method.
+        planned: a handle with the endpoints the pod will have (``flows.providers.planned_pod``).
+        description: the pod in words, for the message (``a local pod in gateway mode``).
+        s3: the loaded ``S3Target``, or None.
+
+    Returns:
+        The method ``auto`` would pick, or ``transfer_method`` itself.
+
+    Raises:
+        SpecError: the method cannot work: its own reason, prefixed with the pod.
+    """
+    from prefect_runpod.blocks.transfer.dispatch import pick_method
+
+    try:
+        return pick_method(planned, transfer_method, s3)
+    except SpecError as exc:
+        reason = str(exc).replace(f"pod {planned.pod_id} ", "the pod ")
+        raise SpecError(
+            f"{v.label('transfer_method')} {transfer_method!r} cannot work with {description}, "
+            f"checked before renting: {reason}."
+        ) from None
+
+
+def check_pod_disk(upload: BundleFiles, disk_bytes: int | None, description: str) -> str:
+    """Hold the upload against the disk the pod will have where the bundle lands.
+
+    Args:
+        upload: the selected bundle files.
+        disk_bytes: bytes available at the pod's workdir (None: unknown, not checked).
+        description: where, in words (``the pod's 20 GB container disk``).
+
+    Returns:
+        One line for the log: file count, bytes, and the share of the disk.
+
+    Raises:
+        SpecError: the bundle is larger than that disk.
+    """
+    size = upload.total_bytes
+    line = f"upload: {len(upload.files)} files, {size} bytes ({_human(size)})"
+    if upload.ignored_files:
+        line += f", {upload.ignored_files} left out by {IGNORE_FILE} and the built-in excludes"
+    if disk_bytes is None:
+        return line
+    if size > disk_bytes:
+        raise SpecError(
+            f"the bundle's {len(upload.files)} files hold {_human(size)}, more than "
+            f"{description} ({_human(disk_bytes)}): leave large files out in {IGNORE_FILE}, "
+            "or ask for a larger disk."
+        )
+    share = 100 * size / max(disk_bytes, 1)
+    shown = f"{share:.2f}%" if share >= 0.01 else "under 0.01%"
+    return f"{line}; {shown} of {description} ({_human(disk_bytes)})"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 @task(name="preflight", cache_policy=NO_CACHE)
@@ -112,8 +280,8 @@ def preflight(settings: RunSettings, hf_token: SecretStr | None, hf_endpoint: st
         A list with the local ``HFDiagnosis`` (empty when no model id).
 
     Raises:
-        HFAuthError: when the diagnosis is blocking (no token, licence not accepted, …);
-            the message carries the remediation and its URL.
+        HFAuthError: when the diagnosis is blocking (no token, licence not accepted, the
+            Hub cannot be reached, …); the message carries the remediation and its URL.
     """
     if settings.model_id is None:
         return []

@@ -9,6 +9,7 @@ other pipelines drive them: ``run_deployment`` (waiting and fire-and-forget), a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -88,8 +89,11 @@ def served(prefect_api_server, tmp_path_factory) -> Iterator[dict[str, Any]]:  #
     work = tmp_path_factory.mktemp("served")
     # The zombie automation below expects a heartbeat every 30 s; runs must send them
     # that often (Prefect's default is 180 s), or a long run is marked Crashed.
+    # Each run may read faults meant for it alone from <fault dir>/runs/<flow_run_id>.
     env = prefect_api_server.client_env(
-        PREFECT_LOGGING_LEVEL="INFO", PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30"
+        PREFECT_LOGGING_LEVEL="INFO",
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30",
+        PREFECT_RUNPOD_FAULT_DIR=str(work / "faults"),
     )
     done = subprocess.run(
         [
@@ -128,7 +132,13 @@ def served(prefect_api_server, tmp_path_factory) -> Iterator[dict[str, Any]]:  #
         start_new_session=True,
     )
     try:
-        yield {"work": work, "runner": runner, "log": work / "runner.log"}
+        yield {
+            "work": work,
+            "runner": runner,
+            "log": work / "runner.log",
+            "faults": work / "faults",
+            "home": Path(env["PREFECT_HOME"]),
+        }
     finally:
         if runner.poll() is None:
             os.killpg(runner.pid, signal.SIGINT)
@@ -336,3 +346,105 @@ def test_peak_overlap_counts_open_intervals():
     assert _peak_overlap([(t, t + 2 * s), (t + s, t + 3 * s), (t + 2 * s, t + 4 * s)]) == 2
     assert _peak_overlap([(t, t + 5 * s), (t + s, t + 2 * s), (t + s, t + 3 * s)]) == 3
     assert _peak_overlap([]) == 0
+
+
+@pytest.mark.slow
+def test_hf_token_reaches_a_served_run_only_through_a_block(prefect_api, served, hf_hub, tmp_path):
+    """The token lives in a saved ``HuggingFaceCredentials`` block; a served deployment
+    run with ``run_deployment`` names the block. The job gets exactly the token (its
+    train and eval check it), and the token is found nowhere else: not in the run's
+    parameters read back through the API, its logs, artifacts, state or result, the
+    server's database files, the runner's Prefect home (result storage), the run
+    directory, the pod's files (shell history and the run dir included) or any process's
+    command line while the pod lives. Passing the token as a parameter is refused by the
+    server (409), through ``run_deployment`` and the client alike, and stores nothing."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    from prefect_runpod.blocks.faults import release_marker, run_fault_dir
+    from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+    from tests.fixtures.demo_bundle import token_checking_bundle
+    from tests.fixtures.leaks import files_holding, proc_cmdlines
+
+    _wait_deployment("runpod-finetune/on-demand", served)
+    token = hf_hub.tokens["classic"].get_secret_value()
+    secret = token.encode()
+    HuggingFaceCredentials(token=token, endpoint=hf_hub.endpoint).save(
+        "hf-sentinel", overwrite=True
+    )
+    bundle = token_checking_bundle(tmp_path / "bundle", token)
+    out = tmp_path / "out"
+    prefix = f"hf{uuid.uuid4().hex[:6]}"
+
+    # 1. A raw token as a parameter never reaches the database.
+    with pytest.raises(PrefectHTTPStatusError, match="409"):
+        run_deployment("runpod-finetune/on-demand", parameters={"hf_token": token}, timeout=0)
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("runpod-finetune/on-demand")
+        with pytest.raises(PrefectHTTPStatusError, match="409"):
+            client.create_flow_run_from_deployment(dep.id, parameters={"hf_token": token})
+
+    # 2. The block name is the parameter; the run pauses at download while its pod lives.
+    run = run_deployment(
+        "runpod-finetune/on-demand",
+        parameters={
+            "bundle": str(bundle),
+            "model_id": "t/accepted",
+            "hf_credentials_block": "hf-sentinel",
+            "name_prefix": prefix,
+            "output_dir": str(out),
+        },
+        timeout=0,
+    )
+    marks = run_fault_dir(served["faults"], str(run.id))
+    marks.mkdir(parents=True, exist_ok=True)
+    (marks / "faults").write_text("download:pause\n")
+    deadline = time.monotonic() + 240
+    while not (marks / "download.reached").exists():
+        assert time.monotonic() < deadline, f"the run never reached download\n{_runner_log(served)}"
+        time.sleep(0.5)
+    pod = LocalPodProvider().find(f"{prefix}-{run.id}")
+    assert pod is not None
+    pod_dir = LocalPodProvider().home / "pods" / pod.pod_id
+    assert secret not in proc_cmdlines().encode()
+    assert files_holding(secret, pod_dir) == [], "the token is in a file on the pod"
+    release_marker(marks, "download")
+    done = _wait_run(run.id, served, timeout_seconds=240)
+    assert done.state.type.value == "COMPLETED", (done.state.message, _runner_log(served))
+
+    # 3. Nothing the run left holds the token.
+    with get_client(sync_client=True) as client:
+        report = client.read_flow_run(run.id).state.result()
+        assert report["passed"] and [d["cause"] for d in report["hf"]] == ["ok", "ok"]
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+        arts = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+        )
+        runs = client.read_flow_runs()
+        stored = {
+            "params": [r.parameters for r in runs],
+            "states": [r.state.message if r.state else "" for r in runs],
+            "logs": [log.message for log in logs],
+            "artifacts": [a.data for a in arts],
+            "report": report,
+        }
+    assert any(
+        "Hugging Face token: HuggingFaceCredentials block 'hf-sentinel'" in m
+        for m in stored["logs"]
+    )
+    assert {r.parameters.get("hf_credentials_block") for r in runs} >= {"hf-sentinel"}
+    assert "hf_token" not in {k for r in runs for k in r.parameters}
+    assert token not in json.dumps(stored, default=str)
+    database = sorted(prefect_api.home.glob("prefect.db*"))
+    assert database, "the server's SQLite files"
+    assert files_holding(secret, *database, served["home"], out, served["log"]) == []
+    assert not pod_dir.exists(), "terminate removed the pod and its files"
+    assert token not in hf_hub.hub.log_text()

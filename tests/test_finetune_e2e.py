@@ -151,28 +151,3 @@ def test_direct_mode_pod_runs_every_stage_over_sftp(prefect_server, tmp_path):
     assert report["upload"]["method"] == "sftp" and report["download"]["method"] == "sftp"
     assert report["passed"] and report["terminated"]
     _assert_pod_gone(report["pod_id"])
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--transfer", "s3"], "needs a saved S3Target block"),
-        (["--name-prefix", "BAD_PREFIX"], "name prefix 'BAD_PREFIX'"),
-        (["--bundle", "/nonexistent/bundle"], "does not exist"),
-        (["--max-cost-usd", "-1"], "max_cost_usd must be > 0"),
-    ],
-)
-def test_bad_input_fails_before_any_pod_or_server(args, message, tmp_path):
-    before = {h.pod_id for h in LocalPodProvider().list("")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "prefect_runpod.flows.cli", "finetune", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 1
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "Starting temporary server" not in proc.stderr  # nothing started, nothing rented
-    assert {h.pod_id for h in LocalPodProvider().list("")} == before

@@ -4,14 +4,11 @@ and the secret sentinel across every place a token could leak."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import json
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +17,7 @@ from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.tasks.models import STAGES
 from tests.fixtures.flow_env import server_env
+from tests.fixtures.leaks import files_holding, proc_cmdlines
 
 pytestmark = pytest.mark.slow
 
@@ -81,17 +79,6 @@ def test_budget_cap_ends_the_run_and_the_pod(prefect_server, tmp_path):
     assert cost["usd"] == round(cost["cost_per_hr"] * cost["billed_seconds"] / 3600, 8)
 
 
-def _proc_cmdlines() -> str:
-    out = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                out.append(
-                    (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                )
-    return "\n".join(out)
-
-
 def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
     """The token is used locally and on the pod (hf_auth) yet appears in no Prefect log,
     artifact or result, no run report, no process's argv, no pod shell history and no
@@ -142,10 +129,8 @@ def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
         pod_dir = LocalPodProvider().home / "pods" / pod_id
         # While the pod lives (hf_auth already ran on it): argv of every process, and
         # every file the pod's shell could have written (history included).
-        assert sentinel not in _proc_cmdlines()
-        for path in pod_dir.rglob("*"):
-            if path.is_file() and path.stat().st_size < 5_000_000:
-                assert sentinel.encode() not in path.read_bytes(), f"token found in {path}"
+        assert sentinel not in proc_cmdlines()
+        assert files_holding(sentinel.encode(), pod_dir) == [], "the token is in a pod file"
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=120)
     finally:
@@ -157,9 +142,7 @@ def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
     hf_stage = next(s for s in final["stages"] if s["name"] == "hf_auth")
     assert hf_stage["state"] == "Completed"
     assert [d["where"] for d in final["hf"]] == ["local", "pod"]
-    for path in out.rglob("*"):
-        if path.is_file():
-            assert sentinel.encode() not in path.read_bytes(), f"token found in {path}"
+    assert files_holding(sentinel.encode(), out) == []
     assert sentinel not in hf_hub.hub.log_text()
 
     async def prefect_records() -> str:
@@ -188,39 +171,54 @@ def test_gated_model_token_reaches_the_training_job_and_nowhere_else(
     prefect_server, hf_hub, tmp_path
 ):
     """The job downloads the model itself, so it needs HF_TOKEN in its environment: the
-    train and eval commands check they got exactly the token, while the report, the
-    artifacts and the logs never show it."""
-    from tests.fixtures.demo_bundle import copy_demo_bundle
+    token comes from a saved Prefect ``Secret`` block named by the run (never a
+    parameter); the train and eval commands check they got exactly that token, while the
+    report, the stored parameters and the logs never show it."""
+    from prefect.blocks.system import Secret
+    from prefect.client.orchestration import get_client
 
-    token = hf_hub.tokens["classic"]
-    bundle = copy_demo_bundle(tmp_path / "bundle")
-    (bundle / "check_token.py").write_text(
-        "import hashlib, os, sys\n"
-        "seen = hashlib.sha256(os.environ.get('HF_TOKEN', '').encode()).hexdigest()\n"
-        "sys.exit(0 if seen == sys.argv[1] else 7)\n"
-    )
-    digest = hashlib.sha256(token.get_secret_value().encode()).hexdigest()
-    spec = (bundle / "bundle.toml").read_text()
-    spec = spec.replace(
-        'train = "{python} -u train.py',
-        f'train = "{{python}} check_token.py {digest} && {{python}} -u train.py',
-    ).replace(
-        'eval = "{python} -u eval.py',
-        f'eval = "{{python}} check_token.py {digest} && {{python}} -u eval.py',
-    )
-    (bundle / "bundle.toml").write_text(spec)
+    from tests.fixtures.demo_bundle import token_checking_bundle
+
+    token = hf_hub.tokens["classic"].get_secret_value()
+    Secret(value=token).save("hf-read-token", overwrite=True)
+    bundle = token_checking_bundle(tmp_path / "bundle", token)
+    # What the upload leaves behind: the ignore file's folder, caches; one dotenv file
+    # is sent on purpose.
+    (bundle / ".prefectrunpodignore").write_text("scratch/\n")
+    (bundle / "scratch").mkdir()
+    (bundle / "scratch" / "notes.txt").write_text("local only\n")
+    (bundle / "__pycache__").mkdir()
+    (bundle / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (bundle / ".env.ci").write_text("EPOCHS=3\n")
     state = finetune(
         bundle=str(bundle),
         model_id="t/accepted",
-        hf_token=token,
+        hf_token_secret="hf-read-token",
         hf_endpoint=hf_hub.endpoint,
         output_dir=str(tmp_path / "out"),
+        allow_secret_files=[".env.ci"],
         return_state=True,
     )
     assert state.is_completed(), state.message
     report = state.result()
     assert [d["cause"] for d in report["hf"]] == ["ok", "ok"]
-    assert token.get_secret_value() not in json.dumps(report)
+    assert token not in json.dumps(report)
+    sent = [e["path"] for e in report["upload"]["dest_manifest"]["entries"]]
+    assert ".env.ci" in sent and "check_token.py" in sent and "bundle.toml" in sent
+    assert not [p for p in sent if p.startswith(("scratch/", "__pycache__/"))], sent
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    assert run.parameters["hf_token_secret"] == "hf-read-token"
+    assert token not in json.dumps(run.parameters, default=str)
+
+
+def test_a_token_cannot_be_a_flow_parameter(prefect_server, hf_hub):
+    """``finetune(hf_token=...)`` is refused by the call itself, before Prefect creates
+    (and stores) a run: the flow has no parameter that takes a secret."""
+    from prefect.exceptions import ParameterBindError
+
+    with pytest.raises((ParameterBindError, TypeError), match="hf_token"):
+        finetune(hf_token=hf_hub.tokens["classic"], return_state=True)
 
 
 def test_listing_and_terminating_need_no_ssh_key(
@@ -236,5 +234,6 @@ def test_listing_and_terminating_need_no_ssh_key(
     assert "no live pods" in capsys.readouterr().err
     assert main(["terminate", "lp-doesnotexist", "--provider", "runpod"]) == 0
     assert "no such pod" in capsys.readouterr().out
-    # The fine-tune itself does need the key, and says how to make one.
-    assert main(["finetune", "--provider", "runpod", "--output-dir", str(tmp_path)]) == 1
+    # The fine-tune itself does need the key, and says how to make one (bad usage: 2).
+    assert main(["finetune", "--provider", "runpod", "--output-dir", str(tmp_path)]) == 2
+    assert "no SSH key for RunPod" in capsys.readouterr().err

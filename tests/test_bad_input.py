@@ -1,0 +1,293 @@
+"""A new user's bad input, kind by kind, through the CLI's ``main(argv)`` in-process:
+each is refused before anything is rented, with one sentence naming what was wrong and
+what to do, exit status 2, no traceback, and no pod created (none on this machine's
+local-pod registry, no request at all to the emulated RunPod API).
+
+Cases that look up saved blocks need the Prefect API (marked slow); the two cases at
+the end run the real ``prefect-runpod`` in a subprocess to show that nothing, not even
+Prefect's temporary server, starts.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.keys import generate_keypair
+from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+from prefect_runpod.flows.cli import EXIT_USAGE, main
+from tests.emulators.runpod_api import RunPodEmulator
+from tests.fixtures.demo_bundle import copy_demo_bundle
+
+TOKEN = "hf_" + "Sentinel" * 4 + "x1"
+KEY_TEXT = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kind of bad input.
+
+    Attributes:
+        id: the kind, as the test id.
+        argv: the command line; ``{tmp}`` is the test's temp dir, ``{bundle}`` a copy of
+            the demo bundle (made only when used), ``{free_plus}`` a size in bytes larger
+            than the free space under the pod home.
+        match: a fragment of the one-sentence message (a plain substring).
+        runpod: run with RunPod's API emulated (and an API key and SSH key in the env).
+        files: files to create first (path under ``{tmp}`` or ``{bundle}`` -> text).
+        env: environment changes (value None unsets).
+    """
+
+    id: str
+    argv: list[str]
+    match: str
+    runpod: bool = False
+    files: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)
+
+
+def ft(*args: str) -> list[str]:
+    return ["finetune", *args]
+
+
+def rp(*args: str) -> list[str]:
+    return ["finetune", "--provider", "runpod", *args]
+
+
+TOML = '[job]\ntrain = "{python} train.py"\n'
+NUMBER = "must be a finite number"
+
+CASES = [
+    # --- the bundle ---
+    Case("bundle-missing", ft("--bundle", "{tmp}/nope"), "does not exist: pass --bundle DIR"),
+    Case("bundle-is-a-file", ft("--bundle", "{tmp}/f"), "is a file, not a directory", files={"{tmp}/f": "x"}),
+    Case("bundle-without-toml", ft("--bundle", "{tmp}/b"), "bundle.toml is missing", files={"{tmp}/b/train.py": ""}),
+    Case("bundle-toml-unreadable", ft("--bundle", "{tmp}/b"), "bundle.toml cannot be read", files={"{tmp}/b/bundle.toml": "[job\n"}),
+    Case("bundle-without-train", ft("--bundle", "{tmp}/b"), "needs a [job] table with a 'train' command", files={"{tmp}/b/bundle.toml": '[job]\neval = "x"\n'}),
+    Case("bundle-outputs-absolute", ft("--bundle", "{tmp}/b"), "must be a relative path inside the bundle", files={"{tmp}/b/bundle.toml": TOML + 'outputs = "/srv/out"\n'}),
+    Case("bundle-outputs-escape", ft("--bundle", "{tmp}/b"), "must be a relative path inside the bundle", files={"{tmp}/b/bundle.toml": TOML + 'outputs = "../out"\n'}),
+    Case("bundle-format-no-group", ft("--bundle", "{tmp}/b"), "must have exactly one capture group", files={"{tmp}/b/bundle.toml": TOML + 'output_format = "x"\n'}),
+    Case("bundle-format-bad-regex", ft("--bundle", "{tmp}/b"), "is not a valid regex", files={"{tmp}/b/bundle.toml": TOML + 'output_format = "("\n'}),
+    Case("bundle-everything-ignored", ft("--bundle", "{tmp}/b"), "has no file to upload", files={"{tmp}/b/bundle.toml": TOML, "{tmp}/b/.prefectrunpodignore": "*\n"}),
+    Case("bundle-ignore-file-broken", ft("--bundle", "{bundle}"), "has a line gitignore cannot read", files={"{bundle}/.prefectrunpodignore": "!\n"}),
+    Case("bundle-dotenv", ft("--bundle", "{bundle}"), ".env (a dotenv file)", files={"{bundle}/.env": "WANDB_API_KEY=abc\n"}),
+    Case("bundle-private-key", ft("--bundle", "{bundle}"), "deploy_key (a private key)", files={"{bundle}/deploy_key": KEY_TEXT}),
+    Case("bundle-aws-credentials", ft("--bundle", "{bundle}"), ".aws/credentials (AWS credentials)", files={"{bundle}/.aws/credentials": "[default]\n"}),
+    Case("bundle-token-in-a-file", ft("--bundle", "{bundle}"), "notes.txt (a Hugging Face token)", files={"{bundle}/notes.txt": f"token {TOKEN}\n"}),
+    Case("bundle-larger-than-disk", ft("--bundle", "{bundle}"), "more than the free space under", files={"{bundle}/data/huge.bin": "{free_plus}"}),
+    # --- names ---
+    Case("prefix-uppercase", ft("--name-prefix", "Prft"), "must be 1-23 lowercase letters"),
+    Case("prefix-24-chars", ft("--name-prefix", "p" * 24), "must be 1-23 lowercase letters"),
+    Case("prefix-digit-first", ft("--name-prefix", "9lives"), "starting with a letter"),
+    Case("prefix-empty", ft("--name-prefix", ""), "must be 1-23 lowercase letters"),
+    Case("prefix-underscore", ft("--name-prefix", "my_runs"), "must be 1-23 lowercase letters"),
+    Case("model-id-bad-chars", ft("--model-id", "not a repo!"), "is not a Hugging Face repo id"),
+    Case("model-id-three-parts", ft("--model-id", "a/b/c"), "is not a Hugging Face repo id"),
+    Case("concurrency-limit-bad", ft("--concurrency-limit", "gpu pool"), "is not a concurrency limit name"),
+    Case("block-name-malformed", rp("--runpod-spec", "My_Spec"), "runpod_spec_block (--runpod-spec) 'My_Spec' is not a block name", runpod=True),
+    # --- numbers ---
+    Case("cost-nan", ft("--max-cost-usd", "nan"), f"max_cost_usd (--max-cost-usd) {NUMBER} of USD"),
+    Case("cost-inf", ft("--max-cost-usd", "inf"), "got inf"),
+    Case("cost-zero", ft("--max-cost-usd", "0"), "above 0"),
+    Case("cost-negative", ft("--max-cost-usd", "-1"), "above 0"),
+    Case("cost-huge", ft("--max-cost-usd", "1e9"), "at most 100000"),
+    Case("runtime-nan", ft("--max-runtime-seconds", "nan"), f"max_runtime_seconds (--max-runtime-seconds) {NUMBER} of seconds"),
+    Case("runtime-zero", ft("--max-runtime-seconds", "0"), "max_runtime_seconds (--max-runtime-seconds)"),
+    Case("runtime-negative", ft("--max-runtime-seconds", "-5"), "got -5"),
+    Case("runtime-inf", ft("--max-runtime-seconds", "inf"), "got inf"),
+    Case("runtime-over-lifetime", ft("--max-runtime-seconds", "7200", "--pod-lifetime-seconds", "3600"), "the pod would remove itself before training could finish"),
+    Case("tolerance-one", ft("--parity-tolerance", "1"), "parity_tolerance (--parity-tolerance)"),
+    Case("tolerance-negative", ft("--parity-tolerance", "-0.1"), "at least 0"),
+    Case("tolerance-nan", ft("--parity-tolerance", "nan"), "got nan"),
+    Case("local-cost-negative", ft("--local-cost-per-hr", "-0.22"), "local_cost_per_hr (--local-cost-per-hr)"),
+    Case("local-cost-nan", ft("--local-cost-per-hr", "nan"), "of USD per hour"),
+    Case("heartbeat-zero", ft("--heartbeat-stale-seconds", "0"), "heartbeat_stale_seconds (--heartbeat-stale-seconds)"),
+    Case("heartbeat-nan", ft("--heartbeat-stale-seconds", "nan"), "e.g. --heartbeat-stale-seconds 900"),
+    Case("lifetime-negative", ft("--pod-lifetime-seconds", "-5"), "pod_lifetime_seconds (--pod-lifetime-seconds)"),
+    Case("lifetime-inf", ft("--pod-lifetime-seconds", "inf"), "the hard cap on the pod's life"),
+    # --- options of the other provider ---
+    Case("gpu-type-on-local", ft("--gpu-type", "NVIDIA GeForce RTX 3090"), "gpu_type_ids (--gpu-type) applies only to --provider runpod"),
+    Case("runpod-spec-on-local", ft("--runpod-spec", "spec"), "applies only to --provider runpod"),
+    Case("runpod-credentials-on-local", ft("--runpod-credentials", "creds"), "applies only to --provider runpod"),
+    Case("ssh-key-on-local", ft("--ssh-key", "key"), "ssh_key_block (--ssh-key) applies only"),
+    Case("local-mode-on-runpod", rp("--local-mode", "direct"), "local_mode (--local-mode) applies only to --provider local", runpod=True),
+    Case("local-cost-on-runpod", rp("--local-cost-per-hr", "0.22"), "local_cost_per_hr (--local-cost-per-hr) applies only", runpod=True),
+    # --- the transfer ---
+    Case("transfer-sftp-on-gateway", ft("--transfer", "sftp"), "'sftp' cannot work with a local pod in gateway mode"),
+    Case("transfer-runpodctl-missing", ft("--transfer", "runpodctl"), "runpodctl is not installed on this machine", env={"PATH": "/nonexistent"}),
+    Case("transfer-s3-without-target", ft("--transfer", "s3"), "needs a saved S3Target block"),
+    Case("s3-target-with-pty", ft("--transfer", "pty", "--s3-target", "vol"), "is only used by --transfer s3"),
+    # --- Hugging Face ---
+    Case("hf-endpoint-not-a-url", ft("--hf-endpoint", "not-a-url"), "hf_endpoint (--hf-endpoint) 'not-a-url' must start with http"),
+    Case("hf-endpoint-ftp", ft("--hf-endpoint", "ftp://hub.example"), "must start with http:// or https://"),
+    Case("hf-endpoint-with-password", ft("--hf-endpoint", "https://me:pw@hub.example"), "carries credentials"),
+    Case("hf-endpoint-bad-port", ft("--hf-endpoint", "https://hub.example:0x1"), "has an invalid port"),
+    Case("hf-token-env-bad-name", ft("--hf-token-env", "1TOKEN"), "is not an environment variable name"),
+    Case("hf-token-env-is-a-token", ft("--hf-token-env", TOKEN), "looks like a token itself"),
+    Case("hf-two-token-sources", ft("--hf-credentials", "a", "--hf-token-secret", "b"), "give one of them"),
+    Case("token-in-a-parameter", ft("--model-id", "org/m", "--concurrency-limit", TOKEN), "looks like a Hugging Face token"),
+    # --- the output dir ---
+    Case("output-dir-is-a-file", ft("--output-dir", "{tmp}/f"), "is a file, not a directory", files={"{tmp}/f": "x"}),
+    Case("output-dir-under-a-file", ft("--output-dir", "{tmp}/f/out"), "which is a file", files={"{tmp}/f": "x"}),
+    Case("output-dir-unwritable", ft("--output-dir", "/proc/prefect-runpod-out"), "is not writable"),
+    # --- RunPod ---
+    Case("runpod-without-api-key", rp(), "RunPod needs an API key", runpod=True, env={"RUNPOD_API_KEY": None}),
+    Case("runpod-without-ssh-key", rp(), "no SSH key for RunPod", runpod=True, env={"RUNPOD_SSH_KEY_PATH": "{tmp}/no-key"}),
+    Case("runpod-gpu-type-garbage", rp("--gpu-type", 'RTX" }) { id }'), "invalid GPU type id", runpod=True),
+    # --- argparse: unknown choices and non-numbers ---
+    Case("transfer-unknown", ft("--transfer", "scp"), "invalid choice: 'scp'"),
+    Case("provider-unknown", ft("--provider", "aws"), "invalid choice: 'aws'"),
+    Case("local-mode-unknown", ft("--local-mode", "ssh"), "invalid choice: 'ssh'"),
+    Case("cost-not-a-number", ft("--max-cost-usd", "two"), "invalid float value: 'two'"),
+    # --- the other commands ---
+    Case("terminate-without-id", ["terminate"], "give a POD_ID or --name NAME"),
+    Case("pods-bad-prefix", ["pods", "--name-prefix", "BAD"], "must be 1-23 lowercase letters"),
+    Case("reaper-ttl-nan", ["reaper", "--ttl-seconds", "nan"], "ttl_seconds (--ttl-seconds)"),
+    Case("reaper-ttl-zero", ["reaper", "--ttl-seconds", "0"], "above 0"),
+    Case("reaper-bad-prefix", ["reaper", "--name-prefix", "X"], "must be 1-23 lowercase letters"),
+]  # fmt: skip
+
+# Saved blocks are looked up on the Prefect API: these need a server (slow).
+BLOCK_CASES = [
+    Case("runpod-spec-missing", rp("--runpod-spec", "capped-3090s"), "no RunPodPodSpec block is named 'capped-3090s'", runpod=True),
+    Case("runpod-credentials-missing", rp("--runpod-credentials", "team-key"), "no RunPodCredentials block is named 'team-key'", runpod=True),
+    Case("ssh-key-missing", rp("--ssh-key", "laptop"), "no RunPodSSHKey block is named 'laptop'", runpod=True),
+    Case("s3-target-missing", ft("--transfer", "s3", "--s3-target", "vol-eu"), "no S3Target block is named 'vol-eu'"),
+    Case("hf-credentials-missing", ft("--hf-credentials", "hf-reader"), "no HuggingFaceCredentials block is named 'hf-reader'"),
+    Case("hf-token-secret-missing", ft("--hf-token-secret", "hf-tok"), "no Secret block is named 'hf-tok'"),
+]  # fmt: skip
+
+
+ARGPARSE_CASES = {"transfer-unknown", "provider-unknown", "local-mode-unknown", "cost-not-a-number"}
+
+
+def test_the_table_covers_at_least_sixty_kinds():
+    ids = [c.id for c in CASES + BLOCK_CASES]
+    assert len(ids) == len(set(ids)) and len(ids) >= 60, len(ids)
+
+
+@pytest.fixture(scope="module")
+def runpod_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunPodEmulator]:
+    emu = RunPodEmulator(
+        api_key=f"rpa_{secrets.token_hex(16)}", home=tmp_path_factory.mktemp("rp") / "pods"
+    )
+    emu.start()
+    try:
+        yield emu
+    finally:
+        assert emu.stop() == []
+
+
+def _fill(text: str, tmp: Path, bundle: Callable[[], Path]) -> str:
+    if "{bundle}" in text:
+        text = text.replace("{bundle}", str(bundle()))
+    return text.replace("{tmp}", str(tmp))
+
+
+def _pod_home_free_plus() -> int:
+    home = LocalPodProvider().home
+    while not home.exists():
+        home = home.parent
+    return shutil.disk_usage(home).free + 2**30
+
+
+def _run_case(case: Case, tmp_path: Path, monkeypatch, capfd, emu: RunPodEmulator | None):
+    made: list[Path] = []
+
+    def bundle() -> Path:
+        if not made:
+            made.append(copy_demo_bundle(tmp_path / "bundle"))
+        return made[0]
+
+    for rel, content in case.files.items():
+        path = Path(_fill(rel, tmp_path, bundle))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content == "{free_plus}":
+            with open(path, "wb") as fh:
+                fh.truncate(_pod_home_free_plus())  # sparse: costs no disk
+        else:
+            path.write_text(content)
+    if emu is not None:
+        key = tmp_path / "id_ed25519_runpod"
+        key.write_text(generate_keypair("table").private_key.get_secret_value())
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", emu.base_url)
+        monkeypatch.setenv("RUNPOD_API_KEY", emu.api_key)
+        monkeypatch.setenv("RUNPOD_SSH_KEY_PATH", str(key))
+    for name, value in case.env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, _fill(value, tmp_path, bundle))
+    monkeypatch.chdir(tmp_path)
+    argv = [_fill(a, tmp_path, bundle) for a in case.argv]
+    pods_before = {h.pod_id for h in LocalPodProvider().list("")}
+    requests_before = len(emu.requests) if emu is not None else 0
+    capfd.readouterr()
+    status = main(argv)
+    out, err = capfd.readouterr()
+    assert status == EXIT_USAGE, out + err
+    assert case.match in err, err
+    assert "Traceback" not in out + err
+    assert TOKEN not in out + err, "a token is never repeated"
+    assert {h.pod_id for h in LocalPodProvider().list("")} == pods_before, "a pod was created"
+    if emu is not None:
+        assert emu.requests[requests_before:] == [], "RunPod's API was called"
+        assert emu.pods == {}
+    return err
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_refused_before_renting(case, tmp_path, monkeypatch, capfd, request):
+    emu = request.getfixturevalue("runpod_api") if case.runpod else None
+    err = _run_case(case, tmp_path, monkeypatch, capfd, emu)
+    if case.id in ARGPARSE_CASES:  # argparse's own usage line, then its one error line
+        assert err.startswith("usage: prefect-runpod") and err.count(": error: ") == 1
+    else:
+        assert err.startswith("error: ") and err.count("\n") == 1, "one sentence, one line"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=[c.id for c in BLOCK_CASES])
+def test_a_block_name_that_is_not_saved_stops_the_run(
+    case, prefect_server, tmp_path, monkeypatch, capfd, request
+):
+    """The name is refused with the saved blocks of that type listed, never replaced by
+    a default spec or the environment's key (here RUNPOD_API_KEY is set)."""
+    from prefect_runpod.blocks.runpod.blocks import RunPodPodSpec
+
+    RunPodPodSpec(max_usd_per_hour=0.25).save("capped-3090", overwrite=True)
+    emu = request.getfixturevalue("runpod_api") if case.runpod else None
+    err = _run_case(case, tmp_path, monkeypatch, capfd, emu)
+    assert "check the name, or save one first" in err
+    if case.id == "runpod-spec-missing":
+        assert "saved RunPodPodSpec blocks: capped-3090" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args", [["--transfer", "s3"], ["--max-cost-usd", "nan"]], ids=["s3-no-target", "cost-nan"]
+)
+def test_nothing_starts_for_bad_input(args, tmp_path):
+    """The real command: no Prefect server starts and no pod appears."""
+    before = {h.pod_id for h in LocalPodProvider().list("")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_runpod.flows.cli", "finetune", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+    assert "Traceback" not in proc.stderr
+    assert "Starting temporary server" not in proc.stderr + proc.stdout
+    assert {h.pod_id for h in LocalPodProvider().list("")} == before
