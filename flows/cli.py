@@ -290,12 +290,12 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     params = _finetune_params(args)
     # Bad input fails here, before Prefect starts a run or anything is rented; saved
     # blocks are looked up only when the command names one.
-    checked = prepare_run(
+    prepare_run(
         {**params, "output_dir": args.output_dir or Path.cwd() / "prefect-runpod-runs"},
         demo_bundle=demo_bundle(),
         run_name=f"{args.name_prefix}-<flow_run_id>",
     )
-    del checked  # the flow checks again, for callers that reach it without this CLI
+    # The flow's preflight checks again, for every caller that reaches it without the CLI.
     _quiet_console_tracebacks()
     state = finetune(**params, return_state=True)
     run_id = str(state.state_details.flow_run_id)

@@ -87,14 +87,14 @@ class RunSettings(BaseModel):
 def validate_settings(
     *,
     bundle: str | Path,
-    provider: str,
-    model_id: str | None,
-    transfer_method: str,
-    max_cost_usd: float | None,
-    max_runtime_seconds: float,
-    name_prefix: str,
     output_dir: str | Path,
-    parity_tolerance: float,
+    provider: str = "local",
+    model_id: str | None = None,
+    transfer_method: str = "auto",
+    max_cost_usd: float | None = None,
+    max_runtime_seconds: float = 3600.0,
+    name_prefix: str = "prft",
+    parity_tolerance: float = 0.02,
     s3_target_block: str | None = None,
     heartbeat_stale_seconds: float = 900.0,
     pod_lifetime_seconds: float = 6 * 3600.0,
@@ -112,6 +112,7 @@ def validate_settings(
     allow_secret_files: list[str] | None = None,
 ) -> RunSettings:
     """Check a run's input before anything is rented; reads the bundle, nothing else.
+    Parameters and defaults are the fine-tune flow's (``flows.finetune.finetune``).
 
     Every check is one sentence naming the parameter (and its CLI option) and what to
     do; the first problem found is raised. Saved blocks are checked by name only here

@@ -10,6 +10,7 @@ Prefect's temporary server, starts.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -291,3 +292,44 @@ def test_nothing_starts_for_bad_input(args, tmp_path):
     assert "Traceback" not in proc.stderr
     assert "Starting temporary server" not in proc.stderr + proc.stdout
     assert {h.pod_id for h in LocalPodProvider().list("")} == before
+
+
+FLOW_CASES = [
+    ("heartbeat-zero", {"heartbeat_stale_seconds": 0}, "heartbeat_stale_seconds (--heartbeat-stale-seconds) must be a finite number of seconds above 0"),
+    ("lifetime-negative", {"pod_lifetime_seconds": -5}, "pod_lifetime_seconds (--pod-lifetime-seconds) must be"),
+    ("cost-infinite", {"max_cost_usd": 1e400}, "max_cost_usd (--max-cost-usd) must be a finite number"),
+    ("gpu-type-on-local", {"gpu_type_ids": ["NVIDIA GeForce RTX 3090"]}, "applies only to --provider runpod"),
+    ("token-as-model-id", {"model_id": TOKEN}, "holds what looks like a Hugging Face token"),
+    ("spec-block-missing", {"provider": "runpod", "runpod_spec_block": "nope"}, "no RunPodPodSpec block is named 'nope'"),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("params", "match"), [c[1:] for c in FLOW_CASES], ids=[c[0] for c in FLOW_CASES]
+)
+def test_flow_parameters_are_checked_by_the_same_layer(
+    params, match, prefect_server, tmp_path, monkeypatch, runpod_api
+):
+    """A deployment's caller (or Python) reaches the flow without the CLI: its preflight
+    refuses the same inputs with the same sentence, before any pod exists."""
+    from prefect_runpod.flows.finetune import finetune
+
+    key = tmp_path / "id_ed25519_runpod"
+    key.write_text(generate_keypair("flow").private_key.get_secret_value())
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", runpod_api.base_url)
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod_api.api_key)
+    monkeypatch.setenv("RUNPOD_SSH_KEY_PATH", str(key))
+    requests_before = len(runpod_api.requests)
+    pods_before = {h.pod_id for h in LocalPodProvider().list("")}
+    state = finetune(**params, output_dir=str(tmp_path / "out"), return_state=True)
+    assert state.is_failed()
+    message = state.message or ""
+    assert match in message and "ValidationError" not in message
+    report = json.loads((tmp_path / "out" / "run-report.json").read_text())
+    stages = {s["name"]: s for s in report["stages"]}
+    assert stages["preflight"]["state"] == "Failed" and match in stages["preflight"]["reason"]
+    assert stages["terminate"]["reason"] == "no pod was created" and report["pod_id"] is None
+    assert {h.pod_id for h in LocalPodProvider().list("")} == pods_before
+    assert runpod_api.requests[requests_before:] == []
+    assert TOKEN not in message + json.dumps(report)
