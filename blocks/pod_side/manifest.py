@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""File manifests: relative path, size in bytes, md5 and sha256 of every file in a tree.
+"""File manifests: relative path, size in bytes, md5, sha256 and git blob sha1 of every
+file in a tree.
 
 One implementation for both ends of a transfer: the flow imports it as
 ``prefect_runpod.blocks.pod_side.manifest`` and the pod runs it as a script that prints
@@ -10,13 +11,19 @@ classes::
 
     {"root": "/workspace/bundle",
      "entries": [{"path": "data/train.jsonl", "size_bytes": 1234,
-                  "md5": "<32 hex>", "sha256": "<64 hex>"}, ...]}
+                  "md5": "<32 hex>", "sha256": "<64 hex>", "git_sha1": "<40 hex>"}, ...]}
 
 Entries are sorted by path; paths are relative to ``root`` with ``/`` separators.
 Work-in-progress files of a transfer (``*.part`` and their ``*.part.json`` sidecars)
-are left out. Each file is read once; md5 and sha256 run side by side on two threads
-(``hashlib`` releases the GIL on large buffers), so the pair costs about as much as
-the slower of the two, not their sum.
+are left out. Each file is read once; md5, sha256 and the git blob sha1 run side by
+side on threads (``hashlib`` releases the GIL on large buffers), so together they cost
+about as much as the slowest of them, not their sum.
+
+``git_sha1`` is the id git (and so the Hugging Face Hub) gives the file's content:
+``sha1(b"blob <size>\\0" + data)``. The Hub reports it for every file it stores as a
+regular git blob, so a published file can be checked without downloading it (for
+files it stores in LFS it reports the sha256). Hashes of a file's first N bytes
+(``--prefix-bytes``) carry no ``git_sha1``.
 
 Command line (prints one JSON object on stdout)::
 
@@ -37,13 +44,27 @@ PART_SUFFIX = ".part"
 SIDECAR_SUFFIX = ".part.json"
 
 
-def _hash_stream(fileobj, limit_bytes=None):
-    """Read ``fileobj`` to EOF (or ``limit_bytes``) once; return (size, md5hex, sha256hex)."""
+def _hash_stream(fileobj, limit_bytes=None, blob_size=None):
+    """Read ``fileobj`` to EOF (or ``limit_bytes``) once.
+
+    Returns:
+        ``(size, md5hex, sha256hex, git_sha1hex)``; ``git_sha1hex`` is None unless
+        ``blob_size`` (the size the git blob header announces) is given.
+
+    Raises:
+        OSError: ``blob_size`` was given and the stream held a different number of bytes
+            (the file changed while it was read).
+    """
     md5 = hashlib.md5()
     sha = hashlib.sha256()
+    blob = None
+    if blob_size is not None:
+        blob = hashlib.sha1()
+        blob.update(b"blob %d\0" % blob_size)
+    side = [h for h in (md5, blob) if h is not None]
     size = 0
     remaining = limit_bytes
-    pending = None  # the md5 thread of the previous buffer
+    pending = []  # the side threads of the previous buffer
     while True:
         want = READ_BYTES if remaining is None else min(READ_BYTES, remaining)
         if want <= 0:
@@ -54,19 +75,23 @@ def _hash_stream(fileobj, limit_bytes=None):
         size += len(buf)
         if remaining is not None:
             remaining -= len(buf)
-        if pending is not None:
-            pending.join()
+        for thread in pending:
+            thread.join()
+        pending = []
         if len(buf) >= 65536:
-            pending = threading.Thread(target=md5.update, args=(buf,))
-            pending.start()
-            sha.update(buf)
+            for h in side:
+                thread = threading.Thread(target=h.update, args=(buf,))
+                thread.start()
+                pending.append(thread)
         else:
-            pending = None
-            md5.update(buf)
-            sha.update(buf)
-    if pending is not None:
-        pending.join()
-    return size, md5.hexdigest(), sha.hexdigest()
+            for h in side:
+                h.update(buf)
+        sha.update(buf)
+    for thread in pending:
+        thread.join()
+    if blob is not None and size != blob_size:
+        raise OSError("file changed while it was hashed (%d bytes, expected %d)" % (size, blob_size))
+    return size, md5.hexdigest(), sha.hexdigest(), (blob.hexdigest() if blob else None)
 
 
 def hash_file(path, limit_bytes=None):
@@ -83,12 +108,18 @@ def hash_file(path, limit_bytes=None):
         OSError: the file cannot be opened or read.
     """
     with open(path, "rb") as fh:
-        return _hash_stream(fh, limit_bytes)
+        return _hash_stream(fh, limit_bytes)[:3]
 
 
 def hash_bytes(data):
     """``(size_bytes, md5_hex, sha256_hex)`` of an in-memory buffer."""
     return len(data), hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest()
+
+
+def git_blob_sha1(data):
+    """The git blob id of ``data`` (what ``git hash-object`` prints): the sha1 of
+    ``b"blob <size>\\0"`` followed by the bytes."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def is_transfer_scratch(name):
@@ -119,14 +150,20 @@ def list_files(root):
 
 
 def entry_for(root, rel_path, limit_bytes=None):
-    """The manifest entry (dict) of ``rel_path`` under ``root``.
+    """The manifest entry (dict) of ``rel_path`` under ``root``: path, size_bytes, md5,
+    sha256 and, for a whole file (no ``limit_bytes``), git_sha1.
 
     Raises:
-        OSError: the file is missing or unreadable.
+        OSError: the file is missing or unreadable, or changed while it was read.
     """
     full = root if os.path.isfile(root) else os.path.join(root, *rel_path.split("/"))
-    size, md5, sha = hash_file(full, limit_bytes)
-    return {"path": rel_path, "size_bytes": size, "md5": md5, "sha256": sha}
+    with open(full, "rb") as fh:
+        blob_size = os.fstat(fh.fileno()).st_size if limit_bytes is None else None
+        size, md5, sha, blob = _hash_stream(fh, limit_bytes, blob_size)
+    entry = {"path": rel_path, "size_bytes": size, "md5": md5, "sha256": sha}
+    if blob is not None:
+        entry["git_sha1"] = blob
+    return entry
 
 
 def compute_manifest(root, paths=None, limit_bytes=None):
@@ -138,8 +175,9 @@ def compute_manifest(root, paths=None, limit_bytes=None):
         limit_bytes: hash only each file's first N bytes (for resuming a partial copy).
 
     Returns:
-        ``{"root": str, "entries": [{"path", "size_bytes", "md5", "sha256"}, ...]}``,
-        entries sorted by path.
+        ``{"root": str, "entries": [{"path", "size_bytes", "md5", "sha256",
+        "git_sha1"}, ...]}``, entries sorted by path (no ``git_sha1`` with
+        ``limit_bytes``).
 
     Raises:
         OSError: ``root`` or a listed path is missing or unreadable.
@@ -158,6 +196,7 @@ def compare_manifests(expected, actual):
         A list of ``(path, problem)``, e.g. ``("a.bin", "sha256 ab12… != cd34…")``,
         ``("b.txt", "missing")``; empty when every expected entry matches. Extra files
         in ``actual`` are not problems (the destination may hold other files).
+        ``git_sha1`` is compared only when both entries carry one.
     """
     have = {e["path"]: e for e in actual["entries"]}
     problems = []
@@ -166,16 +205,19 @@ def compare_manifests(expected, actual):
         if got is None:
             problems.append((want["path"], "missing"))
             continue
-        for key in ("size_bytes", "sha256", "md5"):
-            if want[key] != got[key]:
-                problems.append((want["path"], "%s %s != %s" % (key, want[key], got[key])))
+        for key in ("size_bytes", "sha256", "md5", "git_sha1"):
+            mine, theirs = want.get(key), got.get(key)
+            if key == "git_sha1" and (mine is None or theirs is None):
+                continue
+            if mine != theirs:
+                problems.append((want["path"], "%s %s != %s" % (key, mine, theirs)))
                 break
     return problems
 
 
 def main(argv=None):
     """Print the manifest of ``ROOT`` as one JSON line; exit 2 when it is missing."""
-    parser = argparse.ArgumentParser(description="md5+sha256 manifest of a tree, as JSON")
+    parser = argparse.ArgumentParser(description="md5+sha256+git-sha1 manifest of a tree, as JSON")
     parser.add_argument("root")
     parser.add_argument("--files", nargs="*", default=None, help="relative paths to include")
     parser.add_argument("--prefix-bytes", type=int, default=None)

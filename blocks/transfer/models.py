@@ -18,12 +18,15 @@ __all__ = ["Manifest", "ManifestEntry", "MethodResult", "TransferReport"]
 
 class ManifestEntry(BaseModel):
     """One file: path relative to the manifest root (POSIX separators), size in bytes,
-    md5 and sha256 hex digests."""
+    md5 and sha256 hex digests, and the git blob id (``sha1("blob <size>\\0" + data)``,
+    what the Hugging Face Hub reports for a file it stores as a regular blob; None in
+    manifests made before it was recorded)."""
 
     path: str
     size_bytes: int = Field(ge=0)
     md5: str
     sha256: str
+    git_sha1: str | None = None
 
 
 class Manifest(BaseModel):

@@ -6,6 +6,7 @@ import ast
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,37 @@ def test_entries_match_hashlib_and_skip_scratch(tmp_path: Path) -> None:
         assert e["size_bytes"] == len(data)
         assert e["md5"] == hashlib.md5(data).hexdigest()
         assert e["sha256"] == hashlib.sha256(data).hexdigest()
+        # git's blob id, the one the Hugging Face Hub reports for a regular file
+        assert e["git_sha1"] == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        assert e["git_sha1"] == mf.git_blob_sha1(data)
     assert mf.compute_manifest(str(root / "empty.txt"))["entries"][0]["path"] == "empty.txt"
     prefix = mf.entry_for(str(root), "text.log", 100)
     assert prefix["size_bytes"] == 100
     assert prefix["sha256"] == hashlib.sha256((root / "text.log").read_bytes()[:100]).hexdigest()
+    assert "git_sha1" not in prefix  # a prefix is not a blob
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_sha1_is_what_git_hash_object_prints(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "t", big_bytes=5 * 1024 * 1024 + 7)
+    for e in mf.compute_manifest(str(root))["entries"]:
+        path = root.joinpath(*e["path"].split("/"))
+        out = subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True)
+        assert out.stdout.strip() == e["git_sha1"], e["path"]
+
+
+def test_git_sha1_differs_is_a_problem_and_a_missing_one_is_not(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "t", big_bytes=10)
+    want = mf.compute_manifest(str(root))
+    got = json.loads(json.dumps(want))
+    got["entries"][0]["git_sha1"] = "0" * 40
+    assert mf.compare_manifests(want, got) == [
+        (want["entries"][0]["path"], f"git_sha1 {want['entries'][0]['git_sha1']} != {'0' * 40}")
+    ]
+    old = Manifest.from_dict(want).model_copy(deep=True)
+    for e in old.entries:
+        e.git_sha1 = None  # a manifest recorded before git_sha1 existed
+    assert mf.compare_manifests(want, old.as_dict()) == []
 
 
 def test_compare_names_each_problem(tmp_path: Path) -> None:
