@@ -20,7 +20,11 @@ The hierarchy, so a caller can pick what to catch::
     ├── HFAuthError                     Hugging Face access will fail; carries the diagnosis
     ├── TrainingError                   the training process exited non-zero or was killed
     ├── EvalParityError                 in-training and standalone eval disagree beyond tolerance
+    ├── PublishError                    the pod could not publish the outputs to the Hub / S3
     └── BudgetExceededError             projected spend passed max_cost_usd, or runtime cap hit
+
+A published file whose copy at the destination differs from the pod's manifest is a
+``ChecksumMismatchError`` (stage ``publish``), like any other file that arrived wrong.
 
 Each message names the pod (when one exists) and the next step a person should
 take, in the spirit of httpx's exceptions: the class says which phase failed.
@@ -48,6 +52,7 @@ __all__ = [
     "ProviderAuthError",
     "ProviderError",
     "ProviderTransientError",
+    "PublishError",
     "RunPodFlowError",
     "SpecError",
     "TerminateError",
@@ -214,6 +219,24 @@ class EvalParityError(RunPodFlowError):
     def __init__(self, message: str, *, report: object = None, **kw: object):
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.report = report
+
+
+class PublishError(RunPodFlowError):
+    """Raised when the pod could not publish its outputs (the Hub or S3 refused, was
+    unreachable, or the publisher's tools are missing).
+
+    Attributes:
+        status: the destination's HTTP status, when it answered.
+        retryable: False when the destination refused for good (a 4xx): rerunning the
+            same thing would fail the same way.
+    """
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retryable: bool = True, **kw: object
+    ):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.status = status
+        self.retryable = retryable
 
 
 class BudgetExceededError(RunPodFlowError):

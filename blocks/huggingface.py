@@ -1,4 +1,5 @@
-"""Hugging Face credentials block and the client calls the access diagnosis makes.
+"""Hugging Face credentials block and the client calls the access diagnosis and the
+publish stage make.
 
 The token is a ``SecretStr`` unwrapped only here, at the ``huggingface_hub`` call.
 ``HF_ENDPOINT`` is read by huggingface_hub at import time (``constants.ENDPOINT``),
@@ -8,6 +9,9 @@ so the endpoint is always passed explicitly (``HfApi(endpoint=…)``,
 :func:`collect_access_evidence` asks the same three questions as the pod-side script
 ``blocks/pod_side/hf_check.py`` (whoami, auth-check, HEAD on a file) through the real
 client, and returns the same evidence shape, so one classifier decides both.
+:func:`collect_write_evidence` asks whether a token may publish to a repo (before any
+spend), and :func:`hub_file_records` reads back what the Hub stored for each published
+file (docs/architecture.md#publish-from-the-pod).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ __all__ = [
     "HFAccess",
     "HuggingFaceCredentials",
     "collect_access_evidence",
+    "collect_write_evidence",
+    "hub_file_records",
     "resolve_hf_access",
 ]
 
@@ -252,20 +258,7 @@ def collect_access_evidence(
         "file": None,
     }
     if secret:
-        try:
-            body = api.whoami(token=secret)
-            access = (body.get("auth") or {}).get("accessToken") or {}
-            fine = access.get("fineGrained")
-            evidence["whoami"] = {
-                "status": 200,
-                "error_code": None,
-                "message": None,
-                "user": body.get("name"),
-                "role": access.get("role"),
-                "can_read_gated": fine.get("canReadGatedRepos") if isinstance(fine, dict) else None,
-            }
-        except Exception as exc:  # noqa: BLE001 - any failure is evidence, classified later
-            evidence["whoami"] = _answer_from_exception(exc, secret)
+        evidence["whoami"] = _who(api, secret)
     try:
         api.auth_check(repo_id, repo_type=repo_type, token=send)
         evidence["auth_check"] = {"status": 200, "error_code": None, "message": None}
@@ -279,3 +272,132 @@ def collect_access_evidence(
         except Exception as exc:  # noqa: BLE001
             evidence["file"] = _answer_from_exception(exc, secret)
     return evidence
+
+
+def _who(api: Any, secret: str) -> dict[str, Any]:
+    """``whoami`` as evidence: the user, the token's role, the orgs with the user's role
+    in each, and for a fine-grained token the namespaces it may write (``repo.write``)."""
+    try:
+        body = api.whoami(token=secret)
+    except Exception as exc:  # noqa: BLE001 - any failure is evidence, classified later
+        return _answer_from_exception(exc, secret)
+    access = (body.get("auth") or {}).get("accessToken") or {}
+    fine = access.get("fineGrained") if isinstance(access.get("fineGrained"), dict) else None
+    scopes = []
+    for scope in (fine or {}).get("scoped") or []:
+        if "repo.write" in (scope.get("permissions") or []):
+            scopes.append((scope.get("entity") or {}).get("name"))
+    return {
+        "status": 200,
+        "error_code": None,
+        "message": None,
+        "user": body.get("name"),
+        "role": access.get("role"),
+        "orgs": {o.get("name"): o.get("roleInOrg") for o in body.get("orgs") or []},
+        "write_scopes": [s for s in scopes if s],
+        "can_read_gated": fine.get("canReadGatedRepos") if fine else None,
+    }
+
+
+def collect_write_evidence(
+    repo_id: str,
+    *,
+    token: SecretStr | None,
+    endpoint: str | None = None,
+    repo_type: str = "model",
+) -> dict[str, Any]:
+    """Ask the Hub, through ``huggingface_hub``, whether ``token`` can publish to ``repo_id``.
+
+    Calls ``HfApi.whoami`` (user, token role, orgs with ``roleInOrg``, fine-grained
+    ``repo.write`` scopes) and ``HfApi.auth_check(repo_id, write=True)`` — the Hub's own
+    write check (``GET /api/{type}s/{id}/auth-check/write``). When that answers 404 the
+    repo does not exist (or is invisible to this token) and the run would create it, so
+    the namespace decides (``tasks.hf_auth.classify_write_access``).
+
+    Args:
+        repo_id: ``namespace/name``.
+        token: the token the pod will publish with; None sends none.
+        endpoint: Hub base URL; default ``https://huggingface.co``.
+        repo_type: ``model`` or ``dataset``.
+
+    Returns:
+        ``{"kind": "hf_write_check", "repo_id", "endpoint", "token_present", "whoami",
+        "write_check"}``; each answer is ``{"status", "error_code", "message", …}``.
+        Never contains the token.
+    """
+    from huggingface_hub import HfApi
+
+    base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
+    secret = token.get_secret_value() if token else None
+    evidence: dict[str, Any] = {
+        "kind": "hf_write_check",
+        "endpoint": base,
+        "repo_id": repo_id,
+        "repo_type": repo_type,
+        "token_present": bool(secret),
+        "whoami": None,
+        "write_check": None,
+    }
+    if not secret:
+        return evidence
+    api = HfApi(endpoint=base, token=secret)
+    evidence["whoami"] = _who(api, secret)
+    if evidence["whoami"]["status"] != 200:
+        return evidence
+    try:
+        api.auth_check(repo_id, repo_type=repo_type, token=secret, write=True)
+        evidence["write_check"] = {"status": 200, "error_code": None, "message": None}
+    except Exception as exc:  # noqa: BLE001
+        evidence["write_check"] = _answer_from_exception(exc, secret)
+    return evidence
+
+
+def hub_file_records(
+    repo_id: str,
+    paths: list[str],
+    *,
+    revision: str,
+    token: SecretStr | None,
+    endpoint: str | None = None,
+    repo_type: str = "model",
+    batch: int = 200,
+) -> dict[str, dict[str, Any]]:
+    """What the Hub records for each file at a revision, without downloading any of them
+    (``HfApi.get_paths_info``: ``POST /api/{type}s/{id}/paths-info/{revision}``).
+
+    Args:
+        repo_id: ``namespace/name``.
+        paths: repo paths to look up (absent ones are simply missing from the answer).
+        revision: the commit id (or branch) to read.
+        token: needed for a private repo.
+        endpoint: Hub base URL.
+        repo_type: ``model`` or ``dataset``.
+        batch: paths per request.
+
+    Returns:
+        path → ``{"size": bytes, "blob_id": git blob id, "lfs_sha256": hex or None,
+        "lfs_size": bytes or None}``.
+
+    Raises:
+        huggingface_hub.errors.HfHubHTTPError: the Hub refused or failed (the caller
+            names the pod and the repo).
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
+    send: str | bool = token.get_secret_value() if token else False
+    api = HfApi(endpoint=base, token=send)
+    out: dict[str, dict[str, Any]] = {}
+    for i in range(0, len(paths), batch):
+        for item in api.get_paths_info(
+            repo_id, paths[i : i + batch], revision=revision, repo_type=repo_type, token=send
+        ):
+            if isinstance(item, RepoFile):
+                out[item.path] = {
+                    "size": item.size,
+                    "blob_id": item.blob_id,
+                    "lfs_sha256": item.lfs.sha256 if item.lfs else None,
+                    "lfs_size": item.lfs.size if item.lfs else None,
+                }
+    return out

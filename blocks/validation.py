@@ -78,7 +78,8 @@ OPTIONS: dict[str, str] = {
     "runpod_credentials_block": "--runpod-credentials", "runpod_spec_block": "--runpod-spec",
     "ssh_key_block": "--ssh-key", "s3_target_block": "--s3-target",
     "gpu_type_ids": "--gpu-type", "allow_secret_files": "--allow-secret-file",
-    "ttl_seconds": "--ttl-seconds",
+    "ttl_seconds": "--ttl-seconds", "publish": "--publish",
+    "publish_public": "--publish-public", "download": "--download",
 }  # fmt: skip
 """Each run parameter and the ``prefect-runpod`` option that sets it, so a message names
 both: a CLI user and a deployment's caller each recognise their own spelling."""

@@ -1,5 +1,7 @@
 """The run's Prefect artifacts that belong to the whole run (stage artifacts are made by
-their own tasks): ``finetune-costs`` (table) and the model link (docs/architecture.md#prefect-surface)."""
+their own tasks): ``finetune-costs`` (table) and the model links — ``model-checkpoint``
+to the verified local download, ``published-model`` to the Hub commit (or the S3 URI)
+the pod published (docs/architecture.md#prefect-surface)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,15 @@ def publish_cost_artifact(report: RunReport) -> None:
         {"item": f"stage {s.name}", "value": f"{s.seconds:.2f} s", "note": s.state.value}
         for s in report.stages
     ]
+    if report.publish is not None:
+        p = report.publish
+        rows.append(
+            {
+                "item": "published_bytes",
+                "value": f"{p.bytes} bytes",
+                "note": f"from the pod to {p.target} (not through the gateway)",
+            }
+        )
     rows += [
         {"item": "pod", "value": report.pod_id or "-", "note": report.provider},
         {"item": "cost_per_hr", "value": f"{c.cost_per_hr:.4f} USD/h", "note": ""},
@@ -43,8 +54,18 @@ def publish_cost_artifact(report: RunReport) -> None:
 
 
 def publish_model_link(report: RunReport) -> None:
-    """Publish a ``model-checkpoint`` link artifact to the downloaded outputs."""
-    if report.output_dir and report.manifest is not None:
+    """Publish a ``model-checkpoint`` link artifact to the downloaded outputs (when the
+    whole model was downloaded) and a ``published-model`` link to the Hub commit (or
+    the S3 URI) when the pod published it, verified."""
+    p = report.publish
+    if p is not None and p.verified:
+        create_link_artifact(
+            link=p.url or p.target,
+            link_text=f"{p.target}@{p.revision}" if p.revision else p.target,
+            key="published-model",
+            description=f"{len(p.files)} files, {p.bytes} bytes, verified at the destination",
+        )
+    if report.output_dir and report.manifest is not None and report.download_choice == "all":
         create_link_artifact(
             link=f"file://{report.output_dir}/outputs",
             link_text="downloaded checkpoint (verified)",

@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prefect-runpod",
         description="Run a fine-tune on a RunPod GPU pod (or the embedded local pod) end to "
-        "end with Prefect: provision, env, hf_auth, upload, train, eval_parity, download, "
-        "checksum, terminate. The pod is always terminated.",
+        "end with Prefect: provision, env, hf_auth, upload, train, eval_parity, publish, "
+        "download, checksum, terminate. The pod is always terminated.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -80,7 +80,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="without a block: the environment variable holding the Hugging Face token "
         "(default HF_TOKEN); the token itself is never an argument",
     )
-    ft.add_argument("--hf-endpoint", help="Hugging Face Hub endpoint (default huggingface.co)")
+    ft.add_argument(
+        "--hf-endpoint",
+        help="Hugging Face Hub endpoint (default huggingface.co; a mirror or a test Hub), "
+        "for the model check and for publishing",
+    )
+    ft.add_argument(
+        "--publish",
+        metavar="TARGET",
+        help="ship the outputs from the pod itself, verified there: hf:ORG/REPO[@BRANCH] "
+        "(a Hub model repo, private unless --publish-public; needs a write token) or "
+        "s3[:PREFIX] (into the --s3-target bucket)",
+    )
+    ft.add_argument(
+        "--publish-public",
+        action="store_true",
+        help="create the Hub repo public (default private)",
+    )
+    ft.add_argument(
+        "--download",
+        choices=["all", "eval", "none"],
+        default="all",
+        help="what comes back through the gateway: all outputs (default), only the eval "
+        "files, or none (only with --publish)",
+    )
     ft.add_argument(
         "--transfer",
         default="auto",
@@ -149,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument(
         "--s3-target",
         metavar="NAME",
-        help="saved S3Target block (a bucket or a RunPod network volume) for --transfer s3",
+        help="saved S3Target block (a bucket or a RunPod network volume) for --transfer s3 "
+        "and --publish s3",
     )
     ft.add_argument(
         "--gpu-type",
@@ -247,6 +271,9 @@ def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_type_ids": args.gpu_types,
         "s3_target_block": args.s3_target,
         "allow_secret_files": args.allow_secret_files,
+        "publish": args.publish,
+        "publish_public": args.publish_public,
+        "download": args.download,
     }
 
 

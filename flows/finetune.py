@@ -1,5 +1,5 @@
 """The fine-tune flow: provision → env → hf_auth → upload → train → eval_parity →
-download → checksum → terminate, with terminate guaranteed (docs/architecture.md#layers-and-packages, #termination-layers).
+publish → download → checksum → terminate, with terminate guaranteed (docs/architecture.md#layers-and-packages, #termination-layers, #publish-from-the-pod).
 
 Stages run inline in the flow's main thread, so SIGTERM and cancellation reach the
 ``finally`` at once. The RunReport is the persisted (JSON) result; it is also written to
@@ -41,7 +41,7 @@ from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.flows.run_inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
-from prefect_runpod.tasks.models import HFDiagnosis, StageState
+from prefect_runpod.tasks.models import HFDiagnosis, PublishTarget, StageState
 from prefect_runpod.tasks.preflight import preflight
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate, terminate_by_name
@@ -171,6 +171,9 @@ def finetune(
     gpu_type_ids: list[str] | None = None,
     s3_target_block: str | None = None,
     allow_secret_files: list[str] | None = None,
+    publish: str | None = None,
+    publish_public: bool = False,
+    download: Literal["all", "eval", "none"] = "all",
 ) -> dict[str, Any]:
     """Fine-tune a bundle on a pod end to end and always terminate the pod.
 
@@ -209,9 +212,16 @@ def finetune(
         gpu_type_ids: RunPod GPU type ids to fall back over, in order (overrides the
             spec block's list), e.g. ``["NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"]``.
         s3_target_block: a saved ``S3Target`` block (a bucket, or a RunPod network
-            volume's S3 endpoint) for ``transfer_method="s3"``.
+            volume's S3 endpoint) for ``transfer_method="s3"`` and ``publish="s3…"``.
         allow_secret_files: bundle paths (gitignore patterns) that look like secrets and
             are uploaded anyway, on purpose; every other such file stops the run.
+        publish: ship the outputs from the pod itself: ``hf:ORG/REPO[@BRANCH]`` (a Hub
+            model repo, private unless ``publish_public``; the token needs write access)
+            or ``s3[:PREFIX]`` (into the ``s3_target_block`` bucket), verified there from
+            the destination's own records; None publishes nothing (the stage is Skipped).
+        publish_public: create the Hub repo public.
+        download: what comes back through the gateway: ``all`` outputs, only the
+            ``eval`` files, or ``none`` (only with ``publish``).
 
     Returns:
         The RunReport as JSON data (``stages``, ``pod_id``, ``cost``, ``manifest``, ``parity``…).
@@ -255,7 +265,8 @@ def finetune(
                 logger.info("%s", run.upload_line)
                 logger.info("Hugging Face token: %s", run.hf.source)
                 report.cost.max_cost_usd = budget.max_cost_usd = run.settings.max_cost_usd
-                report.hf.extend(preflight(run.settings, run.hf.token, run.hf.endpoint))
+                report.download_choice = run.settings.download
+                report.hf.extend(preflight(run.settings, run.hf.token, run.hf.endpoint, run.s3))
                 pod_provider = run.provider
             if concurrency_limit:
                 from prefect.concurrency.sync import concurrency
@@ -295,7 +306,7 @@ def _run_on_pod(
     keepers: list[HeartbeatKeeper],
 ) -> BaseException | None:
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
-    from prefect_runpod.tasks.checksum import checksum
+    from prefect_runpod.tasks.checksum import checksum, verification_records
     from prefect_runpod.tasks.download import download
     from prefect_runpod.tasks.env import cuda_floor_for_requirements
     from prefect_runpod.tasks.env import env as env_stage
@@ -360,7 +371,13 @@ def _run_on_pod(
 
     with run_stage(report, "env", on_stage):
         budget.check()
-        plan = env_stage(handle, key, bundle.requirements, tools_dir)
+        plan = env_stage(
+            handle,
+            key,
+            bundle.requirements,
+            tools_dir,
+            publish_kind=settings.publish.kind if settings.publish else None,
+        )
         report.env = plan
     python = report.env.python if report.env and report.env.python else "python3"
 
@@ -429,25 +446,66 @@ def _run_on_pod(
         report.stage("eval_parity").state = StageState.FAILED
         report.stage("eval_parity").reason = f"EvalParityError: {deferred}"[:500]
 
-    with run_stage(report, "download", on_stage):
+    remote_outputs = f"{remote_bundle}/{bundle.outputs}"
+    with run_stage(report, "publish", on_stage):
+        target = settings.publish
+        if target is None:
+            raise StageSkipped(
+                "no publish target (--publish hf:ORG/REPO or s3 ships it from the pod)"
+            )
+        if deferred is not None:
+            raise StageSkipped(
+                "blocked: the eval-parity gate failed, so the model is not published "
+                "(--parity-warn-only publishes anyway)"
+            )
         budget.check()
+        report.publish = _publish(
+            report,
+            target,
+            handle,
+            key,
+            remote_outputs,
+            s3,
+            tools_dir,
+            hf_token=hf_token,
+            hf_endpoint=hf_endpoint,
+        )
+
+    with run_stage(report, "download", on_stage):
+        if settings.download == "none":
+            where = report.model_location
+            raise StageSkipped(
+                f"--download none: the model stays at {where}, verified there"
+                if where
+                else "--download none: nothing is downloaded, and the model was not published"
+            )
+        budget.check()
+        only = _eval_files(bundle) if settings.download == "eval" else None
+        if only is not None and not only:
+            raise StageSkipped("--download eval: the bundle's eval files are not under its outputs")
         report.download = download(
             handle,
             key,
-            f"{remote_bundle}/{bundle.outputs}",
+            remote_outputs,
             out / "outputs",
             settings.transfer_method,
             s3=s3,
+            only=only,
+            staging_dir=f"{run_dir}/download-eval" if only else None,
         )
 
     with run_stage(report, "checksum", on_stage):
-        if report.download.source_manifest is None:
+        if report.download is None and report.publish is None:
+            raise StageSkipped("nothing was downloaded or published")
+        if report.download is not None and report.download.source_manifest is None:
             raise ChecksumMismatchError(
                 f"the download from pod {handle.pod_id} carried no pod-side manifest; "
                 "nothing can be accepted unverified",
                 pod_id=handle.pod_id,
             )
-        report.manifest = checksum(out / "outputs", report.download.source_manifest, handle.pod_id)
+        source = report.download.source_manifest if report.download is not None else None
+        report.manifest = checksum(out / "outputs", source, handle.pod_id, report.publish)
+        report.verified = verification_records(out / "outputs", report.manifest, report.publish)
     return deferred
 
 
@@ -459,6 +517,56 @@ def _declared_outputs(bundle: Any) -> dict[str, str]:
     if bundle.eval:
         expected[bundle.train_eval_jsonl] = "train_eval_jsonl"
     return expected
+
+
+def _eval_files(bundle: Any) -> list[str]:
+    """The bundle's eval JSONL files that lie under its outputs folder, relative to it
+    (what ``--download eval`` brings home)."""
+    base = bundle.outputs.rstrip("/") + "/"
+    paths = [bundle.train_eval_jsonl, bundle.standalone_eval_jsonl]
+    return [p[len(base) :] for p in paths if p.startswith(base)]
+
+
+def _publish(
+    report: RunReport,
+    target: PublishTarget,
+    handle: PodHandle,
+    key: SecretStr,
+    remote_outputs: str,
+    s3: Any,
+    tools_dir: str,
+    *,
+    hf_token: SecretStr | None,
+    hf_endpoint: str | None,
+) -> Any:
+    """Run the ``publish`` stage's task, materialising the model's asset."""
+    from prefect_runpod.blocks.huggingface import DEFAULT_HF_ENDPOINT
+    from prefect_runpod.tasks.publish import publish_task
+    from prefect_runpod.tasks.publish_target import asset_key, s3_prefix_for
+
+    prefix = s3_prefix_for(target, report.flow_run_id) if target.kind == "s3" else ""
+    if target.kind == "hf":
+        key_name = asset_key(target)
+        web = f"{(hf_endpoint or DEFAULT_HF_ENDPOINT).rstrip('/')}/{target.repo_id}"
+    else:
+        assert s3 is not None
+        web = key_name = asset_key(target, bucket_uri=f"s3://{s3.bucket}/{s3.key_for('', prefix)}")
+    stage = publish_task(
+        key_name, url=web, description=f"fine-tuned by prefect-runpod run {report.flow_run_id}"
+    )
+    python = report.env.publish_python if report.env and report.env.publish_python else "python3"
+    return stage(
+        handle,
+        key,
+        target,
+        remote_outputs,
+        tools_dir=tools_dir,
+        python=python,
+        hf_token=hf_token,
+        hf_endpoint=hf_endpoint,
+        s3=s3,
+        key_prefix=prefix,
+    )
 
 
 def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:

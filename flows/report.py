@@ -18,9 +18,11 @@ from prefect_runpod.tasks.models import (
     HFDiagnosis,
     Manifest,
     ParityReport,
+    PublishReport,
     StageRecord,
     TrainReport,
     TransferReport,
+    VerificationRecord,
 )
 
 __all__ = ["RunReport", "render_summary"]
@@ -38,8 +40,11 @@ class RunReport(BaseModel):
         stages: one record per stage, in stage order (preflight first).
         provision_attempts: every create attempt (GPU type/cloud → outcome).
         cost: the cost record (USD/h, billed seconds, USD).
-        env / hf / upload / train / parity / download: the stage records.
-        manifest: the verified manifest of the downloaded outputs.
+        env / hf / upload / train / parity / publish / download: the stage records.
+        manifest: the verified manifest of the downloaded outputs (None when nothing
+            was downloaded).
+        verified: each place the outputs were verified (local download, Hub, S3).
+        download_choice: ``all``, ``eval`` or ``none`` (``--download``).
         terminated: True only when the provider confirmed the pod gone.
         output_dir: where the downloaded outputs and this report lie locally.
         error: the first failure, one line, when the run failed.
@@ -60,8 +65,11 @@ class RunReport(BaseModel):
     upload: TransferReport | None = None
     train: TrainReport | None = None
     parity: ParityReport | None = None
+    publish: PublishReport | None = None
     download: TransferReport | None = None
     manifest: Manifest | None = None
+    verified: list[VerificationRecord] = Field(default_factory=list)
+    download_choice: str = "all"
     pod: PodHandle | None = None
     terminated: bool = False
     output_dir: str | None = None
@@ -81,10 +89,24 @@ class RunReport(BaseModel):
         pod_gone = self.terminated or self.pod_id is None
         return pod_gone and all(s.passed for s in self.stages)
 
+    @property
+    def model_location(self) -> str | None:
+        """Where the trained model is once the run ends: the verified publish
+        destination (``hf://ORG/REPO@<revision>`` or the S3 URI), else the verified local
+        download, else None."""
+        if self.publish is not None and self.publish.verified:
+            if self.publish.revision:
+                return f"{self.publish.target}@{self.publish.revision}"
+            return self.publish.target
+        if self.manifest is not None and self.output_dir and self.download_choice == "all":
+            return f"{self.output_dir}/outputs"
+        return None
+
     def to_json_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (datetimes as ISO strings)."""
         data = self.model_dump(mode="json")
         data["passed"] = self.passed
+        data["model_location"] = self.model_location
         return data
 
 
@@ -113,12 +135,30 @@ def render_summary(report: RunReport) -> str:
             f"terminated   {'yes, confirmed' if report.terminated else 'NO - still billing?'}"
         )
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
-    lines.append(f"bytes moved  {_fmt_bytes(moved)}")
+    lines.append(f"bytes moved  {_fmt_bytes(moved)} through the gateway")
+    if report.publish is not None:
+        sent = report.publish
+        lines.append(
+            f"published    {_fmt_bytes(sent.bytes)} from the pod to {sent.target} in "
+            f"{sent.seconds:.1f} s ({len(sent.files)} files, {sent.attempts} attempt(s))"
+        )
     verified = (
         report.manifest is not None and report.download is not None and report.download.verified
     )
     nfiles = len(report.manifest.entries) if report.manifest else 0
-    lines.append(f"manifest     {'verified' if verified else 'NOT verified'} ({nfiles} files)")
+    if report.manifest is not None or report.download_choice == "all":
+        lines.append(f"manifest     {'verified' if verified else 'NOT verified'} ({nfiles} files)")
+    for place in report.verified:
+        lines.append(
+            f"verified     {place.where}: {place.files} files at {place.location}"
+            f"{'' if place.verified else ' - MISMATCH'}"
+        )
+    where = report.model_location
+    if where:
+        url = f" ({report.publish.url})" if report.publish and report.publish.url != where else ""
+        lines.append(f"model at     {where}{url}")
+    elif report.download_choice != "all":
+        lines.append(f"model at     nowhere verified (--download {report.download_choice})")
     if report.parity is not None:
         p = report.parity
         lines.append(

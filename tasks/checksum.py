@@ -1,9 +1,12 @@
-"""Checksum: re-hash the downloaded files locally and compare with the pod's manifest.
+"""Checksum: re-hash the downloaded files locally and compare with the pod's manifest,
+and report what was verified where (docs/architecture.md#publish-from-the-pod).
 
 ``verify_manifest`` is the plain function; the ``checksum`` task adds the
-``checksum-manifest`` table artifact (one row per file: path, bytes, md5, sha256,
-status) and raises ``ChecksumMismatchError`` naming the first file that differs.
-Nothing mismatched is ever accepted.
+``checksum-manifest`` table artifact (one row per file: path, bytes, md5, sha256, its
+status locally and at the publish destination) and raises ``ChecksumMismatchError``
+naming the first file that differs. Nothing mismatched is ever accepted.
+``verification_records`` sums up each place — the local download, the Hub, S3 — for
+the ``RunReport``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.models import Manifest
+from prefect_runpod.tasks.models import PublishReport, VerificationRecord
 
-__all__ = ["checksum", "manifest_rows", "verify_manifest"]
+__all__ = ["checksum", "manifest_rows", "verification_records", "verify_manifest"]
 
 
 def verify_manifest(local_dir: Path, expected: Manifest) -> tuple[Manifest, list[tuple[str, str]]]:
@@ -34,27 +38,90 @@ def verify_manifest(local_dir: Path, expected: Manifest) -> tuple[Manifest, list
     return Manifest.from_dict(local), problems
 
 
-def manifest_rows(expected: Manifest, problems: list[tuple[str, str]]) -> list[dict[str, object]]:
-    """Rows of the ``checksum-manifest`` table: path, size_bytes, md5, sha256, status."""
+def manifest_rows(
+    expected: Manifest | None,
+    problems: list[tuple[str, str]],
+    published: PublishReport | None = None,
+) -> list[dict[str, object]]:
+    """Rows of the ``checksum-manifest`` table: path, size_bytes, md5, sha256, ``local``
+    (the downloaded copy: ``ok``, ``MISMATCH: …`` or ``not downloaded``) and, when the
+    run published, ``destination`` (``ok (lfs)``, ``ok (regular)``, ``ok (s3)``)."""
     bad = dict(problems)
-    return [
-        {
-            "path": e.path,
-            "size_bytes": e.size_bytes,
-            "md5": e.md5,
-            "sha256": e.sha256,
-            "status": f"MISMATCH: {bad[e.path]}" if e.path in bad else "ok",
+    local = {e.path: e for e in expected.entries} if expected is not None else {}
+    remote = {f.path: f for f in published.files} if published is not None else {}
+    rows: list[dict[str, object]] = []
+    for path in sorted(set(local) | set(remote)):
+        entry, sent = local.get(path), remote.get(path)
+        row: dict[str, object] = {
+            "path": path,
+            "size_bytes": entry.size_bytes if entry else sent.size_bytes if sent else 0,
+            "md5": entry.md5 if entry else "",
+            "sha256": entry.sha256 if entry else sent.sha256 if sent else "",
+            "local": (f"MISMATCH: {bad[path]}" if path in bad else "ok")
+            if entry
+            else "not downloaded",
         }
-        for e in expected.entries
-    ]
+        if published is not None:
+            row["destination"] = (
+                f"{'ok' if sent.verified else 'MISMATCH'} ({sent.storage})" if sent else "-"
+            )
+        rows.append(row)
+    return rows
+
+
+def verification_records(
+    local_dir: Path | None, local: Manifest | None, published: PublishReport | None
+) -> list[VerificationRecord]:
+    """One record per place the outputs were verified: the local download (re-hashed
+    here) and the publish destination (its own records read back). Pure."""
+    records = []
+    if local is not None and local_dir is not None:
+        records.append(
+            VerificationRecord(
+                where="local",
+                location=str(local_dir),
+                files=len(local.entries),
+                bytes=local.total_bytes,
+                verified=True,
+                how="md5 + sha256 re-hashed on this machine",
+            )
+        )
+    if published is not None:
+        hub = published.kind == "hf"
+        records.append(
+            VerificationRecord(
+                where="hub" if hub else "s3",
+                location=f"{published.target}@{published.revision}" if hub else published.target,
+                files=len(published.files),
+                bytes=published.bytes,
+                verified=published.verified,
+                how="the Hub's LFS sha256 / git blob id per file (paths-info)"
+                if hub
+                else "each object's sha256 metadata and size (HeadObject, never the ETag)",
+            )
+        )
+    return records
 
 
 @task(name="checksum", cache_policy=NO_CACHE, retries=0)
-def checksum(local_dir: Path, pod_manifest: Manifest, pod_id: str | None = None) -> Manifest:
-    """Verify the downloaded tree against the manifest computed on the pod.
+def checksum(
+    local_dir: Path,
+    pod_manifest: Manifest | None,
+    pod_id: str | None = None,
+    published: PublishReport | None = None,
+) -> Manifest | None:
+    """Verify the downloaded tree against the manifest computed on the pod, and table
+    what was verified where.
+
+    Args:
+        local_dir: where the outputs were downloaded.
+        pod_manifest: the download's pod-side manifest; None when nothing was downloaded.
+        pod_id: the pod, named in errors.
+        published: the publish stage's report, already verified at its destination.
 
     Returns:
-        The local manifest (equal to ``pod_manifest`` entry for entry).
+        The local manifest (equal to ``pod_manifest`` entry for entry), or None when
+        nothing was downloaded.
 
     Raises:
         ChecksumMismatchError: a file is missing or differs (``path`` names it).
@@ -62,12 +129,16 @@ def checksum(local_dir: Path, pod_manifest: Manifest, pod_id: str | None = None)
     from prefect.artifacts import create_table_artifact
     from prefect.logging import get_run_logger
 
-    local, problems = verify_manifest(Path(local_dir), pod_manifest)
+    local, problems = (
+        (None, []) if pod_manifest is None else verify_manifest(Path(local_dir), pod_manifest)
+    )
+    places = verification_records(Path(local_dir), local if not problems else None, published)
+    summary = "; ".join(f"{r.where}: {r.files} files" for r in places) or "nothing"
     create_table_artifact(
-        manifest_rows(pod_manifest, problems),
+        manifest_rows(pod_manifest, problems, published),
         key="checksum-manifest",
-        description=f"{len(pod_manifest.entries)} files, {pod_manifest.total_bytes} bytes, "
-        f"{'all verified' if not problems else f'{len(problems)} MISMATCHED'} (md5 + sha256)",
+        description=f"verified {summary}"
+        + (f"; {len(problems)} MISMATCHED locally" if problems else ""),
     )
     if problems:
         path, why = problems[0]
@@ -78,5 +149,14 @@ def checksum(local_dir: Path, pod_manifest: Manifest, pod_id: str | None = None)
             pod_id=pod_id,
             stage="checksum",
         )
-    get_run_logger().info("checksum: %d files verified (md5 + sha256)", len(local.entries))
+    logger = get_run_logger()
+    for place in places:
+        logger.info(
+            "checksum: %s: %d files (%d bytes) verified at %s (%s)",
+            place.where,
+            place.files,
+            place.bytes,
+            place.location,
+            place.how,
+        )
     return local

@@ -1,11 +1,15 @@
 """Download: the checkpoint back from the pod, verified end to end (docs/architecture.md#transfers-and-integrity).
 
 The work is ``prefect_runpod.blocks.transfer.download_dir``; the source manifest is
-computed on the pod, the destination manifest re-read from the local disk.
+computed on the pod, the destination manifest re-read from the local disk. With
+``only`` (``--download eval``) just those files travel: they are copied on the pod
+into a staging folder first, so the transfer and its manifests cover nothing else
+(docs/architecture.md#publish-from-the-pod).
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,17 @@ from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.upload import borrowed_console, progress_logger
 
-__all__ = ["download"]
+__all__ = ["download", "stage_files_command"]
+
+
+def stage_files_command(remote_dir: str, paths: list[str], staging_dir: str) -> str:
+    """The pod command that copies ``paths`` (relative to ``remote_dir``, those that
+    exist) into ``staging_dir`` keeping their relative paths, after emptying it. Pure."""
+    q = shlex.quote
+    steps = [f"rm -rf {q(staging_dir)}", f"mkdir -p {q(staging_dir)}", f"cd {q(remote_dir)}"]
+    for rel in paths:
+        steps.append(f"{{ [ ! -f {q(rel)} ] || cp --parents -p -- {q(rel)} {q(staging_dir)}; }}")
+    return "( " + " && ".join(steps) + " )"
 
 
 @task(name="download", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
@@ -33,9 +47,16 @@ def download(
     s3: S3Target | None = None,
     options: MethodOptions | None = None,
     console: Any = None,
+    only: list[str] | None = None,
+    staging_dir: str | None = None,
 ) -> TransferReport:
     """Download ``remote_dir`` (relative to the pod's workdir unless absolute) into
     ``local_dir``; a task retry resumes from the verified ``.part`` files.
+
+    Args:
+        only: download just these paths (relative to ``remote_dir``; absent ones are
+            skipped), through ``staging_dir`` on the pod.
+        staging_dir: the pod folder ``only`` is copied into (required with ``only``).
 
     Returns:
         The verified ``TransferReport``.
@@ -48,6 +69,10 @@ def download(
 
     logger = get_run_logger()
     with borrowed_console(handle, private_key, console) as live:
+        if only is not None:
+            assert staging_dir is not None, "only= needs a staging_dir"
+            live.run(stage_files_command(remote_dir, only, staging_dir), check=True)
+            remote_dir = staging_dir
         report = download_dir(
             live,
             handle,

@@ -503,6 +503,7 @@ def env(
     venv: str | None = None,
     torch_index_base: str = TORCH_INDEX_BASE,
     pip_index_url: str | None = None,
+    publish_kind: str | None = None,
 ) -> EnvPlan:
     """Make the pod's Python fit the bundle and prove it.
 
@@ -513,15 +514,19 @@ def env(
         tools_dir: the pod folder holding ``probe.py``.
         venv: the pod venv path (default ``<tools_dir>/venv``).
         torch_index_base / pip_index_url: package sources (test indexes in rehearsals).
+        publish_kind: ``hf`` or ``s3`` when the run publishes from the pod: the
+            publisher's Python and client are made ready too (``tasks/publish_env.py``).
 
     Returns:
-        The verified :class:`EnvPlan`.
+        The verified :class:`EnvPlan` (``publish_python`` set when publishing).
 
     Raises:
-        EnvError: the plan is impossible (nothing installed), an install failed, or the
-            re-probe did not prove the fix. The message names the pod.
+        EnvError: the plan is impossible (nothing installed), an install failed, the
+            re-probe did not prove the fix, or the pod's Python is too old to publish.
+            The message names the pod.
     """
     from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.tasks.publish_env import prepare_publish_tools
 
     logger = get_run_logger()
     tools = tools_dir.rstrip("/")
@@ -536,6 +541,16 @@ def env(
                 torch_index_base=torch_index_base,
                 pip_index_url=pip_index_url,
             )
+            if publish_kind is not None:
+                plan = prepare_publish_tools(
+                    console,
+                    plan,
+                    publish_kind,
+                    provider=handle.provider,
+                    venv=f"{tools}/publish-venv",
+                    probe_path=f"{tools}/probe.py",
+                    pip_index_url=pip_index_url,
+                )
         except EnvError as exc:
             raise EnvError(f"{handle.pod_id}: {exc}", pod_id=handle.pod_id, stage="env") from exc
     for note in plan.notes:

@@ -11,6 +11,12 @@ Hub sends them, see huggingface_hub 2.4.0 ``hf_raise_for_status``). The field gu
 rule of thumb — 401 means the licence was not accepted, 403 means the token lacks the
 gated-repo scope — decides only when the message is not one we recognise, and the
 diagnosis is then flagged ``recognised=False``.
+
+Publishing asks the other question — may this token write there? —
+:func:`classify_write_access` answers it from ``whoami`` and the Hub's own write check
+(``blocks/huggingface.collect_write_evidence``), with the cause ``no_write_access``
+when the token is read-only, the namespace is not the user's, or the user's role in
+the organisation does not allow writing (docs/architecture.md#publish-from-the-pod).
 """
 
 from __future__ import annotations
@@ -35,10 +41,13 @@ from prefect_runpod.tasks.models import HFCause, HFDiagnosis
 __all__ = [
     "HF_WEB",
     "TOKENS_URL",
+    "WRITE_TOKEN_URL",
     "classify_hf_access",
+    "classify_write_access",
     "diagnose_evidence",
     "diagnose_local",
     "diagnose_on_pod",
+    "diagnose_write_local",
     "hf_auth",
     "parse_hf_check_output",
     "raise_if_blocking",
@@ -49,6 +58,11 @@ HF_WEB = "https://huggingface.co"
 """Where people act on a remediation (licence pages, token settings)."""
 TOKENS_URL = f"{HF_WEB}/settings/tokens"
 _SCOPE_URL = f"{HF_WEB}/settings/tokens/new?canReadGatedRepos=true&tokenType=fineGrained"
+WRITE_TOKEN_URL = f"{HF_WEB}/settings/tokens/new?tokenType=write"
+"""Where a write token is made (the token page's ``tokenType`` preset)."""
+_ORG_WRITE_ROLES = ("admin", "write", "contributor")
+"""``roleInOrg`` values that may create repos in an organisation (the Hub's org roles:
+read < contributor < write < admin)."""
 _STATUS_URL = "https://status.huggingface.co"
 
 # Server phrases, lower-cased (reference: the Hub's gated-repo answers).
@@ -119,6 +133,12 @@ def _remedy(
             f"No repo {repo_id!r} is visible with this token: check the id and revision, and "
             "for a private repo use a token of an account that can see it.",
             repo_url,
+        )
+    if cause == HFCause.NO_WRITE_ACCESS:
+        return (
+            f"The token{who} cannot write to {repo_id}: use a write token (or a fine-grained "
+            "one with repo.write on that namespace) in the HuggingFaceCredentials block.",
+            WRITE_TOKEN_URL,
         )
     return (
         "The Hub answered unexpectedly; retry, and run with HF_DEBUG=1 to see each request "
@@ -387,6 +407,109 @@ def diagnose_on_pod(
     return diagnose_evidence(evidence, where="pod")
 
 
+def classify_write_access(evidence: Mapping[str, Any]) -> HFDiagnosis:
+    """Decide whether a token may publish to a repo. Pure.
+
+    ==============================================  ==========================
+    evidence                                        cause
+    ==============================================  ==========================
+    no token                                        ``no_token``
+    ``whoami`` 401                                  ``invalid_token``
+    the Hub's write check (``auth-check/write``)    ``ok``
+    answers 200 (the repo exists, writable)
+    it answers 403                                  ``no_write_access``
+    it answers 404 (the run creates the repo) and:
+      a ``read`` token                              ``no_write_access``
+      namespace = the token's user, or an org       ``ok``
+      where ``roleInOrg`` is admin/write/
+      contributor (fine-grained: with
+      ``repo.write`` on that namespace)
+      any other namespace                           ``no_write_access``
+    anything else (5xx, unreachable)                ``unknown``
+    ==============================================  ==========================
+
+    Args:
+        evidence: the dict of ``blocks.huggingface.collect_write_evidence``.
+
+    Returns:
+        An :class:`HFDiagnosis` (``where="local"``) with one remediation and its URL.
+    """
+    repo_id = evidence.get("repo_id")
+    namespace = str(repo_id or "").split("/", 1)[0]
+    who = evidence.get("whoami") or {}
+    check = evidence.get("write_check") or {}
+    answer = check if check else who
+    user, role = who.get("user"), who.get("role")
+    orgs = who.get("orgs") or {}
+    remedy: tuple[str, str] | None = None
+    recognised = True
+    if not evidence.get("token_present"):
+        cause = HFCause.NO_TOKEN
+        remedy = (
+            "Publishing needs a Hugging Face write token where the flow runs: put one in "
+            "the HuggingFaceCredentials block (it reaches the pod hidden, as HF_TOKEN).",
+            WRITE_TOKEN_URL,
+        )
+    elif who.get("status") == 401:
+        cause = HFCause.INVALID_TOKEN
+    elif who.get("status") != 200:
+        cause, recognised = HFCause.UNKNOWN, False
+    elif check.get("status") == 200:
+        cause = HFCause.OK
+    elif check.get("status") == 403:
+        cause = HFCause.NO_WRITE_ACCESS
+    elif check.get("status") == 404:
+        fine = role == "fineGrained"
+        scoped = namespace in (who.get("write_scopes") or [])
+        member = namespace == user or orgs.get(namespace) in _ORG_WRITE_ROLES
+        if member and (role == "write" or (fine and scoped)):
+            cause = HFCause.OK
+            answer = {}
+        else:
+            cause = HFCause.NO_WRITE_ACCESS
+            if role != "read" and not member:
+                remedy = (
+                    f"The repo {repo_id} does not exist and the token{f' of {user}' if user else ''} "
+                    f"cannot create repos under {namespace!r} (not its user, and no admin/"
+                    f"write/contributor role there): publish under your own namespace "
+                    f"(hf:{user or 'USER'}/…) or ask an admin of {namespace} for the write role.",
+                    f"{HF_WEB}/{namespace}",
+                )
+    else:
+        cause, recognised = HFCause.UNKNOWN, False
+    unreachable = None
+    if cause == HFCause.UNKNOWN and answer.get("status") is None:
+        host = urlsplit(str(evidence.get("endpoint") or HF_WEB)).netloc or HF_WEB
+        message = answer.get("message")
+        unreachable = host + (f" ({message})" if message else "")
+    text, url = remedy or _remedy(cause, repo_id, "local", user, unreachable)
+    return HFDiagnosis(
+        repo_id=repo_id,
+        cause=cause,
+        where="local",
+        http_status=answer.get("status"),
+        error_code=answer.get("error_code"),
+        server_message=answer.get("message"),
+        recognised=recognised,
+        remediation=text,
+        remediation_url=url,
+    )
+
+
+def diagnose_write_local(
+    repo_id: str, token: SecretStr | None, endpoint: str | None = None
+) -> HFDiagnosis:
+    """Whether ``token`` may publish to ``repo_id``, asked from this machine before any
+    spend (``collect_write_evidence`` then :func:`classify_write_access`).
+
+    Returns:
+        The :class:`HFDiagnosis` (``ok`` or why not).
+    """
+    from prefect_runpod.blocks.huggingface import collect_write_evidence
+
+    return classify_write_access(collect_write_evidence(repo_id, token=token, endpoint=endpoint))
+
+
 def skip_reason(repo_id: str | None) -> str | None:
     """Why the stage is skipped, or None when it must run (no model id → skipped)."""
     if not repo_id or not repo_id.strip():
@@ -394,8 +517,11 @@ def skip_reason(repo_id: str | None) -> str | None:
     return None
 
 
-def raise_if_blocking(diagnosis: HFDiagnosis, *, pod_id: str | None = None) -> None:
-    """Raise when the diagnosis says the download will fail.
+def raise_if_blocking(
+    diagnosis: HFDiagnosis, *, pod_id: str | None = None, action: str = "access to"
+) -> None:
+    """Raise when the diagnosis says the download (or, with ``action="publishing to"``,
+    the publish) will fail.
 
     Raises:
         HFAuthError: carrying the diagnosis; the message names the pod (if any), the
@@ -409,7 +535,7 @@ def raise_if_blocking(diagnosis: HFDiagnosis, *, pod_id: str | None = None) -> N
     if diagnosis.cause == HFCause.UNKNOWN and diagnosis.http_status is None:
         finding = f"cannot be checked on {diagnosis.where}, the Hub gave no answer"
     raise HFAuthError(
-        f"{prefix}Hugging Face access to {diagnosis.repo_id} {finding}. "
+        f"{prefix}Hugging Face {action} {diagnosis.repo_id} {finding}. "
         f"{diagnosis.remediation} {diagnosis.remediation_url or ''}".rstrip(),
         diagnosis=diagnosis,
         pod_id=pod_id,

@@ -27,11 +27,15 @@ __all__ = [
     "ManifestEntry",
     "ParityRecordDiff",
     "ParityReport",
+    "PublishReport",
+    "PublishTarget",
+    "PublishedFile",
     "PythonProbe",
     "StageRecord",
     "StageState",
     "TrainReport",
     "TransferReport",
+    "VerificationRecord",
 ]
 
 STAGES: tuple[str, ...] = (
@@ -41,6 +45,7 @@ STAGES: tuple[str, ...] = (
     "upload",
     "train",
     "eval_parity",
+    "publish",
     "download",
     "checksum",
     "terminate",
@@ -91,6 +96,8 @@ class PythonProbe(BaseModel):
     trl: str | None = None
     accelerate: str | None = None
     transformers_torch_ok: bool | None = None  # False when transformers disabled torch
+    huggingface_hub: str | None = None  # the publish stage's Hub client
+    boto3: str | None = None  # the publish stage's S3 client
 
 
 class EnvReport(BaseModel):
@@ -126,6 +133,8 @@ class EnvPlan(BaseModel):
         verified: True once the re-probe proved the fix.
         before / after: the probes around the apply.
         notes: human-readable reasons.
+        publish_python: the interpreter that runs the pod-side publisher (it has
+            ``huggingface_hub`` or ``boto3``); None when the run publishes nothing.
     """
 
     python: str | None = None
@@ -139,6 +148,7 @@ class EnvPlan(BaseModel):
     before: EnvReport | None = None
     after: EnvReport | None = None
     notes: list[str] = Field(default_factory=list)
+    publish_python: str | None = None
 
 
 class HFCause(StrEnum):
@@ -152,6 +162,7 @@ class HFCause(StrEnum):
     ACCESS_PENDING = "access_pending"
     ACCESS_REJECTED = "access_rejected"
     REPO_NOT_FOUND = "repo_not_found"
+    NO_WRITE_ACCESS = "no_write_access"
     UNKNOWN = "unknown"
 
 
@@ -283,3 +294,105 @@ class CostReport(BaseModel):
     usd: float = 0.0
     max_cost_usd: float | None = None
     stage_seconds: dict[str, float] = Field(default_factory=dict)
+
+
+class PublishTarget(BaseModel):
+    """Where the publish stage ships the outputs from the pod (docs/architecture.md#publish-from-the-pod).
+
+    Written ``hf:ORG/REPO[@BRANCH]`` or ``s3[:PREFIX]`` (``tasks/publish_target.py``
+    parses it).
+
+    Attributes:
+        spec: the text as given (``hf:demo/tiny-classifier@main``).
+        kind: ``hf`` (a Hugging Face model repo) or ``s3`` (the run's ``S3Target``).
+        repo_id: ``ORG/REPO`` for ``hf``.
+        revision: the branch to commit to for ``hf``; None means the repo's ``main``.
+        private: a repo created by the run is private unless this is False.
+        prefix: for ``s3``, the key prefix under the ``S3Target``'s own prefix; None
+            means ``prefect-runpod/<flow_run_id>``.
+        s3_target_block: the saved ``S3Target`` block for ``s3``.
+    """
+
+    spec: str
+    kind: Literal["hf", "s3"]
+    repo_id: str | None = None
+    revision: str | None = None
+    private: bool = True
+    prefix: str | None = None
+    s3_target_block: str | None = None
+
+    @property
+    def branch(self) -> str:
+        """The branch a Hub commit goes to (``main`` unless one was named)."""
+        return self.revision or "main"
+
+
+class PublishedFile(BaseModel):
+    """One published file and how its copy at the destination was checked.
+
+    Attributes:
+        path: relative POSIX path (in the repo, or under the S3 prefix).
+        size_bytes: its size, from the pod-side manifest.
+        sha256 / git_sha1: the pod-side manifest's digests.
+        storage: ``lfs`` or ``regular`` (how the Hub stores it), or ``s3``.
+        remote_id: what the destination reported: the LFS sha256 or the git blob id on
+            the Hub, the sha256 metadata of the object on S3.
+        verified: True when the destination's record equals the pod's manifest.
+    """
+
+    path: str
+    size_bytes: int = Field(ge=0)
+    sha256: str
+    git_sha1: str | None = None
+    storage: Literal["lfs", "regular", "s3"]
+    remote_id: str | None = None
+    verified: bool = False
+
+
+class PublishReport(BaseModel):
+    """What the publish stage shipped from the pod and what the destination confirmed.
+
+    Attributes:
+        target: the destination as a URI: ``hf://ORG/REPO`` or ``s3://BUCKET/PREFIX``
+            (also the key of the Prefect asset materialised for the model).
+        kind: ``hf`` or ``s3``.
+        revision: the Hub commit id the files were verified at (None for S3).
+        branch: the branch committed to (Hub only).
+        url: the commit's web page on the Hub, or the S3 URI.
+        files: every file, with the destination's record of it.
+        bytes: total bytes published (from the pod-side manifest).
+        verified: True only when every file matched the pod-side manifest.
+        seconds: wall time of the stage's work on the pod and the read-back, in seconds.
+        attempts: upload attempts the pod-side publisher needed (1 when nothing dropped).
+    """
+
+    target: str
+    kind: Literal["hf", "s3"]
+    revision: str | None = None
+    branch: str | None = None
+    url: str | None = None
+    files: list[PublishedFile] = Field(default_factory=list)
+    bytes: int = 0
+    verified: bool = False
+    seconds: float = 0.0
+    attempts: int = 0
+
+
+class VerificationRecord(BaseModel):
+    """One place where the run's outputs were checked against the pod-side manifest.
+
+    Attributes:
+        where: ``local`` (the downloaded copy), ``hub`` or ``s3``.
+        location: the local folder, ``hf://ORG/REPO@<revision>`` or the S3 URI.
+        files: files checked there.
+        bytes: their total size in bytes.
+        verified: True when every one of them matched.
+        how: what was compared (e.g. ``md5 + sha256 re-hashed locally``).
+    """
+
+    where: Literal["local", "hub", "s3"]
+    location: str
+    files: int = 0
+    bytes: int = 0
+    verified: bool = False
+    how: str = ""

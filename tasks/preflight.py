@@ -6,13 +6,15 @@ succeed spends nothing (docs/architecture.md#input-validation).
 that none of them looks like a secret (``tasks/bundle_files.py``). It touches no
 network and no Prefect API. ``check_transfer_before_renting`` and ``check_pod_disk``
 hold the run against the pod that is about to be rented; the ``preflight`` task runs
-the Hugging Face diagnosis locally.
+the Hugging Face diagnosis locally — read access to the model, and when the run
+publishes, write access to the repo (or a reachable S3 bucket)
+(docs/architecture.md#publish-from-the-pod).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -23,6 +25,11 @@ from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
 from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_bundle_files
+from prefect_runpod.tasks.models import PublishTarget
+from prefect_runpod.tasks.publish_target import check_download_choice, parse_publish_target
+
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = [
     "RunSettings",
@@ -67,6 +74,8 @@ class RunSettings(BaseModel):
         heartbeat_stale_seconds / pod_lifetime_seconds: the dead-man switch, in seconds.
         hf_endpoint: the Hub URL given, or None (the block's, else huggingface.co).
         upload: the bundle files the upload sends, with their total bytes.
+        publish: where the pod publishes the outputs, or None.
+        download: what the ``download`` stage brings home: ``all``, ``eval`` or ``none``.
     """
 
     bundle: BundleSpec
@@ -82,6 +91,8 @@ class RunSettings(BaseModel):
     pod_lifetime_seconds: float = 6 * 3600.0
     hf_endpoint: str | None = None
     upload: BundleFiles | None = None
+    publish: PublishTarget | None = None
+    download: Literal["all", "eval", "none"] = "all"
 
 
 def validate_settings(
@@ -110,6 +121,9 @@ def validate_settings(
     ssh_key_block: str | None = None,
     gpu_type_ids: list[str] | None = None,
     allow_secret_files: list[str] | None = None,
+    publish: str | None = None,
+    publish_public: bool = False,
+    download: str = "all",
 ) -> RunSettings:
     """Check a run's input before anything is rented; reads the bundle, nothing else.
     Parameters and defaults are the fine-tune flow's (``flows.finetune.finetune``).
@@ -136,10 +150,14 @@ def validate_settings(
         raise SpecError(
             f"{v.label('transfer_method')} {transfer_method!r} is not one of: {', '.join(methods)}."
         )
-    if s3_target_block and transfer_method not in ("auto", "s3"):
+    target = parse_publish_target(publish, public=publish_public, s3_target_block=s3_target_block)
+    check_download_choice(download, target)
+    publishes_to_s3 = target is not None and target.kind == "s3"
+    if s3_target_block and transfer_method not in ("auto", "s3") and not publishes_to_s3:
         raise SpecError(
-            f"{v.label('s3_target_block')} is only used by --transfer s3 (or auto), and this "
-            f"run asks for {transfer_method!r}: drop it, or use --transfer s3."
+            f"{v.label('s3_target_block')} is only used by --transfer s3 (or auto) and "
+            f"--publish s3, and this run asks for {transfer_method!r}: drop it, or use "
+            "--transfer s3."
         )
     if transfer_method == "s3" and not s3_target_block:
         raise SpecError(
@@ -200,6 +218,8 @@ def validate_settings(
         pod_lifetime_seconds=lifetime,
         hf_endpoint=hf_endpoint,
         upload=files,
+        publish=target,
+        download=download,  # type: ignore[arg-type]
     )
 
 
@@ -274,20 +294,52 @@ def _human(n: float) -> str:
 
 
 @task(name="preflight", cache_policy=NO_CACHE)
-def preflight(settings: RunSettings, hf_token: SecretStr | None, hf_endpoint: str | None) -> list:
-    """Run the local Hugging Face diagnosis when the run names a model (no spend).
+def preflight(
+    settings: RunSettings,
+    hf_token: SecretStr | None,
+    hf_endpoint: str | None,
+    s3: S3Target | None = None,
+) -> list:
+    """Check access before any spend: the local Hugging Face diagnosis when the run names
+    a model, and the publish target when it publishes — write access to the Hub repo
+    (``classify_write_access``), or that the ``S3Target``'s bucket answers.
+
+    Args:
+        settings: the validated input.
+        hf_token: the Hugging Face token (read for the model, write for publishing).
+        hf_endpoint: the Hub base URL.
+        s3: the loaded ``S3Target`` (required by an ``s3`` publish target).
 
     Returns:
-        A list with the local ``HFDiagnosis`` (empty when no model id).
+        The local ``HFDiagnosis`` records (read access, then write access); empty when
+        neither applies.
 
     Raises:
-        HFAuthError: when the diagnosis is blocking (no token, licence not accepted, the
-            Hub cannot be reached, …); the message carries the remediation and its URL.
+        HFAuthError: a blocking diagnosis (no token, licence not accepted, the Hub cannot
+            be reached, a read-only token, a namespace that is not writable, …) with its
+            remediation and URL.
+        SpecError: the S3 target is missing or its bucket cannot be reached.
     """
-    if settings.model_id is None:
-        return []
-    from prefect_runpod.tasks.hf_auth import diagnose_local, raise_if_blocking
+    from prefect_runpod.tasks.hf_auth import (
+        diagnose_local,
+        diagnose_write_local,
+        raise_if_blocking,
+    )
 
-    diagnosis = diagnose_local(settings.model_id, hf_token, hf_endpoint)
-    raise_if_blocking(diagnosis)
-    return [diagnosis]
+    found = []
+    if settings.model_id is not None:
+        diagnosis = diagnose_local(settings.model_id, hf_token, hf_endpoint)
+        raise_if_blocking(diagnosis)
+        found.append(diagnosis)
+    target = settings.publish
+    if target is not None and target.kind == "hf":
+        writable = diagnose_write_local(str(target.repo_id), hf_token, hf_endpoint)
+        raise_if_blocking(writable, action="publishing to")
+        found.append(writable)
+    elif target is not None:
+        from prefect_runpod.blocks.transfer.s3 import check_s3_target
+
+        if s3 is None:
+            raise SpecError(f"publishing to s3 needs the S3Target block {target.s3_target_block!r}")
+        check_s3_target(s3)
+    return found

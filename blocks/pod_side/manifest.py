@@ -90,7 +90,9 @@ def _hash_stream(fileobj, limit_bytes=None, blob_size=None):
     for thread in pending:
         thread.join()
     if blob is not None and size != blob_size:
-        raise OSError("file changed while it was hashed (%d bytes, expected %d)" % (size, blob_size))
+        raise OSError(
+            "file changed while it was hashed (%d bytes, expected %d)" % (size, blob_size)
+        )
     return size, md5.hexdigest(), sha.hexdigest(), (blob.hexdigest() if blob else None)
 
 

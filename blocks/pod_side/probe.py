@@ -10,8 +10,9 @@ What it reports:
   ``/usr/local/bin/python3.X`` / ``/usr/bin/python3.X``; duplicates by real path
   dropped): its version, torch version, torch's CUDA build (``torch.version.cuda``),
   ``torch.cuda.is_available()``, the versions of transformers / peft / trl /
-  accelerate, and whether transformers disabled torch (its ``is_torch_available()``
-  is False, or it logged ``Disabling PyTorch because …``);
+  accelerate (and of huggingface_hub / boto3, which the publish stage uses), and
+  whether transformers disabled torch (its ``is_torch_available()`` is False, or it
+  logged ``Disabling PyTorch because …``);
 * ``nvidia-smi``: driver version, the ``CUDA Version: X.Y`` of its header (the highest
   CUDA the driver supports), the first GPU's name and memory in MiB — all None when
   there is no ``nvidia-smi``;
@@ -47,7 +48,7 @@ try:
     from importlib import metadata
 except ImportError:
     metadata = None
-for name in ("transformers", "peft", "trl", "accelerate", "pip"):
+for name in ("transformers", "peft", "trl", "accelerate", "pip", "huggingface_hub", "boto3"):
     version = None
     if metadata is not None:
         try:

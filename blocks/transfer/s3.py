@@ -40,7 +40,9 @@ __all__ = [
     "MAX_PART_BYTES",
     "S3Method",
     "S3Target",
+    "check_s3_target",
     "s3_download_dir",
+    "s3_object_records",
     "s3_upload_dir",
 ]
 
@@ -193,6 +195,69 @@ def s3_upload_dir(
         if on_progress:
             on_progress(done, total)
     return keys
+
+
+def check_s3_target(target: S3Target) -> None:
+    """Make sure the bucket answers with these credentials (``HeadBucket``), before
+    anything is rented.
+
+    Raises:
+        SpecError: naming the bucket and the endpoint, when it is missing, refused or
+            unreachable.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    where = f"s3://{target.bucket} at {target.endpoint_url or 'AWS'}"
+    try:
+        target.get_client().head_bucket(Bucket=target.bucket)
+    except ClientError as exc:
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        raise SpecError(
+            f"the S3 target {where} answered {status} "
+            f"({exc.response.get('Error', {}).get('Code', '?')}): check the bucket name "
+            "(for a RunPod network volume, its id) and the S3 key of the S3Target block"
+        ) from exc
+    except (BotoCoreError, ValueError) as exc:
+        raise SpecError(
+            f"cannot reach the S3 target {where} ({type(exc).__name__}: {exc}); check the "
+            "endpoint URL and the network"
+        ) from exc
+
+
+def s3_object_records(target: S3Target, keys: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """What the bucket holds for each object (``HeadObject``), nothing downloaded.
+
+    Args:
+        target: the bucket.
+        keys: relative path → object key.
+
+    Returns:
+        relative path → ``{"size": bytes (ContentLength), "sha256": the object's
+        ``sha256`` metadata or None, "key": the key}``; absent objects are left out.
+        The ETag is never used: RunPod's S3 computes MD5 ETags late.
+
+    Raises:
+        TransferError: S3 failed for another reason than a missing object.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = target.get_client()
+    out: dict[str, dict[str, Any]] = {}
+    for rel, key in keys.items():
+        try:
+            head = client.head_object(Bucket=target.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                continue
+            raise TransferError(f"reading s3://{target.bucket}/{key} back failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise TransferError(f"reading s3://{target.bucket}/{key} back failed: {exc}") from exc
+        out[rel] = {
+            "size": head.get("ContentLength"),
+            "sha256": (head.get("Metadata") or {}).get("sha256"),
+            "key": key,
+        }
+    return out
 
 
 def _list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:

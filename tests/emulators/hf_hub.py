@@ -12,6 +12,11 @@ must be there):
 * ``GET /api/{models,datasets}/{id}/auth-check`` — the gate.
 * ``HEAD``/``GET /{id}/resolve/{rev}/{file}`` (and ``/datasets/{id}/…``) — the gate,
   then the file.
+* ``GET /api/{models,datasets}/{id}/auth-check/write`` — whether the token may write.
+* the publishing routes (repo create, branches, preupload, the LFS batch and uploads,
+  commit, paths-info, ``model_info`` with ``blobs=True``): ``tests/emulators/hf_hub_write.py``.
+
+Private repos answer ``RepoNotFound`` to anyone outside their namespace, as the Hub does.
 
 Access is per user (as on the Hub): a repo lists which users were accepted, are
 pending or were rejected. A fine-grained token without ``canReadGatedRepos`` gets
@@ -29,18 +34,21 @@ Run standalone: ``python -m tests.emulators.hf_hub --port 8808 [--config cfg.jso
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
+from urllib.parse import parse_qs, unquote
 
-__all__ = ["HubEmulator", "HubRepo", "HubToken", "running_hub"]
+from tests.emulators.hf_hub_write import HubFault, HubWriter, parse_ndjson
+
+__all__ = ["HubEmulator", "HubFault", "HubRepo", "HubToken", "running_hub"]
 
 Access = Literal["accepted", "pending", "rejected"]
 
@@ -62,6 +70,9 @@ class HubToken:
         can_read_gated: fine-grained only — "Read access to contents of all public gated
             repos you can access".
         valid: False for a revoked token (answers 401 everywhere).
+        orgs: organisation → the user's ``roleInOrg`` there (``admin``, ``write``,
+            ``contributor``, ``read``), as ``whoami`` lists them.
+        write_scopes: fine-grained only — the namespaces it has ``repo.write`` for.
     """
 
     token: str
@@ -69,6 +80,8 @@ class HubToken:
     role: Literal["read", "write", "fineGrained"] = "read"
     can_read_gated: bool = True
     valid: bool = True
+    orgs: dict[str, str] = field(default_factory=dict)
+    write_scopes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -83,6 +96,9 @@ class HubRepo:
         files: file name → content bytes.
         unlisted_status: status for a valid token whose user never asked (403 on today's
             Hub; 401 reproduces the field guide's report).
+        private: visible only to its namespace (the user, or the org's members).
+        commits / branches: commit id → files, branch → commit id (filled from ``files``
+            on first use; see ``hf_hub_write.HubWriter``).
     """
 
     repo_id: str
@@ -94,6 +110,9 @@ class HubRepo:
     )
     unlisted_status: int = 403
     sha: str = field(default_factory=lambda: uuid.uuid4().hex + uuid.uuid4().hex[:8])
+    private: bool = False
+    commits: dict[str, Any] = field(default_factory=dict)
+    branches: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,15 +126,28 @@ class HubEmulator:
     """The emulated Hub: a threaded HTTP server on 127.0.0.1 (free port).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`. ``endpoint`` is the
-    base URL to hand to ``HfApi(endpoint=…)`` or the pod-side check.
+    base URL to hand to ``HfApi(endpoint=…)`` or the pod-side check. ``writer`` holds
+    the repos' contents and the publishing routes; ``writer.faults`` injects faults
+    (a dropped upload, a 500) at named routes.
+
+    Args:
+        tokens / repos: what the Hub knows.
+        **writer_options: ``lfs_threshold_bytes``, ``multipart_threshold_bytes``,
+            ``part_bytes``, ``storage_dir`` for :class:`HubWriter`.
     """
 
-    def __init__(self, tokens: list[HubToken] | None = None, repos: list[HubRepo] | None = None):
+    def __init__(
+        self,
+        tokens: list[HubToken] | None = None,
+        repos: list[HubRepo] | None = None,
+        **writer_options: Any,
+    ):
         self.tokens: dict[str, HubToken] = {t.token: t for t in tokens or []}
         self.repos: dict[tuple[str, str], HubRepo] = {
             (r.repo_type, r.repo_id): r for r in repos or []
         }
         self.requests: list[dict[str, Any]] = []
+        self.writer = HubWriter(self, **writer_options)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -149,6 +181,7 @@ class HubEmulator:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.writer.close()
 
     def __enter__(self) -> HubEmulator:
         return self.start()
@@ -170,11 +203,18 @@ class HubEmulator:
         known = self.tokens.get(value.strip()) if scheme.lower() == "bearer" else None
         return (known if known is not None and known.valid else None), True
 
+    def can_read(self, repo: HubRepo, token: HubToken | None) -> bool:
+        """A private repo is visible to its namespace only (the user, or org members)."""
+        if not repo.private:
+            return True
+        namespace = repo.repo_id.split("/", 1)[0]
+        return token is not None and (namespace == token.user or namespace in token.orgs)
+
     def gate(self, repo: HubRepo | None, token: HubToken | None, presented: bool) -> _Answer:
         """What the Hub answers for a repo's content given the caller's token."""
         if presented and token is None:
             return _Answer(401, None, _INVALID_CREDENTIALS)
-        if repo is None:
+        if repo is None or not self.can_read(repo, token):
             return _Answer(404 if token else 401, "RepoNotFound", "Repository not found")
         if not repo.gated:
             return _Answer(200)
@@ -227,20 +267,33 @@ class HubEmulator:
             "createdAt": "2025-01-01T00:00:00.000Z",
         }
         if token.role == "fineGrained":
+            entities = [token.user, *[o for o in token.write_scopes if o != token.user]]
             access["fineGrained"] = {
                 "canReadGatedRepos": token.can_read_gated,
                 "global": ["discussion.write", "post.write"],
                 "scoped": [
                     {
                         "entity": {
-                            "_id": uuid.uuid5(uuid.NAMESPACE_DNS, token.user).hex,
-                            "type": "user",
-                            "name": token.user,
+                            "_id": uuid.uuid5(uuid.NAMESPACE_DNS, name).hex,
+                            "type": "user" if name == token.user else "org",
+                            "name": name,
                         },
-                        "permissions": ["repo.content.read"],
+                        "permissions": ["repo.content.read"]
+                        + (["repo.write"] if name in token.write_scopes else []),
                     }
+                    for name in entities
                 ],
             }
+        orgs = [
+            {
+                "type": "org",
+                "id": uuid.uuid5(uuid.NAMESPACE_DNS, org).hex[:24],
+                "name": org,
+                "fullname": org.title(),
+                "roleInOrg": role,
+            }
+            for org, role in sorted(token.orgs.items())
+        ]
         return {
             "type": "user",
             "id": uuid.uuid5(uuid.NAMESPACE_DNS, token.user).hex[:24],
@@ -250,7 +303,7 @@ class HubEmulator:
             "emailVerified": True,
             "canPay": False,
             "isPro": False,
-            "orgs": [],
+            "orgs": orgs,
             "auth": {"type": "access_token", "accessToken": access},
         }
 
@@ -259,8 +312,18 @@ class HubEmulator:
             self.requests.append(entry)
 
 
-_API_REPO = re.compile(r"^/api/(models|datasets)/(.+?)(/auth-check)?/?$")
+_API_REPO = re.compile(
+    r"^/api/(models|datasets)/([^/]+/[^/]+)"
+    r"(?:/(auth-check(?:/write)?|revision|preupload|commit|paths-info|branch)(?:/(.+))?)?/?$"
+)
 _RESOLVE = re.compile(r"^/(?:(datasets)/)?(.+?)/resolve/([^/]+)/(.+)$")
+_LFS_BATCH = re.compile(r"^/(?:(datasets)/)?([^/]+/[^/]+)\.git/info/lfs/objects/batch$")
+_LFS_UPLOAD = re.compile(r"^/lfs-upload/([0-9a-f]{64})(?:/part/(\d+))?$")
+_CHUNK_BYTES = 1 << 20
+
+
+class _Dropped(Exception):
+    """A fault closed the connection: no answer is sent."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -277,6 +340,69 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:  # noqa: N802 - stdlib name
         self._dispatch(head=True)
 
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        self._dispatch(head=False)
+
+    def do_PUT(self) -> None:  # noqa: N802 - stdlib name
+        self._dispatch(head=False)
+
+    # -- request bodies ---------------------------------------------------------------
+    def _body_chunks(self):  # type: ignore[no-untyped-def]
+        """Yield the request body in pieces (Content-Length or chunked framing)."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            while True:
+                size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return
+                left = size
+                while left:
+                    piece = self.rfile.read(min(left, _CHUNK_BYTES))
+                    if not piece:
+                        return
+                    left -= len(piece)
+                    yield piece
+                self.rfile.readline()
+        left = int(self.headers.get("Content-Length") or 0)
+        while left > 0:
+            piece = self.rfile.read(min(left, _CHUNK_BYTES))
+            if not piece:
+                return
+            left -= len(piece)
+            yield piece
+
+    def _body(self) -> bytes:
+        return b"".join(self._body_chunks())
+
+    def _json(self) -> Any:
+        data = self._body()
+        return json.loads(data) if data.strip() else {}
+
+    def _receive(self, route: str, path: Any) -> None:
+        """Stream the body into ``path``; a ``drop`` fault on ``route`` cuts it off."""
+        fault = self.hub.writer.fault(route)
+        if fault is not None and fault.action == "status":
+            self._body()
+            raise _StatusFault(fault.status)
+        got = 0
+        with open(path, "wb") as out:
+            for piece in self._body_chunks():
+                if fault is not None and got + len(piece) >= fault.after_bytes:
+                    out.write(piece[: max(0, fault.after_bytes - got)])
+                    self.hub.writer.count_bytes(route, fault.after_bytes - got)
+                    self._drop()
+                out.write(piece)
+                got += len(piece)
+                self.hub.writer.count_bytes(route, len(piece))
+        if fault is not None:  # the body ended before the cut-off point
+            self._drop()
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        with suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+        raise _Dropped()
+
     def _dispatch(self, head: bool) -> None:
         hub = self.hub
         token, presented = hub._who(self.headers.get("Authorization"))
@@ -287,11 +413,90 @@ class _Handler(BaseHTTPRequestHandler):
             "authorization": ("Bearer <redacted>" if presented else None),
             "user": token.user if token else None,
         }
-        answer, body, extra = self._route(path, token, presented, head)
+        try:
+            if self.command in ("POST", "PUT"):
+                answer, body, extra = self._route_write(path, token, presented)
+            else:
+                answer, body, extra = self._route(path, token, presented, head)
+        except _Dropped:
+            entry["status"] = "dropped"
+            hub._record(entry)
+            return
+        except _StatusFault as fault:
+            answer, body, extra = _Answer(fault.status, None, "Internal Error"), b"", {}
         entry["status"] = answer.status
         entry["error_code"] = answer.error_code
         hub._record(entry)
         self._send(answer, body, extra, head)
+
+    def _route_write(
+        self, path: str, token: HubToken | None, presented: bool
+    ) -> tuple[_Answer, bytes, dict[str, str]]:
+        """POST and PUT: the publishing routes (``hf_hub_write.HubWriter``)."""
+        hub, writer = self.hub, self.hub.writer
+        if presented and token is None and not path.startswith("/lfs-upload/"):
+            self._body()
+            return _Answer(401, None, _INVALID_CREDENTIALS), b"", {}
+        if path == "/api/validate-yaml":
+            self._body()
+            return _Answer(200), b'{"errors": [], "warnings": []}', {}
+        if path == "/api/repos/create":
+            answer, data = writer.create_repo(token, presented, self._json())
+            return answer, _dump(data), {}
+        match = _LFS_BATCH.match(path)
+        if match:
+            kind = "dataset" if match.group(1) else "model"
+            body = self._json()
+            fault = writer.fault("batch")
+            if fault is not None:
+                return _Answer(fault.status, None, "Internal Error"), b"", {}
+            answer, data = writer.lfs_batch(hub.repos.get((kind, match.group(2))), token, body)
+            return answer, _dump(data), {"Content-Type": "application/vnd.git-lfs+json"}
+        match = _LFS_UPLOAD.match(path)
+        if match:
+            return self._lfs_upload(match.group(1), match.group(2))
+        match = _API_REPO.match(path)
+        if not match or match.group(3) not in ("preupload", "commit", "paths-info", "branch"):
+            self._body()
+            return _Answer(404, None, "Not Found"), b"", {}
+        kind = "model" if match.group(1) == "models" else "dataset"
+        repo = hub.repos.get((kind, match.group(2)))
+        action, rev = match.group(3), unquote(match.group(4) or "main")
+        if action in ("preupload", "commit"):
+            fault = writer.fault(action)
+            if fault is not None:
+                self._body()
+                return _Answer(fault.status, None, "Internal Error"), b"", {}
+        if action == "preupload":
+            answer, data = writer.preupload(repo, token, rev, self._json())
+        elif action == "commit":
+            answer, data = writer.commit(repo, token, rev, parse_ndjson(self._body()))
+        elif action == "branch":
+            answer, data = writer.create_branch(repo, token, rev, self._json())
+        else:
+            form = self._body()
+            if repo is None or not hub.can_read(repo, token):
+                return (
+                    _Answer(404 if token else 401, "RepoNotFound", "Repository not found"),
+                    b"",
+                    {},
+                )
+            answer, data = writer.paths_info(repo, rev, form)
+        return answer, _dump(data), {}
+
+    def _lfs_upload(self, oid: str, part: str | None) -> tuple[_Answer, bytes, dict[str, str]]:
+        writer = self.hub.writer
+        if part is not None:
+            target = writer.part_path(oid, int(part))
+            self._receive("lfs_part", target)
+            from tests.emulators.hf_hub_write import _etag
+
+            return _Answer(200), b"", {"ETag": _etag(target)}
+        if self.command == "POST":  # multipart completion
+            return writer.complete(oid, self._json()), b"{}", {}
+        incoming = writer.dir / f"{oid}.incoming"
+        self._receive("lfs_put", incoming)
+        return writer.store_object(oid, incoming), b"", {}
 
     def _route(
         self, path: str, token: HubToken | None, presented: bool, head: bool
@@ -302,28 +507,37 @@ class _Handler(BaseHTTPRequestHandler):
                 return _Answer(401, None, _INVALID_CREDENTIALS), b"", {}
             return _Answer(200), json.dumps(hub.whoami(token)).encode(), {}
         match = _API_REPO.match(path)
-        if match:
+        if match and match.group(3) in (None, "revision", "auth-check", "auth-check/write"):
             kind = "model" if match.group(1) == "models" else "dataset"
             repo = hub.repos.get((kind, match.group(2)))
-            if match.group(3):  # auth-check
+            if match.group(3) == "auth-check":
                 answer = hub.gate(repo, token, presented)
+                return answer, (b'{"ok": true}' if answer.status == 200 else b""), {}
+            if match.group(3) == "auth-check/write":
+                refused = hub.writer._write_refusal(repo, token)
+                answer = refused or _Answer(200)
                 return answer, (b'{"ok": true}' if answer.status == 200 else b""), {}
             if presented and token is None:
                 return _Answer(401, None, _INVALID_CREDENTIALS), b"", {}
-            if repo is None:
+            if repo is None or not hub.can_read(repo, token):
                 return (
                     _Answer(404 if token else 401, "RepoNotFound", "Repository not found"),
                     b"",
                     {},
                 )
+            rev = unquote(match.group(4) or "main")
+            if hub.writer.tree(repo, rev) is None:
+                return _Answer(404, "RevisionNotFound", f"Invalid rev id: {rev}"), b"", {}
+            query = parse_qs(self.path.partition("?")[2])
+            blobs = (query.get("blobs") or ["false"])[0].lower() == "true"
             info = {
                 "_id": repo.sha[:24],
                 "id": repo.repo_id,
                 "modelId": repo.repo_id,
-                "sha": repo.sha,
-                "private": False,
+                "sha": repo.branches.get(rev, rev),
+                "private": repo.private,
                 "gated": "manual" if repo.gated else False,
-                "siblings": [{"rfilename": name} for name in sorted(repo.files)],
+                "siblings": hub.writer.siblings(repo, rev, blobs),
             }
             return _Answer(200), json.dumps(info).encode(), {}
         match = _RESOLVE.match(path)
@@ -333,25 +547,31 @@ class _Handler(BaseHTTPRequestHandler):
             answer = hub.gate(repo, token, presented)
             if answer.status != 200 or repo is None:
                 return answer, b"", {}
-            content = repo.files.get(match.group(4))
-            if content is None:
+            rev = unquote(match.group(3))
+            stored = (hub.writer.tree(repo, rev) or {}).get(unquote(match.group(4)))
+            commit = repo.branches.get(rev, rev)
+            if stored is None:
                 return (
                     _Answer(404, "EntryNotFound", "Entry not found"),
                     b"",
-                    {"X-Repo-Commit": repo.sha},
+                    {"X-Repo-Commit": commit},
                 )
-            etag = hashlib.sha1(content).hexdigest()
             headers = {
-                "ETag": f'"{etag}"',
-                "X-Repo-Commit": repo.sha,
+                "ETag": f'"{stored.sha256 if stored.lfs else stored.blob_id}"',
+                "X-Repo-Commit": commit,
                 "Content-Type": "application/octet-stream",
             }
-            return answer, content, headers
+            return answer, hub.writer.content(stored), headers
         return _Answer(404, None, "Not Found"), b"", {}
 
     def _send(self, answer: _Answer, body: bytes, extra: dict[str, str], head: bool) -> None:
         if answer.status >= 400:
-            body = json.dumps({"error": answer.message}).encode()
+            payload: dict[str, Any] = {}
+            if body:
+                extra_fields = json.loads(body)  # e.g. the "url" of a 409 on repo create
+                payload.update(extra_fields if isinstance(extra_fields, dict) else {})
+            payload["error"] = answer.message
+            body = json.dumps(payload).encode()
         self.send_response(answer.status)
         self.send_header("X-Request-Id", f"Root={uuid.uuid4().hex}")
         if answer.error_code:
@@ -368,12 +588,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
+class _StatusFault(Exception):
+    """A ``status`` fault: answer with this status instead of handling the request."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def _dump(data: Any) -> bytes:
+    return b"" if data is None else json.dumps(data).encode()
+
+
 @contextmanager
 def running_hub(
-    tokens: list[HubToken] | None = None, repos: list[HubRepo] | None = None
+    tokens: list[HubToken] | None = None, repos: list[HubRepo] | None = None, **writer_options: Any
 ) -> Iterator[HubEmulator]:
     """Serve a :class:`HubEmulator` for the duration of a ``with`` block."""
-    hub = HubEmulator(tokens, repos)
+    hub = HubEmulator(tokens, repos, **writer_options)
     hub.start()
     try:
         yield hub
@@ -381,14 +613,14 @@ def running_hub(
         hub.stop()
 
 
-def _from_config(config: dict[str, Any]) -> HubEmulator:
+def _from_config(config: dict[str, Any], **writer_options: Any) -> HubEmulator:
     tokens = [HubToken(**t) for t in config.get("tokens", [])]
     repos = []
     for r in config.get("repos", []):
         r = dict(r)
         r["files"] = {k: v.encode() for k, v in r.get("files", {"config.json": "{}"}).items()}
         repos.append(HubRepo(**r))
-    return HubEmulator(tokens, repos)
+    return HubEmulator(tokens, repos, **writer_options)
 
 
 _DEMO_CONFIG: dict[str, Any] = {
@@ -401,6 +633,8 @@ _DEMO_CONFIG: dict[str, Any] = {
             "can_read_gated": False,
         },
         {"token": "hf_demo_revoked", "user": "alice", "valid": False},
+        # publishes to demo/… (prefect-runpod finetune --publish hf:demo/tiny-classifier)
+        {"token": "hf_demo_write", "user": "alice", "role": "write", "orgs": {"demo": "write"}},
     ],
     "repos": [
         {"repo_id": "demo/public-model"},
@@ -417,12 +651,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Loopback Hugging Face Hub emulator.")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--config", help="JSON file with 'tokens' and 'repos' lists")
+    parser.add_argument(
+        "--lfs-threshold-bytes",
+        type=int,
+        default=10 * 1024 * 1024,
+        help="files this large or larger are stored in LFS (default 10 MiB, the Hub's rule)",
+    )
     args = parser.parse_args(argv)
     config = _DEMO_CONFIG
     if args.config:
         with open(args.config, encoding="utf-8") as fh:
             config = json.load(fh)
-    hub = _from_config(config).start(args.port)
+    hub = _from_config(config, lfs_threshold_bytes=args.lfs_threshold_bytes).start(args.port)
     print(json.dumps({"endpoint": hub.endpoint}), flush=True)
     try:
         threading.Event().wait()

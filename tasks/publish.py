@@ -1,0 +1,444 @@
+"""The ``publish`` stage: the pod ships its verified outputs straight to the Hugging Face
+Hub (or an S3 target), and the destination's own records are checked against the
+pod-side manifest — no model byte crosses the gateway (docs/architecture.md#publish-from-the-pod).
+
+1. ``manifest.py`` describes the outputs on the pod (size, md5, sha256, git blob id);
+   only that JSON comes back through the console.
+2. Fault point ``publish_upload`` (tests tamper with a file here, after its manifest).
+3. The token (or S3 key) is exported hidden (``set_secret_env``), and
+   ``blocks/pod_side/publisher.py`` uploads with ``huggingface_hub`` / ``boto3``.
+4. From the flow's machine, what the destination recorded is read back —
+   ``get_paths_info`` at the new commit (LFS sha256 + size, or the git blob id of a
+   regular file), or each object's ``sha256`` metadata and size on S3 — and
+   :func:`verify_published` compares it with the manifest. A difference is a
+   ``ChecksumMismatchError`` naming the file.
+
+:func:`verify_published`, :func:`publisher_command` and :func:`parse_publish_output` are
+pure; :func:`publish_on_pod` does the work on a console; :func:`publish_task` makes the
+Prefect task that materialises the model's asset (``hf://ORG/REPO`` or the S3 URI).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import TYPE_CHECKING, Any
+
+from prefect.cache_policies import NO_CACHE
+from prefect.states import State
+from pydantic import SecretStr
+
+from prefect_runpod.blocks.console import ConsoleLike
+from prefect_runpod.blocks.console.terminal_text import last_json_object
+from prefect_runpod.blocks.exceptions import (
+    ChecksumMismatchError,
+    ConsoleError,
+    PublishError,
+)
+from prefect_runpod.blocks.faults import fault_point
+from prefect_runpod.blocks.huggingface import DEFAULT_HF_ENDPOINT
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer.models import Manifest
+from prefect_runpod.blocks.transfer.s3 import S3Target
+from prefect_runpod.tasks.models import PublishedFile, PublishReport, PublishTarget
+
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.console.session import PodConsole
+
+__all__ = [
+    "parse_publish_output",
+    "publish_on_pod",
+    "publish_task",
+    "publisher_command",
+    "timeout_for",
+    "verify_published",
+]
+
+_RESULT_KIND = "publish_result"
+
+
+def timeout_for(total_bytes: int) -> float:
+    """The publish command's deadline in seconds: 10 minutes plus 1 s per MiB (a pod's
+    link to the Hub is far faster; this only bounds a stuck upload)."""
+    return 600.0 + total_bytes / (1024 * 1024)
+
+
+def verify_published(
+    manifest: Manifest, records: dict[str, dict[str, Any]], kind: str
+) -> tuple[list[PublishedFile], list[tuple[str, str]]]:
+    """Compare what the destination recorded with the pod-side manifest. Pure.
+
+    The Hub (``hub_file_records``): an LFS file must carry ``lfs_sha256`` = the
+    manifest's sha256 and ``lfs_size`` = its size; a regular file's ``blob_id`` (git's
+    object id) must equal the manifest's ``git_sha1`` and its ``size`` the size.
+    S3 (``s3_object_records``): the object's ``sha256`` metadata and its
+    ``ContentLength``.
+
+    Args:
+        manifest: computed on the pod before the upload.
+        records: path → the destination's record.
+        kind: ``hf`` or ``s3``.
+
+    Returns:
+        ``(files, problems)``: one :class:`PublishedFile` per manifest entry, and
+        ``(path, why)`` for each file that is missing or differs.
+    """
+    files: list[PublishedFile] = []
+    problems: list[tuple[str, str]] = []
+    for entry in manifest.entries:
+        record = records.get(entry.path)
+        storage: str = "s3" if kind == "s3" else "regular"
+        remote: str | None = None
+        why: str | None = None
+        if record is None:
+            why = "missing at the destination"
+        elif kind == "s3":
+            remote = record.get("sha256")
+            if record.get("size") != entry.size_bytes:
+                why = f"size {entry.size_bytes} != {record.get('size')}"
+            elif remote != entry.sha256:
+                why = f"sha256 {entry.sha256} != {remote}"
+        elif record.get("lfs_sha256"):
+            storage, remote = "lfs", record["lfs_sha256"]
+            if record.get("lfs_size") != entry.size_bytes:
+                why = f"size {entry.size_bytes} != {record.get('lfs_size')}"
+            elif remote != entry.sha256:
+                why = f"sha256 {entry.sha256} != {remote}"
+        else:
+            remote = record.get("blob_id")
+            if record.get("size") != entry.size_bytes:
+                why = f"size {entry.size_bytes} != {record.get('size')}"
+            elif entry.git_sha1 is None:
+                why = "the pod's manifest has no git blob id to compare"
+            elif remote != entry.git_sha1:
+                why = f"git blob id {entry.git_sha1} != {remote}"
+        if why is not None:
+            problems.append((entry.path, why))
+        files.append(
+            PublishedFile(
+                path=entry.path,
+                size_bytes=entry.size_bytes,
+                sha256=entry.sha256,
+                git_sha1=entry.git_sha1,
+                storage=storage,  # type: ignore[arg-type]
+                remote_id=remote,
+                verified=why is None,
+            )
+        )
+    return files, problems
+
+
+def publisher_command(
+    python: str,
+    script: str,
+    target: PublishTarget,
+    root: str,
+    paths: list[str],
+    *,
+    hf_endpoint: str | None = None,
+    s3: S3Target | None = None,
+    key_prefix: str = "",
+    deadline_seconds: float = 3600.0,
+) -> str:
+    """The command line that runs the pod-side publisher. Pure; it never holds a secret
+    (those are in the shell's environment).
+
+    Args:
+        python: the publish Python on the pod (the env stage's ``publish_python``).
+        script: ``publisher.py`` on the pod.
+        target: where to publish.
+        root: the pod folder the paths are relative to.
+        paths: the files to publish (the manifest's).
+        hf_endpoint: the Hub base URL; Xet is used only against huggingface.co.
+        s3: the ``S3Target`` (bucket, endpoint, region, part sizes) for ``s3``.
+        key_prefix: for ``s3``: the keys' prefix (the target's own prefix included).
+        deadline_seconds: the publisher's own deadline.
+    """
+    parts = [python, script, target.kind, "--root", root]
+    parts += ["--deadline-seconds", str(int(deadline_seconds))]
+    if target.kind == "hf":
+        endpoint = (hf_endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
+        parts += ["--repo-id", str(target.repo_id), "--endpoint", endpoint]
+        parts += ["--xet", "auto" if endpoint == DEFAULT_HF_ENDPOINT else "off"]
+        if target.revision:
+            parts += ["--branch", target.revision]
+        if not target.private:
+            parts.append("--public")
+    else:
+        assert s3 is not None
+        parts += ["--bucket", s3.bucket, "--key-prefix", key_prefix]
+        if s3.endpoint_url:
+            parts += ["--endpoint-url", s3.endpoint_url]
+        if s3.region_name:
+            parts += ["--region", s3.region_name]
+        parts += ["--multipart-threshold-bytes", str(s3.multipart_threshold_bytes)]
+        parts += ["--part-bytes", str(s3.part_bytes)]
+    parts += ["--files", *paths]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def parse_publish_output(output: str) -> dict[str, Any] | None:
+    """The publisher's result line (the last JSON object with ``kind ==
+    "publish_result"``) in console output; None when it printed none."""
+    return last_json_object(output, lambda obj: obj.get("kind") == _RESULT_KIND)
+
+
+def _export_secrets(
+    console: ConsoleLike, target: PublishTarget, token: SecretStr | None, s3: S3Target | None
+) -> None:
+    if target.kind == "hf":
+        if token is not None:
+            console.set_secret_env("HF_TOKEN", token)
+        return
+    assert s3 is not None
+    if s3.access_key_id:
+        console.set_secret_env("AWS_ACCESS_KEY_ID", SecretStr(s3.access_key_id))
+    if s3.secret_access_key is not None:
+        console.set_secret_env("AWS_SECRET_ACCESS_KEY", s3.secret_access_key)
+
+
+def publish_on_pod(
+    console: PodConsole,
+    handle: PodHandle,
+    target: PublishTarget,
+    outputs_dir: str,
+    *,
+    tools_dir: str,
+    python: str,
+    hf_token: SecretStr | None = None,
+    hf_endpoint: str | None = None,
+    s3: S3Target | None = None,
+    key_prefix: str = "",
+    manifest_python: str = "python3",
+) -> PublishReport:
+    """Publish ``outputs_dir`` from the pod and verify it at the destination.
+
+    Args:
+        console: an open console to the pod (``run``, ``set_secret_env``, and
+            ``open_stream`` for the manifest).
+        handle: the pod.
+        target: where to publish.
+        outputs_dir: the pod folder to publish (the bundle's outputs).
+        tools_dir: the pod tools folder (``manifest.py``, ``publisher.py``).
+        python: the publish Python (the env stage's ``publish_python``).
+        hf_token: the write token (Hub), exported hidden as ``HF_TOKEN``.
+        hf_endpoint: the Hub base URL.
+        s3: the ``S3Target`` for ``s3``; its key is exported hidden.
+        key_prefix: the S3 key prefix (inside ``s3.prefix``).
+        manifest_python: the interpreter that runs ``manifest.py``.
+
+    Returns:
+        The verified :class:`PublishReport`.
+
+    Raises:
+        PublishError: the publisher failed (the destination's status and message, and
+            whether a rerun can help).
+        ChecksumMismatchError: a file at the destination differs from the pod's
+            manifest (``path`` names it).
+    """
+    from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
+
+    started = time.monotonic()
+    manifest = Manifest.from_dict(
+        pod_manifest(console, handle, outputs_dir, python=manifest_python)
+    )
+    if not manifest.entries:
+        raise PublishError(
+            f"{handle.pod_id}: {outputs_dir} holds no files to publish; check the bundle's "
+            "outputs folder",
+            pod_id=handle.pod_id,
+            stage="publish",
+            retryable=False,
+        )
+    fault_point("publish_upload")
+    paths = [e.path for e in manifest.entries]
+    prefix = s3.key_for("", key_prefix) if s3 is not None else ""
+    deadline = timeout_for(manifest.total_bytes)
+    command = publisher_command(
+        python,
+        f"{tools_dir.rstrip('/')}/publisher.py",
+        target,
+        outputs_dir,
+        paths,
+        hf_endpoint=hf_endpoint,
+        s3=s3,
+        key_prefix=prefix,
+        deadline_seconds=deadline - 30,
+    )
+    _export_secrets(console, target, hf_token, s3)
+    result = console.run(command, timeout_seconds=deadline, check=False)
+    answer = parse_publish_output(result.output)
+    where = _describe(target, s3, prefix)
+    if answer is None or not answer.get("ok"):
+        tail = "\n".join(result.output.strip().splitlines()[-6:])
+        status = (answer or {}).get("status")
+        why = (answer or {}).get(
+            "error"
+        ) or f"the publisher printed no result (exit {result.exit_code}): {tail}"
+        retryable = bool((answer or {}).get("retryable", True))
+        step = (
+            "check the token's write access or the S3 key (the answer above) and rerun"
+            if not retryable
+            else "rerun: files already at the destination are not sent again"
+        )
+        raise PublishError(
+            f"{handle.pod_id}: publishing to {where} failed"
+            f"{f' (HTTP {status})' if status else ''}: {why}; {step}",
+            pod_id=handle.pod_id,
+            stage="publish",
+            status=status,
+            retryable=retryable,
+        )
+    revision = answer.get("revision")
+    records = _read_back(handle, target, paths, revision, answer, hf_token, hf_endpoint, s3)
+    files, problems = verify_published(manifest, records, target.kind)
+    if problems:
+        path, why = problems[0]
+        raise ChecksumMismatchError(
+            f"{handle.pod_id}: {path} at {where}{f'@{revision}' if revision else ''} does "
+            f"not match the pod's manifest ({why}); it changed on the pod after its manifest "
+            "or was damaged on the way — do not use this revision, rerun the publish",
+            path=path,
+            pod_id=handle.pod_id,
+            stage="publish",
+        )
+    return PublishReport(
+        target=where,
+        kind=target.kind,
+        revision=revision,
+        branch=target.branch if target.kind == "hf" else None,
+        url=answer.get("commit_url") or where,
+        files=files,
+        bytes=manifest.total_bytes,
+        verified=True,
+        seconds=round(time.monotonic() - started, 3),
+        attempts=int(answer.get("attempts") or 1),
+    )
+
+
+def _describe(target: PublishTarget, s3: S3Target | None, prefix: str) -> str:
+    if target.kind == "hf":
+        return f"hf://{target.repo_id}"
+    assert s3 is not None
+    return f"s3://{s3.bucket}/{prefix}".rstrip("/")
+
+
+def _read_back(
+    handle: PodHandle,
+    target: PublishTarget,
+    paths: list[str],
+    revision: str | None,
+    answer: dict[str, Any],
+    token: SecretStr | None,
+    endpoint: str | None,
+    s3: S3Target | None,
+) -> dict[str, dict[str, Any]]:
+    """The destination's records of the published files, read from this machine."""
+    from prefect_runpod.blocks.huggingface import hub_file_records
+    from prefect_runpod.blocks.transfer.s3 import s3_object_records
+
+    try:
+        if target.kind == "hf":
+            return hub_file_records(
+                str(target.repo_id),
+                paths,
+                revision=str(revision or target.branch),
+                token=token,
+                endpoint=endpoint,
+            )
+        assert s3 is not None
+        keys = dict(answer.get("keys") or {})
+        return s3_object_records(s3, {p: keys.get(p, "") for p in paths if keys.get(p)})
+    except Exception as exc:  # the read-back is the proof: without it nothing is verified
+        raise PublishError(
+            f"{handle.pod_id}: the upload finished but reading it back from "
+            f"{_describe(target, s3, '')} failed ({type(exc).__name__}: {str(exc)[:300]}); "
+            "nothing is verified — rerun the publish",
+            pod_id=handle.pod_id,
+            stage="publish",
+        ) from exc
+
+
+def _retry_transient(task: Any, task_run: Any, state: State) -> bool:
+    """Retry after a dropped console or a transient publish failure; never after a
+    mismatch or a refusal."""
+    try:
+        state.result()
+    except ChecksumMismatchError:
+        return False
+    except PublishError as exc:
+        return exc.retryable
+    except ConsoleError:
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+    return False
+
+
+def publish_task(asset: str, *, url: str | None = None, description: str | None = None) -> Any:
+    """The ``publish`` Prefect task, materialising the model's asset (``asset`` is its
+    key: ``hf://ORG/REPO`` or the S3 URI), so the UI shows the run → model lineage.
+
+    The task takes the arguments of :func:`publish_on_pod` except the console (it opens
+    one to ``handle`` with ``private_key`` first) and returns the ``PublishReport``.
+    On success the asset's materialisation event carries the revision, the file count
+    and the bytes.
+
+    Args:
+        asset: the asset key.
+        url: a page to visit (the repo's web page).
+        description: shown on the asset.
+    """
+    from prefect.assets import Asset, AssetProperties, materialize
+
+    def publish(
+        handle: PodHandle,
+        private_key: SecretStr,
+        target: PublishTarget,
+        outputs_dir: str,
+        **kw: Any,
+    ) -> PublishReport:
+        from prefect import get_run_logger
+        from prefect.assets import add_asset_metadata
+        from prefect.context import AssetContext
+
+        from prefect_runpod.blocks.console.session import PodConsole
+
+        logger = get_run_logger()
+        with PodConsole.for_pod(handle, private_key) as console:
+            report = publish_on_pod(console, handle, target, outputs_dir, **kw)
+        logger.info(
+            "%s: published %d files (%d bytes) to %s%s in %.1f s, %d attempt(s), every file "
+            "verified at the destination",
+            handle.pod_id,
+            len(report.files),
+            report.bytes,
+            report.target,
+            f"@{report.revision}" if report.revision else "",
+            report.seconds,
+            report.attempts,
+        )
+        if AssetContext.get() is not None:  # None when called as .fn() outside Prefect
+            add_asset_metadata(
+                asset,
+                {
+                    "revision": report.revision,
+                    "url": report.url,
+                    "files": len(report.files),
+                    "bytes": report.bytes,
+                    "verified": report.verified,
+                    "pod_id": handle.pod_id,
+                },
+            )
+        return report
+
+    props = AssetProperties(name=asset, url=url, description=description)
+    return materialize(
+        Asset(key=asset, properties=props),
+        by="prefect-runpod",
+        name="publish",
+        cache_policy=NO_CACHE,
+        retries=1,
+        retry_delay_seconds=5,
+        retry_condition_fn=_retry_transient,
+    )(publish)
