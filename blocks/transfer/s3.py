@@ -8,7 +8,7 @@ multipart), parts at most 500 MB, no DeleteObjects (single deletes only), and th
 first listing of a large tree may fail with "The same next token was received twice"
 (retried).
 
-Each object carries its sha256 and md5 as user metadata; a download re-hashes what
+Each object carries its sha256, md5 and git blob id as user metadata; a download re-hashes what
 arrived and compares with the expected manifest; a mismatch is fetched once more,
 then ``ChecksumMismatchError`` names the file. On a network volume the pod-side
 manifest is computed by ``manifest.py`` on the pod's own view of the files.
@@ -30,7 +30,7 @@ from pydantic import Field, SecretStr
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
-from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
+from prefect_runpod.blocks.transfer.models import Manifest, ManifestEntry, MethodResult
 from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
 
 if TYPE_CHECKING:
@@ -142,6 +142,14 @@ class S3Target(Block):
         return "/".join(parts)
 
 
+def _digest_metadata(entry: ManifestEntry) -> dict[str, str]:
+    """The user metadata an object carries: the file's sha256, md5 and git blob id."""
+    meta = {"sha256": entry.sha256, "md5": entry.md5}
+    if entry.git_sha1:
+        meta["git_sha1"] = entry.git_sha1
+    return meta
+
+
 def s3_upload_dir(
     target: S3Target,
     local_dir: Path,
@@ -183,7 +191,7 @@ def s3_upload_dir(
                 target.bucket,
                 key,
                 Config=config,
-                ExtraArgs={"Metadata": {"sha256": e.sha256, "md5": e.md5}},
+                ExtraArgs={"Metadata": _digest_metadata(e)},
             )
         except (BotoCoreError, ClientError) as exc:
             raise TransferError(
@@ -320,6 +328,7 @@ def s3_download_dir(
                     "size_bytes": obj["Size"],
                     "md5": meta.get("md5", ""),
                     "sha256": meta.get("sha256", ""),
+                    "git_sha1": meta.get("git_sha1"),
                 }
             )
         if not entries:
