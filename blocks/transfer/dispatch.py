@@ -149,12 +149,12 @@ def pick_method(handle: PodHandle, requested: str = "auto", s3: S3Target | None 
     """The transfer method for this pod.
 
     ``auto``: of the registered methods that are available, the one with the highest
-    ``auto_priority`` — ``s3`` when a target is configured, ``sftp`` when the pod has a
-    direct-TCP sshd, else ``pty`` (RunPod's gateway refuses SFTP and exec).
+    ``auto_priority`` — ``s3`` when a network volume is configured, ``sftp`` when the pod
+    has a direct-TCP sshd, else ``pty`` (RunPod's gateway refuses SFTP and exec).
 
     Raises:
         SpecError: an unknown method, or one that says it cannot work here (``sftp``
-            without a direct endpoint, ``s3`` without a target).
+            without a direct endpoint, ``s3`` without a network volume).
     """
     return _choose(handle, requested, MethodConfig(s3=s3))[0]
 

@@ -49,6 +49,11 @@ __all__ = [
 MAX_PART_BYTES = 500 * 1000 * 1000
 """RunPod's S3 API: the largest PutObject and the largest multipart part (500 MB)."""
 _NO_TARGET = "transfer method 's3' needs an S3Target (bucket or network volume)"
+_NOT_A_VOLUME = (
+    "transfer method 's3' moves files through a RunPod network volume the pod sees under "
+    "S3Target.volume_mount_path; {bucket} has none (a plain bucket): transfer with pty or "
+    "sftp, and ship outputs into the bucket from the pod with --publish s3"
+)
 
 
 class S3Target(Block):
@@ -389,7 +394,8 @@ def _volume_prefix(target: S3Target, handle: PodHandle, remote: str) -> str:
 class S3Method:
     """The ``s3`` ``TransferMethod``: a pod folder on a network volume, moved through the
     volume's S3 API and verified by ``manifest.py`` on the pod's own view of the files.
-    ``auto`` picks it first whenever a target is configured.
+    ``auto`` picks it first whenever a network volume (a target with a
+    ``volume_mount_path``) is configured.
 
     Args:
         target: the bucket or network volume; without one the method is unavailable.
@@ -406,8 +412,14 @@ class S3Method:
         return cls(config.s3)
 
     def unavailable(self, handle: PodHandle) -> str | None:
-        """A message when no target is configured, else None."""
-        return _NO_TARGET if self.target is None else None
+        """A message when no target is configured, or when it is a plain bucket the pod
+        cannot see (no ``volume_mount_path``: only a network volume links S3 to the
+        pod's disk; a plain bucket is for ``--publish s3``), else None."""
+        if self.target is None:
+            return _NO_TARGET
+        if not self.target.volume_mount_path:
+            return _NOT_A_VOLUME.format(bucket=self.target.bucket)
+        return None
 
     def pod_unavailable(self, pod: PodLink) -> str | None:
         """Always None: the pod side is ``manifest.py``, one of the pod tools."""

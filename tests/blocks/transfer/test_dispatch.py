@@ -185,7 +185,11 @@ def test_built_in_auto_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     with_direct = _handle(tmp_path, ssh=gateway, direct_ssh=direct)
     assert pick_method(on_gateway) == "pty"
     assert pick_method(with_direct) == "sftp"
-    assert pick_method(with_direct, s3=S3Target(bucket="vol1")) == "s3"
+    assert (
+        pick_method(with_direct, s3=S3Target(bucket="vol1", volume_mount_path="/workspace")) == "s3"
+    )
+    # a plain bucket (no volume mount) is never a transfer path: it is a publish target
+    assert pick_method(with_direct, s3=S3Target(bucket="models")) == "sftp"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))

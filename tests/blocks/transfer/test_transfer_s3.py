@@ -78,3 +78,5 @@ def test_volume_paths_and_method_choice(moto_s3) -> None:
     assert pick_method(handle, "auto", s3=target) == "s3"
     with pytest.raises(SpecError):
         pick_method(handle, "s3")
+    with pytest.raises(SpecError, match="models has none \\(a plain bucket\\)"):
+        pick_method(handle, "s3", s3=S3Target(bucket="models"))
