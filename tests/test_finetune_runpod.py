@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from prefect_runpod.blocks.faults import release_marker
 from prefect_runpod.blocks.keys import generate_keypair
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.flows.finetune import finetune
@@ -84,14 +85,6 @@ def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
     artifact or result, no run report, no process's argv, no pod shell history and no
     emulator request log. The run is stopped by SIGTERM mid-run, so the crash path is
     checked too."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterId,
-        LogFilter,
-        LogFilterFlowRunId,
-    )
-
     sentinel = hf_hub.tokens["classic"].get_secret_value()
     faults = tmp_path / "faults"
     out = tmp_path / "out"
@@ -144,27 +137,115 @@ def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
     assert [d["where"] for d in final["hf"]] == ["local", "pod"]
     assert files_holding(sentinel.encode(), out) == []
     assert sentinel not in hf_hub.hub.log_text()
+    assert sentinel not in _prefect_records(final["flow_run_id"])
 
-    async def prefect_records() -> str:
-        run_id = final["flow_run_id"]
+
+def _prefect_records(run_id: str) -> str:
+    """Everything the Prefect server holds about a run, as one string: logs, artifacts,
+    parameters, the state message, and the events about it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.events.filters import EventFilter, EventRelatedFilter
+
+    async def read() -> str:
         async with get_client() as client:
             logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
             arts = await client.read_artifacts(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
             )
             run = await client.read_flow_run(run_id)
+            page = await client.read_events(
+                filter=EventFilter(related=EventRelatedFilter(id=[f"prefect.flow-run.{run_id}"])),
+                limit=50,
+            )
+            events = list(page.events)
+            for _ in range(40):  # the server pages 50 at a time
+                if page.next_page is None:
+                    break
+                page = await client.read_events_page(page.next_page)
+                events.extend(page.events)
         assert logs, "the run's logs reached the server"
+        assert events, "the run's events reached the server"
         return json.dumps(
             {
                 "logs": [log.message for log in logs],
                 "artifacts": [a.data for a in arts],
                 "params": run.parameters,
                 "state": run.state.message if run.state else "",
+                "events": [e.model_dump(mode="json") for e in events],
             },
             default=str,
         )
 
-    assert sentinel not in asyncio.run(prefect_records())
+    return asyncio.run(read())
+
+
+def test_publish_write_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
+    """Publishing from the pod (issue 17): the write token is used in preflight, typed
+    hidden into the pod and used there by the publisher, yet appears in no process's
+    argv or pod file while the pod lives (checked after the publish, paused at the next
+    stage), and in no Prefect log, artifact, event, parameter or result, no run report
+    and no Hub request log afterwards."""
+    sentinel = hf_hub.tokens["write"].get_secret_value()
+    faults = tmp_path / "faults"
+    out = tmp_path / "out"
+    env = server_env(
+        HF_TOKEN=sentinel,
+        PREFECT_RUNPOD_FAULTS="download:pause",
+        PREFECT_RUNPOD_FAULT_DIR=str(faults),
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect_runpod.flows.cli",
+            "finetune",
+            "--publish",
+            "hf:alice/sentinel-model",
+            "--download",
+            "none",
+            "--hf-endpoint",
+            hf_hub.endpoint,
+            "--output-dir",
+            str(out),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (faults / "download.reached").exists():
+            assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
+            assert time.monotonic() < deadline, "the run never reached download"
+            time.sleep(0.2)
+        report = json.loads((out / "run-report.json").read_text())
+        pod_dir = LocalPodProvider().home / "pods" / report["pod_id"]
+        assert sentinel not in _proc_cmdlines()
+        for path in pod_dir.rglob("*"):
+            if path.is_file() and path.stat().st_size < 5_000_000:
+                assert sentinel.encode() not in path.read_bytes(), f"token found in {path}"
+        release_marker(faults, "download")
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert sentinel not in output
+    final = json.loads((out / "run-report.json").read_text())
+    assert final["publish"]["verified"] and final["terminated"]
+    assert any(r["path"].endswith("/commit/main") for r in hf_hub.hub.requests)
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert sentinel.encode() not in path.read_bytes(), f"token found in {path}"
+    assert sentinel not in hf_hub.hub.log_text()
+    assert sentinel not in _prefect_records(final["flow_run_id"])
 
 
 def test_gated_model_token_reaches_the_training_job_and_nowhere_else(

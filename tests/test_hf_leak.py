@@ -140,3 +140,55 @@ def test_pod_stage_through_the_local_pod_console_leaks_nothing(
         ok.model_dump_json(),
         info.value.diagnosis.model_dump_json(),
     )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None, reason="the local pod needs bash")
+def test_publishing_from_the_pod_leaks_the_write_token_nowhere(local_pod, caplog, capfd):
+    """The publish stage's work through the real PodConsole on a LocalPod: the write
+    token goes in hidden, the pod publishes to the Hub and the flow reads it back —
+    and the token is in no transcript, shell history, pod file, log, report or request
+    log (issue 17)."""
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
+    from prefect_runpod.tasks.publish import publish_on_pod
+    from prefect_runpod.tasks.publish_target import parse_publish_target
+    from tests.fixtures.publish import make_outputs
+
+    caplog.set_level(logging.DEBUG)
+    _, handle, keypair = local_pod
+    outputs = make_outputs(Path(handle.workdir) / "run" / "outputs", lfs_bytes=300 * 1024)
+    target = parse_publish_target("hf:alice/leak-check")
+    assert target is not None
+    tokens = [HubToken(SENTINEL, "alice", "write")]
+    with running_hub(tokens, [], lfs_threshold_bytes=64 * 1024) as hub:
+        with PodConsole.for_pod(handle, keypair.private_key) as console:
+            tools = bootstrap_pod_tools(console, handle)
+            report = publish_on_pod(
+                console,
+                handle,
+                target,
+                str(outputs),
+                tools_dir=tools,
+                python=sys.executable,
+                hf_token=SecretStr(SENTINEL),
+                hf_endpoint=hub.endpoint,
+            )
+            history = console.run(
+                "history 2>/dev/null; cat ~/.bash_history 2>/dev/null; true",
+                timeout_seconds=30,
+                check=False,
+            ).output
+            transcript = console.transcript
+        log = hub.log_text()
+    assert report.verified and {f.storage for f in report.files} == {"lfs", "regular"}
+    assert "Bearer <redacted>" in log  # the pod did send it, and the Hub log redacted it
+    pod_files = [
+        p.read_bytes().decode(errors="replace")
+        for p in Path(handle.workdir).parent.rglob("*")
+        if p.is_file() and p.stat().st_size < 5_000_000
+    ]
+    out, err = capfd.readouterr()
+    _assert_clean(
+        log, transcript, history, caplog.text, out, err, report.model_dump_json(), *pod_files
+    )

@@ -148,7 +148,7 @@ def test_the_local_pod_rehearsal_sees_this_environments_client(tmp_path: Path) -
     """The local pod's path, for real on this machine: the publish venv's Python imports
     huggingface_hub from this environment through the ``.pth``."""
     console = _console(tmp_path, tmp_path / "none")
-    base = PythonProbe(path=BASE_PYTHON, version="%d.%d.%d" % sys.version_info[:3])
+    base = PythonProbe(path=BASE_PYTHON, version=".".join(map(str, sys.version_info[:3])))
     plan = EnvPlan(python=BASE_PYTHON, before=EnvReport(pythons=[base]), verified=True)
     if (
         subprocess.run(
