@@ -28,6 +28,10 @@ class WanProxy:
         target_port: where to forward.
         delay_seconds: one-way delay added in each direction (seconds).
         rate_bytes_per_second: cap in each direction (100 Mbit/s = 12_500_000).
+
+    Attributes:
+        bytes_up / bytes_down: bytes forwarded client → target and target → client since
+            the start or the last :meth:`reset_counts` (what crossed the "gateway").
     """
 
     def __init__(
@@ -41,6 +45,8 @@ class WanProxy:
         self.target = (target_host, target_port)
         self.delay_seconds, self.rate = delay_seconds, rate_bytes_per_second
         self.port = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -50,6 +56,10 @@ class WanProxy:
         if not self._ready.wait(10):
             raise RuntimeError("proxy did not start")
         return self
+
+    def reset_counts(self) -> None:
+        """Start counting forwarded bytes from zero."""
+        self.bytes_up = self.bytes_down = 0
 
     def __exit__(self, *exc: object) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -78,13 +88,17 @@ class WanProxy:
             return
         try:
             await asyncio.gather(
-                self._pipe(reader, up_w), self._pipe(up_r, writer), return_exceptions=True
+                self._pipe(reader, up_w, "bytes_up"),
+                self._pipe(up_r, writer, "bytes_down"),
+                return_exceptions=True,
             )
         except asyncio.CancelledError:  # the proxy is shutting down: end quietly
             for w in (writer, up_w):
                 w.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, counter: str
+    ) -> None:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def deliver() -> None:
@@ -104,6 +118,7 @@ class WanProxy:
         try:
             while True:
                 data = await reader.read(_SLICE)
+                setattr(self, counter, getattr(self, counter) + len(data))
                 now = time.monotonic()
                 next_free = max(next_free, now) + len(data) / self.rate
                 await queue.put((next_free + self.delay_seconds, data))

@@ -143,11 +143,20 @@ CASES = [
     Case("runpod-without-api-key", rp(), "RunPod needs an API key", runpod=True, env={"RUNPOD_API_KEY": None}),
     Case("runpod-without-ssh-key", rp(), "no SSH key for RunPod", runpod=True, env={"RUNPOD_SSH_KEY_PATH": "{tmp}/no-key"}),
     Case("runpod-gpu-type-garbage", rp("--gpu-type", 'RTX" }) { id }'), "invalid GPU type id", runpod=True),
+    # --- publishing from the pod ---
+    Case("download-none-without-publish", ft("--download", "none"), "--download none leaves the model only on the pod"),
+    Case("publish-without-namespace", ft("--publish", "hf:tiny-classifier"), "must name the namespace and the repo"),
+    Case("publish-bad-repo-name", ft("--publish", "hf:demo/bad--name"), "Cannot have -- or .. in repo_id"),
+    Case("publish-bad-branch", ft("--publish", "hf:demo/x@a..b"), "is not a branch name git accepts"),
+    Case("publish-unknown-target", ft("--publish", "gs:bucket"), "is not one of: hf:ORG/REPO[@BRANCH] or s3[:PREFIX]"),
+    Case("publish-s3-without-target", ft("--publish", "s3"), "writes into the saved S3Target named by --s3-target"),
+    Case("publish-public-without-hub", ft("--publish-public"), "--publish-public makes a Hub repo public"),
     # --- argparse: unknown choices and non-numbers ---
     Case("transfer-unknown", ft("--transfer", "scp"), "invalid choice: 'scp'"),
     Case("provider-unknown", ft("--provider", "aws"), "invalid choice: 'aws'"),
     Case("local-mode-unknown", ft("--local-mode", "ssh"), "invalid choice: 'ssh'"),
     Case("cost-not-a-number", ft("--max-cost-usd", "two"), "invalid float value: 'two'"),
+    Case("download-unknown", ft("--download", "half"), "invalid choice: 'half'"),
     # --- the other commands ---
     Case("terminate-without-id", ["terminate"], "give a POD_ID or --name NAME"),
     Case("pods-bad-prefix", ["pods", "--name-prefix", "BAD"], "must be 1-23 lowercase letters"),
@@ -167,7 +176,13 @@ BLOCK_CASES = [
 ]  # fmt: skip
 
 
-ARGPARSE_CASES = {"transfer-unknown", "provider-unknown", "local-mode-unknown", "cost-not-a-number"}
+ARGPARSE_CASES = {
+    "transfer-unknown",
+    "provider-unknown",
+    "local-mode-unknown",
+    "cost-not-a-number",
+    "download-unknown",
+}
 
 
 def test_the_table_covers_at_least_sixty_kinds():

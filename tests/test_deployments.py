@@ -448,3 +448,17 @@ def test_hf_token_reaches_a_served_run_only_through_a_block(prefect_api, served,
     assert files_holding(secret, *database, served["home"], out, served["log"]) == []
     assert not pod_dir.exists(), "terminate removed the pod and its files"
     assert token not in hf_hub.hub.log_text()
+
+
+def test_deployments_take_the_publish_parameters():
+    """``publish``, ``publish_public`` and ``download`` are flow parameters, in the schema
+    every fine-tune deployment (and ``run_deployment``) validates against (issue 17)."""
+    from prefect.utilities.callables import parameter_schema
+
+    from prefect_runpod.flows.finetune import finetune
+
+    props = parameter_schema(finetune.fn).model_dump()["properties"]
+    assert {"publish", "publish_public", "download"} <= set(props)
+    assert props["download"]["enum"] == ["all", "eval", "none"]
+    assert props["download"]["default"] == "all"
+    assert props["publish"]["default"] is None

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -17,7 +14,7 @@ from prefect_runpod.blocks.keys import generate_keypair
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.tasks.models import STAGES
-from tests.fixtures.flow_env import server_env
+from tests.fixtures.flow_env import server_env, start_cli, wait_for_fault
 from tests.fixtures.leaks import files_holding, proc_cmdlines
 
 pytestmark = pytest.mark.slow
@@ -93,11 +90,8 @@ def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
         PREFECT_RUNPOD_FAULTS="upload:pause",
         PREFECT_RUNPOD_FAULT_DIR=str(faults),
     )
-    proc = subprocess.Popen(
+    proc = start_cli(
         [
-            sys.executable,
-            "-m",
-            "prefect_runpod.flows.cli",
             "finetune",
             "--model-id",
             "t/public",
@@ -106,17 +100,10 @@ def test_hf_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_path):
             "--output-dir",
             str(out),
         ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        env,
     )
     try:
-        deadline = time.monotonic() + 240
-        while not (faults / "upload.reached").exists():
-            assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
-            assert time.monotonic() < deadline, "the run never reached upload"
-            time.sleep(0.2)
+        wait_for_fault(proc, faults, "upload")
         report = json.loads((out / "run-report.json").read_text())
         pod_id = report["pod_id"]
         pod_dir = LocalPodProvider().home / "pods" / pod_id
@@ -199,11 +186,8 @@ def test_publish_write_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_pa
         PREFECT_RUNPOD_FAULTS="download:pause",
         PREFECT_RUNPOD_FAULT_DIR=str(faults),
     )
-    proc = subprocess.Popen(
+    proc = start_cli(
         [
-            sys.executable,
-            "-m",
-            "prefect_runpod.flows.cli",
             "finetune",
             "--publish",
             "hf:alice/sentinel-model",
@@ -214,23 +198,14 @@ def test_publish_write_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_pa
             "--output-dir",
             str(out),
         ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        env,
     )
     try:
-        deadline = time.monotonic() + 240
-        while not (faults / "download.reached").exists():
-            assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
-            assert time.monotonic() < deadline, "the run never reached download"
-            time.sleep(0.2)
+        wait_for_fault(proc, faults, "download")
         report = json.loads((out / "run-report.json").read_text())
         pod_dir = LocalPodProvider().home / "pods" / report["pod_id"]
-        assert sentinel not in _proc_cmdlines()
-        for path in pod_dir.rglob("*"):
-            if path.is_file() and path.stat().st_size < 5_000_000:
-                assert sentinel.encode() not in path.read_bytes(), f"token found in {path}"
+        assert sentinel not in proc_cmdlines()
+        assert files_holding(sentinel.encode(), pod_dir) == [], "the token is in a pod file"
         release_marker(faults, "download")
         output, _ = proc.communicate(timeout=180)
     finally:
@@ -241,9 +216,7 @@ def test_publish_write_token_sentinel_never_leaks(prefect_server, hf_hub, tmp_pa
     final = json.loads((out / "run-report.json").read_text())
     assert final["publish"]["verified"] and final["terminated"]
     assert any(r["path"].endswith("/commit/main") for r in hf_hub.hub.requests)
-    for path in out.rglob("*"):
-        if path.is_file():
-            assert sentinel.encode() not in path.read_bytes(), f"token found in {path}"
+    assert files_holding(sentinel.encode(), out) == []
     assert sentinel not in hf_hub.hub.log_text()
     assert sentinel not in _prefect_records(final["flow_run_id"])
 

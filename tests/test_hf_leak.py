@@ -31,6 +31,15 @@ def sentinel_hub():
         yield hub
 
 
+def _shell_history(console) -> str:  # type: ignore[no-untyped-def]
+    """What the pod shell's history holds (in memory and in ~/.bash_history)."""
+    return console.run(
+        "history 2>/dev/null; cat ~/.bash_history 2>/dev/null; true",
+        timeout_seconds=30,
+        check=False,
+    ).output
+
+
 def _assert_clean(*texts: str) -> None:
     for text in texts:
         assert SENTINEL not in text
@@ -121,11 +130,7 @@ def test_pod_stage_through_the_local_pod_console_leaks_nothing(
             sys.executable,
             script_path=str(POD_SIDE / "hf_check.py"),
         )
-        history = console.run(
-            "history 2>/dev/null; cat ~/.bash_history 2>/dev/null; true",
-            timeout_seconds=30,
-            check=False,
-        ).output
+        history = _shell_history(console)
         transcript = console.transcript
     assert diagnosis.cause == HFCause.OK
     out, err = capfd.readouterr()
@@ -174,11 +179,7 @@ def test_publishing_from_the_pod_leaks_the_write_token_nowhere(local_pod, caplog
                 hf_token=SecretStr(SENTINEL),
                 hf_endpoint=hub.endpoint,
             )
-            history = console.run(
-                "history 2>/dev/null; cat ~/.bash_history 2>/dev/null; true",
-                timeout_seconds=30,
-                check=False,
-            ).output
+            history = _shell_history(console)
             transcript = console.transcript
         log = hub.log_text()
     assert report.verified and {f.storage for f in report.files} == {"lfs", "regular"}

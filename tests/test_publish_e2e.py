@@ -25,7 +25,8 @@ from prefect_runpod.blocks.local_pod.registry import find_marked_pids
 from prefect_runpod.flows.finetune import finetune
 from tests.emulators.hf_hub import HubEmulator, HubRepo, HubToken
 from tests.fixtures.demo_bundle import copy_demo_bundle
-from tests.fixtures.flow_env import server_env
+from tests.fixtures.flow_env import server_env, start_cli, wait_for_fault
+from tests.fixtures.transfer import moto_target
 
 pytestmark = pytest.mark.slow
 
@@ -134,11 +135,8 @@ def test_a_byte_flipped_after_the_pod_manifest_fails_naming_the_file(prefect_ser
     """The fault point after the pod-side manifest pauses the run; the test flips one
     byte of model.json on the pod; the Hub's sha256 then differs from the manifest."""
     faults, out = tmp_path / "faults", tmp_path / "out"
-    proc = subprocess.Popen(
+    proc = start_cli(
         [
-            sys.executable,
-            "-m",
-            "prefect_runpod.flows.cli",
             "finetune",
             "--publish",
             "hf:demo/tampered",
@@ -149,21 +147,14 @@ def test_a_byte_flipped_after_the_pod_manifest_fails_naming_the_file(prefect_ser
             "--output-dir",
             str(out),
         ],
-        env=server_env(
+        server_env(
             HF_TOKEN=hub.tokens_by_role["write"],
             PREFECT_RUNPOD_FAULTS="publish_upload:pause",
             PREFECT_RUNPOD_FAULT_DIR=str(faults),
         ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
     try:
-        deadline = time.monotonic() + 240
-        while not (faults / "publish_upload.reached").exists():
-            assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
-            assert time.monotonic() < deadline, "the run never reached publish_upload"
-            time.sleep(0.2)
+        wait_for_fault(proc, faults, "publish_upload")
         report = json.loads((out / "run-report.json").read_text())
         handle = LocalPodProvider().get(report["pod_id"])
         assert handle is not None
@@ -222,6 +213,12 @@ def test_a_read_only_token_is_refused_in_preflight_with_nothing_rented(
     assert _stage(report, "terminate")["reason"] == "no pod was created"
     assert {h.pod_id for h in LocalPodProvider().list("")} == before
     assert not hub.writer.calls  # no upload route was ever called
+
+
+def _table(artifact: object) -> list[dict]:
+    """A table artifact's rows (the API returns them as JSON text)."""
+    data = artifact.data  # type: ignore[attr-defined]
+    return json.loads(data) if isinstance(data, str) else data
 
 
 def _events(resource_id: str) -> list:
@@ -287,15 +284,9 @@ def test_the_model_asset_is_materialised_and_eval_files_come_home(prefect_server
 
     arts = asyncio.run(artifacts())
     assert revision in str(arts["published-model"].data)
-    costs = (
-        json.loads(arts["finetune-costs"].data)
-        if isinstance(arts["finetune-costs"].data, str)
-        else arts["finetune-costs"].data
-    )
+    costs = _table(arts["finetune-costs"])
     assert any(row["item"] == "stage publish" for row in costs)
-    rows = arts["checksum-manifest"].data
-    rows = json.loads(rows) if isinstance(rows, str) else rows
-    by_path = {r["path"]: r for r in rows}
+    by_path = {r["path"]: r for r in _table(arts["checksum-manifest"])}
     assert by_path["model.json"]["local"] == "not downloaded"
     assert by_path["model.json"]["destination"] == "ok (lfs)"
     _assert_pod_gone(report["pod_id"])
@@ -337,18 +328,8 @@ def test_a_failing_parity_gate_blocks_the_publish_unless_warn_only(prefect_serve
 
 
 def test_publish_to_s3_stores_our_sha256_and_reads_it_back(prefect_server, moto_s3, tmp_path):
-    from prefect_runpod.blocks.transfer.s3 import S3Target
-
-    bucket = f"models-{uuid.uuid4().hex[:8]}"
-    target = S3Target(
-        bucket=bucket,
-        endpoint_url=moto_s3["endpoint_url"],
-        region_name=moto_s3["region_name"],
-        access_key_id=moto_s3["access_key_id"],
-        secret_access_key=SecretStr(moto_s3["secret_access_key"]),
-        prefix="team",
-    )
-    target.get_client().create_bucket(Bucket=bucket)
+    target = moto_target(moto_s3, "models", prefix="team")
+    bucket = target.bucket
     block = f"pub-{uuid.uuid4().hex[:8]}"
     target.save(block)
     state = finetune(

@@ -425,21 +425,21 @@ class HubWriter:
         return _Answer(status, code, message)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+def _digest_file(path: Path, algorithm: str) -> str:
+    digest = hashlib.new(algorithm)
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
+def _sha256_file(path: Path) -> str:
+    return _digest_file(path, "sha256")
+
+
 def _etag(path: Path) -> str:
     """A part's ETag: the md5 of its bytes, quoted, as S3 answers."""
-    digest = hashlib.md5()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return f'"{digest.hexdigest()}"'
+    return f'"{_digest_file(path, "md5")}"'
 
 
 def parse_ndjson(body: bytes) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,12 @@ from pydantic import SecretStr
 from prefect_runpod.blocks.huggingface import hub_file_records
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.models import Manifest
-from prefect_runpod.blocks.transfer.s3 import S3Target, s3_object_records
+from prefect_runpod.blocks.transfer.s3 import s3_object_records
 from prefect_runpod.tasks.publish import verify_published
 from tests.emulators.hf_hub import HubFault
 from tests.emulators.hf_hub_write import git_blob_id
 from tests.fixtures.publish import PART_BYTES, PublishHub, make_outputs
+from tests.fixtures.transfer import moto_target
 
 POD_SIDE = Path(mf.__file__).parent
 PUBLISHER = POD_SIDE / "publisher.py"
@@ -196,15 +196,8 @@ def test_no_token_and_missing_files_are_reported_not_raised(publish_hub, tmp_pat
 
 
 def test_s3_objects_carry_our_sha256_and_a_second_run_sends_nothing(moto_s3, tmp_path):
-    bucket = f"pub-{uuid.uuid4().hex[:10]}"
-    target = S3Target(
-        bucket=bucket,
-        endpoint_url=moto_s3["endpoint_url"],
-        region_name=moto_s3["region_name"],
-        access_key_id=moto_s3["access_key_id"],
-        secret_access_key=SecretStr(moto_s3["secret_access_key"]),
-    )
-    target.get_client().create_bucket(Bucket=bucket)
+    target = moto_target(moto_s3, "pub")
+    bucket = target.bucket
     root = make_outputs(tmp_path / "outputs", lfs_bytes=6 * 1024 * 1024)
     manifest = Manifest.compute(root)
     args = [

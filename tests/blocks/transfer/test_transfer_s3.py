@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError
 from prefect_runpod.blocks.pod_handle import PodHandle
@@ -19,25 +17,13 @@ from prefect_runpod.blocks.transfer.s3 import (
     s3_download_dir,
     s3_upload_dir,
 )
-from tests.fixtures.transfer import make_tree
-
-
-def _target(moto_s3: dict[str, str], **kw: object) -> S3Target:
-    bucket = f"vol-{uuid.uuid4().hex[:10]}"
-    target = S3Target(
-        bucket=bucket,
-        endpoint_url=moto_s3["endpoint_url"],
-        region_name=moto_s3["region_name"],
-        access_key_id=moto_s3["access_key_id"],
-        secret_access_key=SecretStr(moto_s3["secret_access_key"]),
-        **kw,
-    )
-    target.get_client().create_bucket(Bucket=bucket)
-    return target
+from tests.fixtures.transfer import make_tree, moto_target
 
 
 def test_roundtrip_multipart_and_metadata(tmp_path: Path, moto_s3) -> None:
-    target = _target(moto_s3, multipart_threshold_bytes=5 * 1024 * 1024, part_bytes=5 * 1024 * 1024)
+    target = moto_target(
+        moto_s3, multipart_threshold_bytes=5 * 1024 * 1024, part_bytes=5 * 1024 * 1024
+    )
     src = make_tree(tmp_path / "src", big_bytes=11 * 1024 * 1024 + 3)
     source = Manifest.compute(src)
     keys = s3_upload_dir(target, src, "runs/r1", source)
@@ -52,7 +38,7 @@ def test_roundtrip_multipart_and_metadata(tmp_path: Path, moto_s3) -> None:
 
 
 def test_damaged_object_is_never_accepted(tmp_path: Path, moto_s3) -> None:
-    target = _target(moto_s3)
+    target = moto_target(moto_s3)
     src = make_tree(tmp_path / "src", big_bytes=1000)
     source = Manifest.compute(src)
     s3_upload_dir(target, src, "ckpt", source)
