@@ -215,6 +215,22 @@ def test_a_read_only_token_is_refused_in_preflight_with_nothing_rented(
     assert not hub.writer.calls  # no upload route was ever called
 
 
+def test_an_s3_bucket_that_does_not_answer_rents_nothing(prefect_server, moto_s3, tmp_path):
+    target = moto_target(moto_s3, "models").model_copy(update={"bucket": "never-created"})
+    block = f"pub-{uuid.uuid4().hex[:8]}"
+    target.save(block)
+    before = {h.pod_id for h in LocalPodProvider().list("")}
+    state = finetune(
+        publish="s3", s3_target_block=block, output_dir=str(tmp_path), return_state=True
+    )
+    assert state.is_failed()
+    report = json.loads((tmp_path / "run-report.json").read_text())
+    assert _stage(report, "preflight")["state"] == "Failed"
+    assert "s3://never-created" in report["error"] and "answered 404" in report["error"]
+    assert report["pod_id"] is None
+    assert {h.pod_id for h in LocalPodProvider().list("")} == before
+
+
 def _table(artifact: object) -> list[dict]:
     """A table artifact's rows (the API returns them as JSON text)."""
     data = artifact.data  # type: ignore[attr-defined]
@@ -353,3 +369,44 @@ def test_publish_to_s3_stores_our_sha256_and_reads_it_back(prefect_server, moto_
     assert [v["where"] for v in report["verified"]] == ["s3"]
     assert moto_s3["secret_access_key"] not in json.dumps(report)
     _assert_pod_gone(report["pod_id"])
+
+
+def test_a_runpod_emulator_pod_publishes_to_the_hub_on_loopback(
+    runpod_emulator, runpod_provider, runpod_blocks, hub
+):
+    """Through RunPod's (emulated) PTY-only gateway, the pod itself reaches the Hub
+    emulator on loopback and publishes; the flow verifies it from the Hub's records."""
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.provider import PodRequest
+    from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
+    from prefect_runpod.tasks.publish import publish_on_pod
+    from prefect_runpod.tasks.publish_target import parse_publish_target
+    from tests.fixtures.publish import make_outputs
+
+    _, _, ssh_key = runpod_blocks
+    provider = runpod_provider()
+    handle = provider.create(
+        PodRequest(public_key=ssh_key.get_public_key()), f"prft-{uuid.uuid4()}"
+    )
+    try:
+        handle = provider.wait_ready(handle, timeout_seconds=60)
+        assert handle.provider == "runpod" and handle.ssh is not None
+        outputs = make_outputs(Path(handle.workdir) / "out", lfs_bytes=200 * 1024)
+        target = parse_publish_target("hf:demo/from-runpod")
+        assert target is not None
+        with PodConsole.for_pod(handle, ssh_key.get_private_key()) as console:
+            tools = bootstrap_pod_tools(console, handle)
+            report = publish_on_pod(
+                console,
+                handle,
+                target,
+                str(outputs),
+                tools_dir=tools,
+                python=sys.executable,
+                hf_token=SecretStr(hub.tokens_by_role["write"]),
+                hf_endpoint=hub.endpoint,
+            )
+    finally:
+        provider.terminate(handle.pod_id)
+    assert report.verified and {f.storage for f in report.files} == {"lfs", "regular"}
+    assert hub.writer.calls["commit"] == 1

@@ -186,3 +186,34 @@ def test_checksum_reports_what_was_verified_where(tmp_path: Path) -> None:
         mf.git_blob_sha1((root / "config.json").read_bytes())
         == {f.path: f for f in files}["config.json"].remote_id
     )
+
+
+def test_the_summary_says_where_the_model_is(tmp_path: Path) -> None:
+    from prefect_runpod.flows.report import RunReport, render_summary
+    from prefect_runpod.tasks.models import PublishReport, StageState
+
+    manifest = Manifest.compute(make_outputs(tmp_path / "o", lfs_bytes=100))
+    files, _ = verify_published(manifest, _hub_records(manifest, set()), "hf")
+    report = RunReport(pod_id="lp-1", terminated=True, download_choice="none")
+    for stage in report.stages:
+        stage.state = StageState.COMPLETED
+    report.publish = PublishReport(
+        target="hf://demo/x",
+        kind="hf",
+        revision="c0ffee",
+        url="https://huggingface.co/demo/x/commit/c0ffee",
+        files=files,
+        bytes=manifest.total_bytes,
+        verified=True,
+        seconds=2.5,
+        attempts=1,
+    )
+    report.verified = verification_records(None, None, report.publish)
+    text = render_summary(report)
+    assert "model at     hf://demo/x@c0ffee (https://huggingface.co/demo/x/commit/c0ffee)" in text
+    assert "verified     hub: 3 files at hf://demo/x@c0ffee" in text
+    assert "from the pod to hf://demo/x" in text and "manifest" not in text
+    assert report.to_json_dict()["model_location"] == "hf://demo/x@c0ffee"
+    report.publish = None
+    report.verified = []
+    assert "model at     nowhere verified (--download none)" in render_summary(report)

@@ -66,3 +66,19 @@ def test_volume_paths_and_method_choice(moto_s3) -> None:
         pick_method(handle, "s3")
     with pytest.raises(SpecError, match="models has none \\(a plain bucket\\)"):
         pick_method(handle, "s3", s3=S3Target(bucket="models"))
+
+
+def test_check_s3_target_before_anything_is_rented(moto_s3) -> None:
+    """Preflight for ``--publish s3``: the bucket must answer with these credentials."""
+    from prefect_runpod.blocks.transfer.s3 import check_s3_target
+
+    target = moto_target(moto_s3)
+    check_s3_target(target)  # answers: nothing raised
+    missing = target.model_copy(update={"bucket": "no-such-bucket-here"})
+    with pytest.raises(
+        SpecError, match=r"s3://no-such-bucket-here at http://127\.0\.0\.1:\d+ answered 404"
+    ):
+        check_s3_target(missing)
+    nowhere = target.model_copy(update={"endpoint_url": "http://127.0.0.1:9"})
+    with pytest.raises(SpecError, match="cannot reach the S3 target"):
+        check_s3_target(nowhere)
