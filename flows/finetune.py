@@ -41,7 +41,7 @@ from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.flows.run_inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
-from prefect_runpod.tasks.models import HFDiagnosis, PublishTarget, StageState
+from prefect_runpod.tasks.models import HFDiagnosis, StageState
 from prefect_runpod.tasks.preflight import preflight
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate, terminate_by_name
@@ -307,11 +307,12 @@ def _run_on_pod(
 ) -> BaseException | None:
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
     from prefect_runpod.tasks.checksum import checksum, verification_records
-    from prefect_runpod.tasks.download import download
+    from prefect_runpod.tasks.download import download, eval_files
     from prefect_runpod.tasks.env import cuda_floor_for_requirements
     from prefect_runpod.tasks.env import env as env_stage
     from prefect_runpod.tasks.eval_parity import check_parity_on_pod
     from prefect_runpod.tasks.hf_auth import hf_auth
+    from prefect_runpod.tasks.publish import publish
     from prefect_runpod.tasks.train import terminal_progress_bar, train
     from prefect_runpod.tasks.upload import check_upload_method, upload
 
@@ -459,16 +460,17 @@ def _run_on_pod(
                 "(--parity-warn-only publishes anyway)"
             )
         budget.check()
-        report.publish = _publish(
-            report,
+        report.publish = publish(
             target,
             handle,
             key,
             remote_outputs,
-            s3,
-            tools_dir,
+            run_id=report.flow_run_id,
+            tools_dir=tools_dir,
+            python=report.env.publish_python if report.env else None,
             hf_token=hf_token,
             hf_endpoint=hf_endpoint,
+            s3=s3,
         )
 
     with run_stage(report, "download", on_stage):
@@ -480,7 +482,7 @@ def _run_on_pod(
                 else "--download none: nothing is downloaded, and the model was not published"
             )
         budget.check()
-        only = _eval_files(bundle) if settings.download == "eval" else None
+        only = eval_files(bundle) if settings.download == "eval" else None
         if only is not None and not only:
             raise StageSkipped("--download eval: the bundle's eval files are not under its outputs")
         report.download = download(
@@ -517,56 +519,6 @@ def _declared_outputs(bundle: Any) -> dict[str, str]:
     if bundle.eval:
         expected[bundle.train_eval_jsonl] = "train_eval_jsonl"
     return expected
-
-
-def _eval_files(bundle: Any) -> list[str]:
-    """The bundle's eval JSONL files that lie under its outputs folder, relative to it
-    (what ``--download eval`` brings home)."""
-    base = bundle.outputs.rstrip("/") + "/"
-    paths = [bundle.train_eval_jsonl, bundle.standalone_eval_jsonl]
-    return [p[len(base) :] for p in paths if p.startswith(base)]
-
-
-def _publish(
-    report: RunReport,
-    target: PublishTarget,
-    handle: PodHandle,
-    key: SecretStr,
-    remote_outputs: str,
-    s3: Any,
-    tools_dir: str,
-    *,
-    hf_token: SecretStr | None,
-    hf_endpoint: str | None,
-) -> Any:
-    """Run the ``publish`` stage's task, materialising the model's asset."""
-    from prefect_runpod.blocks.huggingface import DEFAULT_HF_ENDPOINT
-    from prefect_runpod.tasks.publish import publish_task
-    from prefect_runpod.tasks.publish_target import asset_key, s3_prefix_for
-
-    prefix = s3_prefix_for(target, report.flow_run_id) if target.kind == "s3" else ""
-    if target.kind == "hf":
-        key_name = asset_key(target)
-        web = f"{(hf_endpoint or DEFAULT_HF_ENDPOINT).rstrip('/')}/{target.repo_id}"
-    else:
-        assert s3 is not None
-        web = key_name = asset_key(target, bucket_uri=f"s3://{s3.bucket}/{s3.key_for('', prefix)}")
-    stage = publish_task(
-        key_name, url=web, description=f"fine-tuned by prefect-runpod run {report.flow_run_id}"
-    )
-    python = report.env.publish_python if report.env and report.env.publish_python else "python3"
-    return stage(
-        handle,
-        key,
-        target,
-        remote_outputs,
-        tools_dir=tools_dir,
-        python=python,
-        hf_token=hf_token,
-        hf_endpoint=hf_endpoint,
-        s3=s3,
-        key_prefix=prefix,
-    )
 
 
 def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:

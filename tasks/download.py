@@ -22,9 +22,18 @@ from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import download_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
+from prefect_runpod.tasks.bundle import BundleSpec
 from prefect_runpod.tasks.upload import borrowed_console, progress_logger
 
-__all__ = ["download", "stage_files_command"]
+__all__ = ["download", "eval_files", "stage_files_command"]
+
+
+def eval_files(bundle: BundleSpec) -> list[str]:
+    """The bundle's eval JSONL files that lie under its outputs folder, relative to it:
+    what ``--download eval`` brings home. Pure."""
+    base = bundle.outputs.rstrip("/") + "/"
+    paths = [bundle.train_eval_jsonl, bundle.standalone_eval_jsonl]
+    return [p[len(base) :] for p in paths if p.startswith(base)]
 
 
 def stage_files_command(remote_dir: str, paths: list[str], staging_dir: str) -> str:

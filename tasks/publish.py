@@ -15,7 +15,8 @@ pod-side manifest — no model byte crosses the gateway (docs/architecture.md#pu
 
 :func:`verify_published`, :func:`publisher_command` and :func:`parse_publish_output` are
 pure; :func:`publish_on_pod` does the work on a console; :func:`publish_task` makes the
-Prefect task that materialises the model's asset (``hf://ORG/REPO`` or the S3 URI).
+Prefect task that materialises the model's asset (``hf://ORG/REPO`` or the S3 URI), and
+:func:`publish` — what the flow calls — names the asset and runs it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "parse_publish_output",
+    "publish",
     "publish_on_pod",
     "publish_task",
     "publisher_command",
@@ -442,3 +444,61 @@ def publish_task(asset: str, *, url: str | None = None, description: str | None 
         retry_delay_seconds=5,
         retry_condition_fn=_retry_transient,
     )(publish)
+
+
+def publish(
+    target: PublishTarget,
+    handle: PodHandle,
+    private_key: SecretStr,
+    outputs_dir: str,
+    *,
+    run_id: str,
+    tools_dir: str,
+    python: str | None,
+    hf_token: SecretStr | None = None,
+    hf_endpoint: str | None = None,
+    s3: S3Target | None = None,
+) -> PublishReport:
+    """The ``publish`` stage: run :func:`publish_task` for ``target``, with the asset named
+    ``hf://ORG/REPO`` (its page on the Hub as the asset's URL) or the S3 URI, and the S3
+    keys under ``s3_prefix_for(target, run_id)``.
+
+    Args:
+        target: where to publish.
+        handle / private_key: the pod and its SSH key.
+        outputs_dir: the pod folder to publish.
+        run_id: the flow run id (the default S3 prefix, the asset's description).
+        tools_dir: the pod tools folder.
+        python: the env stage's ``publish_python`` (``python3`` when None).
+        hf_token / hf_endpoint / s3: as for :func:`publish_on_pod`.
+
+    Returns:
+        The verified :class:`PublishReport`.
+
+    Raises:
+        PublishError, ChecksumMismatchError: as :func:`publish_on_pod`.
+    """
+    from prefect_runpod.tasks.publish_target import asset_key, s3_prefix_for
+
+    prefix = s3_prefix_for(target, run_id) if target.kind == "s3" else ""
+    if target.kind == "hf":
+        key, web = (
+            asset_key(target),
+            f"{(hf_endpoint or DEFAULT_HF_ENDPOINT).rstrip('/')}/{target.repo_id}",
+        )
+    else:
+        assert s3 is not None
+        key = web = asset_key(target, bucket_uri=f"s3://{s3.bucket}/{s3.key_for('', prefix)}")
+    stage = publish_task(key, url=web, description=f"fine-tuned by prefect-runpod run {run_id}")
+    return stage(  # type: ignore[no-any-return]
+        handle,
+        private_key,
+        target,
+        outputs_dir,
+        tools_dir=tools_dir,
+        python=python or "python3",
+        hf_token=hf_token,
+        hf_endpoint=hf_endpoint,
+        s3=s3,
+        key_prefix=prefix,
+    )

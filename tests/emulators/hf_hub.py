@@ -46,7 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote
 
-from tests.emulators.hf_hub_write import HubFault, HubWriter, parse_ndjson
+from tests.emulators.hf_hub_write import HubFault, HubWriter, route_write
 
 __all__ = ["HubEmulator", "HubFault", "HubRepo", "HubToken", "running_hub"]
 
@@ -317,8 +317,6 @@ _API_REPO = re.compile(
     r"(?:/(auth-check(?:/write)?|revision|preupload|commit|paths-info|branch)(?:/(.+))?)?/?$"
 )
 _RESOLVE = re.compile(r"^/(?:(datasets)/)?(.+?)/resolve/([^/]+)/(.+)$")
-_LFS_BATCH = re.compile(r"^/(?:(datasets)/)?([^/]+/[^/]+)\.git/info/lfs/objects/batch$")
-_LFS_UPLOAD = re.compile(r"^/lfs-upload/([0-9a-f]{64})(?:/part/(\d+))?$")
 _CHUNK_BYTES = 1 << 20
 
 
@@ -432,71 +430,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _route_write(
         self, path: str, token: HubToken | None, presented: bool
     ) -> tuple[_Answer, bytes, dict[str, str]]:
-        """POST and PUT: the publishing routes (``hf_hub_write.HubWriter``)."""
-        hub, writer = self.hub, self.hub.writer
-        if presented and token is None and not path.startswith("/lfs-upload/"):
-            self._body()
-            return _Answer(401, None, _INVALID_CREDENTIALS), b"", {}
-        if path == "/api/validate-yaml":
-            self._body()
-            return _Answer(200), b'{"errors": [], "warnings": []}', {}
-        if path == "/api/repos/create":
-            answer, data = writer.create_repo(token, presented, self._json())
-            return answer, _dump(data), {}
-        match = _LFS_BATCH.match(path)
-        if match:
-            kind = "dataset" if match.group(1) else "model"
-            body = self._json()
-            fault = writer.fault("batch")
-            if fault is not None:
-                return _Answer(fault.status, None, "Internal Error"), b"", {}
-            answer, data = writer.lfs_batch(hub.repos.get((kind, match.group(2))), token, body)
-            return answer, _dump(data), {"Content-Type": "application/vnd.git-lfs+json"}
-        match = _LFS_UPLOAD.match(path)
-        if match:
-            return self._lfs_upload(match.group(1), match.group(2))
-        match = _API_REPO.match(path)
-        if not match or match.group(3) not in ("preupload", "commit", "paths-info", "branch"):
-            self._body()
-            return _Answer(404, None, "Not Found"), b"", {}
-        kind = "model" if match.group(1) == "models" else "dataset"
-        repo = hub.repos.get((kind, match.group(2)))
-        action, rev = match.group(3), unquote(match.group(4) or "main")
-        if action in ("preupload", "commit"):
-            fault = writer.fault(action)
-            if fault is not None:
-                self._body()
-                return _Answer(fault.status, None, "Internal Error"), b"", {}
-        if action == "preupload":
-            answer, data = writer.preupload(repo, token, rev, self._json())
-        elif action == "commit":
-            answer, data = writer.commit(repo, token, rev, parse_ndjson(self._body()))
-        elif action == "branch":
-            answer, data = writer.create_branch(repo, token, rev, self._json())
-        else:
-            form = self._body()
-            if repo is None or not hub.can_read(repo, token):
-                return (
-                    _Answer(404 if token else 401, "RepoNotFound", "Repository not found"),
-                    b"",
-                    {},
-                )
-            answer, data = writer.paths_info(repo, rev, form)
-        return answer, _dump(data), {}
-
-    def _lfs_upload(self, oid: str, part: str | None) -> tuple[_Answer, bytes, dict[str, str]]:
-        writer = self.hub.writer
-        if part is not None:
-            target = writer.part_path(oid, int(part))
-            self._receive("lfs_part", target)
-            from tests.emulators.hf_hub_write import _etag
-
-            return _Answer(200), b"", {"ETag": _etag(target)}
-        if self.command == "POST":  # multipart completion
-            return writer.complete(oid, self._json()), b"{}", {}
-        incoming = writer.dir / f"{oid}.incoming"
-        self._receive("lfs_put", incoming)
-        return writer.store_object(oid, incoming), b"", {}
+        """POST and PUT: the publishing routes (``hf_hub_write.route_write``)."""
+        return route_write(self, path, token, presented)
 
     def _route(
         self, path: str, token: HubToken | None, presented: bool, head: bool

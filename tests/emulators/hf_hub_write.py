@@ -47,6 +47,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 import threading
@@ -57,9 +58,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 if TYPE_CHECKING:
-    from tests.emulators.hf_hub import HubEmulator, HubRepo, HubToken, _Answer
+    from tests.emulators.hf_hub import HubEmulator, HubRepo, HubToken, _Answer, _Handler
 
-__all__ = ["HubFault", "HubWriter", "StoredFile", "git_blob_id", "lfs_pointer"]
+__all__ = ["HubFault", "HubWriter", "StoredFile", "git_blob_id", "lfs_pointer", "route_write"]
+
+_LFS_BATCH = re.compile(r"^/(?:(datasets)/)?([^/]+/[^/]+)\.git/info/lfs/objects/batch$")
+_LFS_UPLOAD = re.compile(r"^/lfs-upload/([0-9a-f]{64})(?:/part/(\d+))?$")
+_WRITE_ACTIONS = ("preupload", "commit", "paths-info", "branch")
 
 MiB = 1024 * 1024
 _WRITE_ROLES = ("admin", "write", "contributor")
@@ -445,3 +450,87 @@ def _etag(path: Path) -> str:
 def parse_ndjson(body: bytes) -> list[dict[str, Any]]:
     """The lines of a commit payload."""
     return [json.loads(line) for line in body.splitlines() if line.strip()]
+
+
+def route_write(
+    handler: _Handler, path: str, token: HubToken | None, presented: bool
+) -> tuple[_Answer, bytes, dict[str, str]]:
+    """Answer a POST or PUT: the publishing routes (module docstring), with the
+    writer's faults fired at their named routes.
+
+    Args:
+        handler: the request handler (it reads the body and can drop the connection).
+        path: the request path without its query.
+        token / presented: the caller's known token, and whether any was sent.
+
+    Returns:
+        ``(answer, body, extra headers)``.
+    """
+    from urllib.parse import unquote
+
+    from tests.emulators.hf_hub import _API_REPO, _INVALID_CREDENTIALS, _Answer, _dump
+
+    hub, writer = handler.hub, handler.hub.writer
+    if presented and token is None and not path.startswith("/lfs-upload/"):
+        handler._body()
+        return _Answer(401, None, _INVALID_CREDENTIALS), b"", {}
+    if path == "/api/validate-yaml":
+        handler._body()
+        return _Answer(200), b'{"errors": [], "warnings": []}', {}
+    if path == "/api/repos/create":
+        answer, data = writer.create_repo(token, presented, handler._json())
+        return answer, _dump(data), {}
+    match = _LFS_BATCH.match(path)
+    if match:
+        kind = "dataset" if match.group(1) else "model"
+        body = handler._json()
+        fault = writer.fault("batch")
+        if fault is not None:
+            return _Answer(fault.status, None, "Internal Error"), b"", {}
+        answer, data = writer.lfs_batch(hub.repos.get((kind, match.group(2))), token, body)
+        return answer, _dump(data), {"Content-Type": "application/vnd.git-lfs+json"}
+    match = _LFS_UPLOAD.match(path)
+    if match:
+        return _lfs_upload(handler, match.group(1), match.group(2))
+    match = _API_REPO.match(path)
+    if not match or match.group(3) not in _WRITE_ACTIONS:
+        handler._body()
+        return _Answer(404, None, "Not Found"), b"", {}
+    kind = "model" if match.group(1) == "models" else "dataset"
+    repo = hub.repos.get((kind, match.group(2)))
+    action, rev = match.group(3), unquote(match.group(4) or "main")
+    if action in ("preupload", "commit"):
+        fault = writer.fault(action)
+        if fault is not None:
+            handler._body()
+            return _Answer(fault.status, None, "Internal Error"), b"", {}
+    if action == "preupload":
+        answer, data = writer.preupload(repo, token, rev, handler._json())
+    elif action == "commit":
+        answer, data = writer.commit(repo, token, rev, parse_ndjson(handler._body()))
+    elif action == "branch":
+        answer, data = writer.create_branch(repo, token, rev, handler._json())
+    else:
+        form = handler._body()
+        if repo is None or not hub.can_read(repo, token):
+            return _Answer(404 if token else 401, "RepoNotFound", "Repository not found"), b"", {}
+        answer, data = writer.paths_info(repo, rev, form)
+    return answer, _dump(data), {}
+
+
+def _lfs_upload(
+    handler: _Handler, oid: str, part: str | None
+) -> tuple[_Answer, bytes, dict[str, str]]:
+    """A basic upload (PUT), a multipart part (PUT …/part/N) or the completion (POST)."""
+    from tests.emulators.hf_hub import _Answer
+
+    writer = handler.hub.writer
+    if part is not None:
+        target = writer.part_path(oid, int(part))
+        handler._receive("lfs_part", target)
+        return _Answer(200), b"", {"ETag": _etag(target)}
+    if handler.command == "POST":  # multipart completion
+        return writer.complete(oid, handler._json()), b"{}", {}
+    incoming = writer.dir / f"{oid}.incoming"
+    handler._receive("lfs_put", incoming)
+    return writer.store_object(oid, incoming), b"", {}
