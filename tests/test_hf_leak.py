@@ -155,29 +155,16 @@ def test_publishing_from_the_pod_leaks_the_write_token_nowhere(local_pod, caplog
     and the token is in no transcript, shell history, pod file, log, report or request
     log (issue 17)."""
     from prefect_runpod.blocks.console.session import PodConsole
-    from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
-    from prefect_runpod.tasks.publish import publish_on_pod
-    from prefect_runpod.tasks.publish_target import parse_publish_target
-    from tests.fixtures.publish import make_outputs
+    from tests.fixtures.publish import make_outputs, publish_through
 
     caplog.set_level(logging.DEBUG)
     _, handle, keypair = local_pod
     outputs = make_outputs(Path(handle.workdir) / "run" / "outputs", lfs_bytes=300 * 1024)
-    target = parse_publish_target("hf:alice/leak-check")
-    assert target is not None
     tokens = [HubToken(SENTINEL, "alice", "write")]
     with running_hub(tokens, [], lfs_threshold_bytes=64 * 1024) as hub:
         with PodConsole.for_pod(handle, keypair.private_key) as console:
-            tools = bootstrap_pod_tools(console, handle)
-            report = publish_on_pod(
-                console,
-                handle,
-                target,
-                str(outputs),
-                tools_dir=tools,
-                python=sys.executable,
-                hf_token=SecretStr(SENTINEL),
-                hf_endpoint=hub.endpoint,
+            report = publish_through(
+                console, handle, outputs, "hf:alice/leak-check", SENTINEL, hub.endpoint
             )
             history = _shell_history(console)
             transcript = console.transcript

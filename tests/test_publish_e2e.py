@@ -378,33 +378,24 @@ def test_a_runpod_emulator_pod_publishes_to_the_hub_on_loopback(
     emulator on loopback and publishes; the flow verifies it from the Hub's records."""
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.provider import PodRequest
-    from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
-    from prefect_runpod.tasks.publish import publish_on_pod
-    from prefect_runpod.tasks.publish_target import parse_publish_target
-    from tests.fixtures.publish import make_outputs
+    from tests.fixtures.publish import make_outputs, publish_through
 
     _, _, ssh_key = runpod_blocks
     provider = runpod_provider()
-    handle = provider.create(
-        PodRequest(public_key=ssh_key.get_public_key()), f"prft-{uuid.uuid4()}"
-    )
+    name = f"prft-{uuid.uuid4()}"
+    handle = provider.create(PodRequest(public_key=ssh_key.get_public_key()), name)
     try:
         handle = provider.wait_ready(handle, timeout_seconds=60)
         assert handle.provider == "runpod" and handle.ssh is not None
         outputs = make_outputs(Path(handle.workdir) / "out", lfs_bytes=200 * 1024)
-        target = parse_publish_target("hf:demo/from-runpod")
-        assert target is not None
         with PodConsole.for_pod(handle, ssh_key.get_private_key()) as console:
-            tools = bootstrap_pod_tools(console, handle)
-            report = publish_on_pod(
+            report = publish_through(
                 console,
                 handle,
-                target,
-                str(outputs),
-                tools_dir=tools,
-                python=sys.executable,
-                hf_token=SecretStr(hub.tokens_by_role["write"]),
-                hf_endpoint=hub.endpoint,
+                outputs,
+                "hf:demo/from-runpod",
+                hub.tokens_by_role["write"],
+                hub.endpoint,
             )
     finally:
         provider.terminate(handle.pod_id)
