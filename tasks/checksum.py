@@ -133,12 +133,19 @@ def checksum(
         (None, []) if pod_manifest is None else verify_manifest(Path(local_dir), pod_manifest)
     )
     places = verification_records(Path(local_dir), local if not problems else None, published)
-    summary = "; ".join(f"{r.where}: {r.files} files" for r in places) or "nothing"
+    where = ", ".join(f"{r.where}: {r.files} files" for r in places) or "nothing"
+    if pod_manifest is not None:
+        verdict = "all verified" if not problems else f"{len(problems)} MISMATCHED"
+        summary = (
+            f"{len(pod_manifest.entries)} files, {pod_manifest.total_bytes} bytes, {verdict} "
+            f"(md5 + sha256); verified at {where}"
+        )
+    else:
+        summary = f"nothing downloaded; verified at {where}"
     create_table_artifact(
         manifest_rows(pod_manifest, problems, published),
         key="checksum-manifest",
-        description=f"verified {summary}"
-        + (f"; {len(problems)} MISMATCHED locally" if problems else ""),
+        description=summary,
     )
     if problems:
         path, why = problems[0]

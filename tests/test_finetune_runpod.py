@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 
 import pytest
 
@@ -146,10 +147,17 @@ def _prefect_records(run_id: str) -> str:
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
             )
             run = await client.read_flow_run(run_id)
-            page = await client.read_events(
-                filter=EventFilter(related=EventRelatedFilter(id=[f"prefect.flow-run.{run_id}"])),
-                limit=50,
-            )
+            deadline = time.monotonic() + 60  # the server stores events a little later
+            while True:
+                page = await client.read_events(
+                    filter=EventFilter(
+                        related=EventRelatedFilter(id=[f"prefect.flow-run.{run_id}"])
+                    ),
+                    limit=50,
+                )
+                if page.events or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(1.0)
             events = list(page.events)
             for _ in range(40):  # the server pages 50 at a time
                 if page.next_page is None:
