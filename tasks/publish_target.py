@@ -1,12 +1,14 @@
 """Publish targets and the download choice, parsed and checked before anything is
 rented (docs/architecture.md#publish-from-the-pod).
 
-Plain functions with no I/O, so the CLI, the flow's parameters and the deployments all
-refuse the same bad input with the same sentence:
+Plain functions with no I/O, called by the one pre-rent check
+(``tasks.preflight.validate_settings``), so the CLI, the flow's parameters and the
+deployments all refuse the same bad input with the same sentence, in the validation
+layer's words (``blocks/validation.py``: parameter names with their CLI options):
 
 - :func:`parse_publish_target` turns ``hf:ORG/REPO[@BRANCH]`` or ``s3[:PREFIX]`` into a
-  :class:`~prefect_runpod.tasks.models.PublishTarget` (repo ids are checked with
-  ``huggingface_hub``'s own ``validate_repo_id``);
+  :class:`~prefect_runpod.tasks.models.PublishTarget` (repo ids pass the layer's
+  ``check_repo_id`` and ``huggingface_hub``'s own, stricter ``validate_repo_id``);
 - :func:`check_download_choice` accepts ``all``, ``eval`` or ``none`` (``none`` only
   when the model goes somewhere else first);
 - :func:`s3_prefix_for` and :func:`asset_key` name where a target's files land.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.tasks.models import PublishTarget
 
@@ -54,63 +57,69 @@ def parse_publish_target(
         The :class:`PublishTarget`, or None when nothing is published.
 
     Raises:
-        SpecError: one sentence naming the bad part and the accepted forms.
+        SpecError: one sentence naming the parameter, the bad part and what to write.
     """
+    publish = v.label("publish")
     if spec is None or not spec.strip():
         if public:
             raise SpecError(
-                "--publish-public makes a Hub repo public: it needs --publish hf:ORG/REPO"
+                f"{v.label('publish_public')}: --publish-public makes a Hub repo public: it "
+                "needs --publish hf:ORG/REPO."
             )
         return None
     text = spec.strip()
     kind, sep, rest = text.partition(":")
     if kind == "hf":
         return _hub_target(text, rest if sep else "", public)
-    if kind == "s3":
-        if public:
-            raise SpecError(
-                "--publish-public applies to a Hub repo; who can read an S3 object is the "
-                "bucket's policy"
-            )
-        if not s3_target_block:
-            raise SpecError(
-                "publishing to s3 writes into the saved S3Target named by --s3-target "
-                "(s3_target_block): save one and pass --s3-target NAME"
-            )
-        prefix = rest.strip("/") if sep else None
-        if sep and not prefix:
-            raise SpecError(f"publish target {spec!r} has an empty prefix: write s3 or s3:PREFIX")
-        if prefix is not None and not _PREFIX_RE.match(prefix):
-            raise SpecError(
-                f"S3 prefix {prefix!r} may hold letters, digits and . _ / = - (no '..'), "
-                "up to 200 characters"
-            )
-        return PublishTarget(spec=text, kind="s3", prefix=prefix, s3_target_block=s3_target_block)
-    raise SpecError(f"publish target {spec!r} is not one of: {_FORMS}")
+    if kind != "s3":
+        raise SpecError(f"{publish} {spec!r} is not one of: {_FORMS}.")
+    if public:
+        raise SpecError(
+            f"{v.label('publish_public')} applies to a Hub repo; who can read an S3 object "
+            "is the bucket's policy: drop --publish-public."
+        )
+    if not s3_target_block:
+        raise SpecError(
+            f"{publish} s3 writes into the saved S3Target named by --s3-target "
+            "(s3_target_block): save one and pass --s3-target NAME."
+        )
+    prefix = rest.strip("/") if sep else None
+    if sep and not prefix:
+        raise SpecError(f"{publish} {spec!r} has an empty prefix: write s3 or s3:PREFIX.")
+    if prefix is not None and not _PREFIX_RE.match(prefix):
+        raise SpecError(
+            f"{publish}: the S3 prefix {prefix!r} may hold letters, digits and . _ / = - "
+            "(no '..'), up to 200 characters."
+        )
+    return PublishTarget(spec=text, kind="s3", prefix=prefix, s3_target_block=s3_target_block)
 
 
 def _hub_target(text: str, rest: str, public: bool) -> PublishTarget:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    publish = v.label("publish")
     repo_id, at, branch = rest.partition("@")
     if not repo_id:
-        raise SpecError(f"publish target {text!r} names no repo: write hf:ORG/REPO[@BRANCH]")
+        raise SpecError(f"{publish} {text!r} names no repo: write hf:ORG/REPO[@BRANCH].")
     if repo_id.count("/") != 1:
         raise SpecError(
-            f"publish target {text!r} must name the namespace and the repo, hf:ORG/REPO "
-            "(ORG is your user name or an organisation you can write to)"
+            f"{publish} {text!r} must name the namespace and the repo, hf:ORG/REPO (ORG is "
+            "your user name or an organisation you can write to)."
         )
+    v.check_repo_id(repo_id, "publish")
     try:
-        validate_repo_id(repo_id)
+        validate_repo_id(repo_id)  # the Hub's own rules: no '--', no '..', no '.git' end
     except HFValidationError as exc:
-        raise SpecError(f"publish target {text!r}: {exc}") from exc
+        raise SpecError(f"{publish} {text!r}: {exc}") from exc
     if at and not _BRANCH_RE.match(branch):
         raise SpecError(
-            f"branch {branch!r} in {text!r} is not a branch name git accepts (letters, "
-            "digits, . _ / -, no '..')"
+            f"{publish}: the branch {branch!r} in {text!r} is not a branch name git accepts "
+            "(letters, digits, . _ / -, no '..')."
         )
     if branch.endswith((".lock", "/", ".")):
-        raise SpecError(f"branch {branch!r} in {text!r} may not end with '.lock', '/' or '.'")
+        raise SpecError(
+            f"{publish}: the branch {branch!r} in {text!r} may not end with '.lock', '/' or '.'."
+        )
     return PublishTarget(
         spec=text, kind="hf", repo_id=repo_id, revision=branch or None, private=not public
     )
@@ -131,11 +140,13 @@ def check_download_choice(download: str, target: PublishTarget | None) -> str:
             terminated at the end, so the model would be lost).
     """
     if download not in DOWNLOAD_CHOICES:
-        raise SpecError(f"download {download!r} is not one of: {', '.join(DOWNLOAD_CHOICES)}")
+        raise SpecError(
+            f"{v.label('download')} {download!r} is not one of: {', '.join(DOWNLOAD_CHOICES)}."
+        )
     if download == "none" and target is None:
         raise SpecError(
-            "--download none leaves the model only on the pod, which the run terminates: "
-            "publish it (--publish hf:ORG/REPO or s3) or download all/eval"
+            f"{v.label('download')}: --download none leaves the model only on the pod, which "
+            "the run terminates: publish it (--publish hf:ORG/REPO or s3) or download all/eval."
         )
     return download
 

@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
 
 from prefect_runpod.blocks.faults import release_marker
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
@@ -191,12 +190,16 @@ def test_a_byte_flipped_after_the_pod_manifest_fails_naming_the_file(prefect_ser
 def test_a_read_only_token_is_refused_in_preflight_with_nothing_rented(
     prefect_server, hub, tmp_path
 ):
+    """The token comes from a saved HuggingFaceCredentials block (with the Hub's endpoint)."""
+    from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
+
+    block = f"hf-read-{uuid.uuid4().hex[:8]}"
+    HuggingFaceCredentials(token=hub.tokens_by_role["read"], endpoint=hub.endpoint).save(block)
     before = {h.pod_id for h in LocalPodProvider().list("")}
     state = finetune(
         publish="hf:demo/existing",
         download="none",
-        hf_token=SecretStr(hub.tokens_by_role["read"]),
-        hf_endpoint=hub.endpoint,
+        hf_credentials_block=block,
         output_dir=str(tmp_path),
         return_state=True,
     )
@@ -255,14 +258,18 @@ def _events(resource_id: str) -> list:
     return asyncio.run(read())
 
 
-def test_the_model_asset_is_materialised_and_eval_files_come_home(prefect_server, hub, tmp_path):
+def test_the_model_asset_is_materialised_and_eval_files_come_home(
+    prefect_server, hub, tmp_path, monkeypatch
+):
+    """The write token comes from the worker's environment (HF_TOKEN)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    monkeypatch.setenv("HF_TOKEN", hub.tokens_by_role["write"])
 
     state = finetune(
         publish="hf:demo/asset-model@exp/1",
         download="eval",
-        hf_token=SecretStr(hub.tokens_by_role["write"]),
         hf_endpoint=hub.endpoint,
         output_dir=str(tmp_path),
         return_state=True,
@@ -311,16 +318,15 @@ def test_the_model_asset_is_materialised_and_eval_files_come_home(prefect_server
 PREPROCESS_CALL = 'model_input = textproc.preprocess(record["text"])'
 
 
-def test_a_failing_parity_gate_blocks_the_publish_unless_warn_only(prefect_server, hub, tmp_path):
+def test_a_failing_parity_gate_blocks_the_publish_unless_warn_only(
+    prefect_server, hub, tmp_path, monkeypatch
+):
     bundle = copy_demo_bundle(tmp_path / "bundle")
     eval_py = bundle / "eval.py"
     assert eval_py.read_text().count(PREPROCESS_CALL) == 1
     eval_py.write_text(eval_py.read_text().replace(PREPROCESS_CALL, 'model_input = record["text"]'))
-    common = {
-        "bundle": str(bundle),
-        "hf_token": SecretStr(hub.tokens_by_role["write"]),
-        "hf_endpoint": hub.endpoint,
-    }
+    monkeypatch.setenv("HF_TOKEN", hub.tokens_by_role["write"])
+    common = {"bundle": str(bundle), "hf_endpoint": hub.endpoint}
     state = finetune(
         publish="hf:demo/gated", output_dir=str(tmp_path / "a"), return_state=True, **common
     )

@@ -66,7 +66,7 @@ class TestParsePublishTarget:
             ("hf:", "names no repo"),
             ("hf:a/b/c", "must name the namespace"),
             ("hf:demo/bad--name", "Cannot have -- or"),
-            ("hf:demo/-dash", "alphanumeric"),
+            ("hf:demo/-dash", "is not a Hugging Face repo id"),
             ("hf:demo/ok@a..b", "not a branch name"),
             ("hf:demo/ok@exp.lock", "may not end with"),
             ("hf:demo/ok@", "not a branch name"),
