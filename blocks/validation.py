@@ -71,7 +71,8 @@ OPTIONS: dict[str, str] = {
     "transfer_method": "--transfer", "max_cost_usd": "--max-cost-usd",
     "max_runtime_seconds": "--max-runtime-seconds", "parity_tolerance": "--parity-tolerance",
     "name_prefix": "--name-prefix", "local_mode": "--local-mode",
-    "local_cost_per_hr": "--local-cost-per-hr", "output_dir": "--output-dir",
+    "local_cost_per_hr": "--local-cost-per-hr", "local_image": "--local-image",
+    "output_dir": "--output-dir",
     "concurrency_limit": "--concurrency-limit",
     "heartbeat_stale_seconds": "--heartbeat-stale-seconds",
     "pod_lifetime_seconds": "--pod-lifetime-seconds",
@@ -396,7 +397,7 @@ def check_output_dir(path: Any, name: str = "output_dir") -> Path:
 # --- provider options ------------------------------------------------------------------
 
 PROVIDER_OPTIONS: dict[str, tuple[str, ...]] = {
-    "local": ("local_mode", "local_cost_per_hr"),
+    "local": ("local_mode", "local_cost_per_hr", "local_image"),
     "runpod": ("runpod_credentials_block", "runpod_spec_block", "ssh_key_block", "gpu_type_ids"),
 }
 """The parameters that mean something for one provider only. Later provider-specific

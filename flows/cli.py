@@ -38,6 +38,8 @@ EXIT_USAGE = 2
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``prefect-runpod`` (every option documented in ``--help``)."""
+    from prefect_runpod.blocks.local_pod.images import profile_names
+
     parser = argparse.ArgumentParser(
         prog="prefect-runpod",
         description="Run a fine-tune on a RunPod GPU pod (or the embedded local pod) end to "
@@ -141,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["gateway", "direct"],
         help="local pod SSH mode: gateway (PTY only, like RunPod; the default) or direct "
         "(exec+SFTP)",
+    )
+    ft.add_argument(
+        "--local-image",
+        choices=profile_names(),
+        metavar="NAME",
+        help="the local pod's image profile, the login environment of a real image: "
+        + ", ".join(profile_names())
+        + " (default plain; see docs/local-pod-images.md)",
     )
     ft.add_argument(
         "--local-cost-per-hr",
@@ -261,6 +271,7 @@ def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
         "name_prefix": args.name_prefix,
         "local_cost_per_hr": args.local_cost_per_hr,
         "local_mode": args.local_mode,
+        "local_image": args.local_image,
         "output_dir": args.output_dir,
         "concurrency_limit": args.concurrency_limit,
         "heartbeat_stale_seconds": args.heartbeat_stale_seconds,

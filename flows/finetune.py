@@ -161,6 +161,7 @@ def finetune(
     name_prefix: str = "prft",
     local_cost_per_hr: float | None = None,
     local_mode: Literal["gateway", "direct"] | None = None,
+    local_image: str | None = None,
     output_dir: str | None = None,
     concurrency_limit: str | None = None,
     heartbeat_stale_seconds: float = 900.0,
@@ -202,6 +203,9 @@ def finetune(
             default 0); local provider only.
         local_mode: the local pod's SSH mode: ``gateway`` (PTY only, like RunPod; the
             default) or ``direct``; local provider only.
+        local_image: the local pod's image profile (``plain``, the default,
+            ``runpod-pytorch``, ``conda``, ``fancy``, ``venv-python``): the login
+            environment of a real image to rehearse on; local provider only.
         output_dir: where downloads and ``run-report.json`` go (default
             ``./prefect-runpod-runs/<flow_run_id>``).
         concurrency_limit: a Prefect global concurrency limit (e.g. ``runpod-gpu``) that

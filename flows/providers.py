@@ -27,12 +27,12 @@ def build_provider(
 ) -> tuple[PodProvider, KeyPair]:
     """The provider and SSH key pair for a run's parameters.
 
-    ``local``: a ``LocalPodProvider`` (mode and price from the parameters) and a fresh
-    per-run key pair. ``runpod``: a ``RunPodProvider`` from the named blocks
-    (``runpod_credentials_block``, ``runpod_spec_block``, ``ssh_key_block``); a block
-    that is named must exist. Only without a name, the API key is read from
-    ``RUNPOD_API_KEY`` and the SSH key from ``RUNPOD_SSH_KEY_PATH`` (default
-    ``~/.ssh/id_ed25519_runpod``).
+    ``local``: a ``LocalPodProvider`` (mode, price and image profile from the
+    parameters) and a fresh per-run key pair. ``runpod``: a ``RunPodProvider`` from the
+    named blocks (``runpod_credentials_block``, ``runpod_spec_block``,
+    ``ssh_key_block``); a block that is named must exist. Only without a name, the API
+    key is read from ``RUNPOD_API_KEY`` and the SSH key from ``RUNPOD_SSH_KEY_PATH``
+    (default ``~/.ssh/id_ed25519_runpod``).
 
     Args:
         params: the run's parameters (see above).
@@ -42,8 +42,8 @@ def build_provider(
 
     Raises:
         SpecError: a named block is not saved (the saved ones of its type are listed),
-            or RunPod is asked for and no credentials (or, when needed, no SSH key) can
-            be found.
+            RunPod is asked for and no credentials (or, when needed, no SSH key) can be
+            found, or ``local_image`` names no image profile.
     """
     kind = params.get("provider", "local")
     if kind == "local":
@@ -52,6 +52,7 @@ def build_provider(
         provider = LocalPodProvider(
             mode=params.get("local_mode") or "gateway",
             cost_per_hr=float(params.get("local_cost_per_hr") or 0.0),
+            image=params.get("local_image") or "plain",
         )
         return provider, generate_keypair("prefect-runpod-local")
     if kind == "runpod":

@@ -22,6 +22,7 @@ from pydantic import BaseModel, SecretStr
 
 from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.local_pod.images import profile_names
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
 from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_bundle_files
@@ -116,6 +117,7 @@ def validate_settings(
     concurrency_limit: str | None = None,
     local_mode: str | None = None,
     local_cost_per_hr: float | None = None,
+    local_image: str | None = None,
     runpod_credentials_block: str | None = None,
     runpod_spec_block: str | None = None,
     ssh_key_block: str | None = None,
@@ -166,6 +168,10 @@ def validate_settings(
         )
     if local_mode is not None and local_mode not in ("gateway", "direct"):
         raise SpecError(f"{v.label('local_mode')} {local_mode!r} is not one of: gateway, direct.")
+    if local_image is not None and local_image not in profile_names():
+        raise SpecError(
+            f"{v.label('local_image')} {local_image!r} is not one of: {', '.join(profile_names())}."
+        )
     for param in _BLOCK_PARAMS:
         if given[param] is not None:
             v.check_block_name(given[param], param)

@@ -5,6 +5,9 @@ behaves like RunPod's gateway (or a direct-TCP sshd).
   the ``LocalPod`` block
 - ``daemon``    one process per pod serving SSH (asyncssh); started in its own session
 - ``registry``  the on-disk registry any process lists, finds and terminates pods by
+- ``images``    image profiles: the login environment of real images (rc text, env, an
+  image Python), built once per pod home
+- ``tiny_wheels`` stand-in torch / transformers wheels for image Pythons and test indexes
 
 Names load lazily: the daemon imports ``registry`` alone and stays light.
 """

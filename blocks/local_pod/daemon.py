@@ -79,6 +79,8 @@ class PodConfig:
     gpu_type: str
     created_at: str
     env: dict[str, str] = field(default_factory=dict)
+    image: str = "plain"
+    path_first: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path) -> PodConfig:
@@ -96,14 +98,15 @@ def build_pod_env(
     ``RUNPOD_GPU_COUNT``, ``RUNPOD_CPU_COUNT``, ``PUBLIC_KEY``, ``PWD``; in direct mode
     also ``RUNPOD_PUBLIC_IP``/``RUNPOD_TCP_PORT_22``), then adds ``config.env``.
     ``RUNPOD_POD_ID`` is the marker terminate looks for, so it always wins.
-    ``PIP_REQUIRE_VIRTUALENV=1`` keeps pip out of the host's base Python.
+    ``PIP_REQUIRE_VIRTUALENV=1`` keeps pip out of the host's base Python. The image
+    profile's ``path_first`` folders come before the pod's own ``bin`` on ``PATH``.
     """
     env = {
         "HOME": str(paths.home),
         "USER": "root" if os.getuid() == 0 else os.environ.get("USER", "user"),
         "LOGNAME": "root" if os.getuid() == 0 else os.environ.get("LOGNAME", "user"),
         "SHELL": "/bin/bash",
-        "PATH": f"{paths.bin}:{_SYSTEM_PATH}",
+        "PATH": ":".join([*config.path_first, str(paths.bin), _SYSTEM_PATH]),
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "PWD": str(cwd),

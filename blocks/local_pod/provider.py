@@ -35,6 +35,12 @@ from prefect_runpod.blocks.exceptions import (
     SpecError,
     TerminateError,
 )
+from prefect_runpod.blocks.local_pod.images import (
+    DEFAULT_PROFILE,
+    get_profile,
+    prepare_image,
+    profile_names,
+)
 from prefect_runpod.blocks.local_pod.registry import (
     LockBusyError,
     PodPaths,
@@ -136,15 +142,6 @@ esac
 """
 
 
-def _bashrc(pod_id: str) -> str:
-    """The interactive shell's rc file: a coloured ``user@pod:path#`` prompt like a
-    RunPod pod's."""
-    return (
-        f"# Interactive shell of local pod {pod_id}.\n"
-        f"PS1='\\[\\e[01;32m\\]\\u@{pod_id}\\[\\e[00m\\]:\\[\\e[01;34m\\]\\w\\[\\e[00m\\]\\$ '\n"
-    )
-
-
 def _port_accepts(port: int, *, banner: bool, timeout_seconds: float = 1.0) -> bool:
     """True when 127.0.0.1:``port`` accepts a connection (and, with ``banner``, sends an
     SSH identification line)."""
@@ -173,6 +170,9 @@ class LocalPodProvider:
         cost_per_hr: the price shown for a rehearsal, USD/h.
         gpu_type: the GPU type recorded on handles (``cpu``).
         start_timeout_seconds: how long ``create`` waits for the daemon to listen.
+        image: the image profile whose login environment the pod reproduces
+            (``plain``, ``runpod-pytorch``, ``conda``, ``fancy``, ``venv-python``;
+            see ``prefect_runpod.blocks.local_pod.images``).
 
     Example:
         ```python
@@ -199,6 +199,7 @@ class LocalPodProvider:
         cost_per_hr: float = 0.0,
         gpu_type: str = "cpu",
         start_timeout_seconds: float = 20.0,
+        image: str = DEFAULT_PROFILE,
     ) -> None:
         if mode not in ("gateway", "direct"):
             raise SpecError(f"local pod mode must be 'gateway' or 'direct', not {mode!r}")
@@ -209,6 +210,7 @@ class LocalPodProvider:
         self.cost_per_hr = float(cost_per_hr)
         self.gpu_type = gpu_type
         self.start_timeout_seconds = start_timeout_seconds
+        self.image = get_profile(image).name  # SpecError for an unknown name
 
     # --- PodProvider ------------------------------------------------------------------
 
@@ -407,12 +409,20 @@ class LocalPodProvider:
         python = base_python()
         for link in ("python3", "python"):
             (paths.bin / link).symlink_to(python)
+        image = prepare_image(
+            self.home,
+            get_profile(self.image),
+            python=python,
+            pod_id=pod_id,
+            workspace=paths.workspace,
+            pod_home=paths.home,
+        )
         _write(
             paths.bin / "runpodctl",
             _runpodctl_script(pod_id, paths.pid_file, paths.bin).encode(),
             0o755,
         )
-        _write(paths.home / ".bashrc", _bashrc(pod_id).encode(), 0o644)
+        _write(paths.home / ".bashrc", image.bashrc.encode(), 0o644)
         pod_host_id = new_pod_host_id(pod_id)
         config = {
             "pod_id": pod_id,
@@ -425,7 +435,9 @@ class LocalPodProvider:
             "cost_per_hr": self.cost_per_hr,
             "gpu_type": self.gpu_type,
             "created_at": datetime.now(UTC).isoformat(),
-            "env": dict(request.env),
+            "env": {**image.env, **request.env},
+            "image": image.profile,
+            "path_first": image.path_first,
         }
         _write(paths.config, json.dumps(config, indent=1).encode(), 0o600)
 
@@ -531,6 +543,7 @@ class LocalPod(Block):
         mode: ``gateway`` (PTY only, like RunPod's SSH gateway) or ``direct`` (exec, SFTP).
         cost_per_hr: the price a rehearsal reports, USD/h.
         home: where pods live; empty for ``$PREFECT_RUNPOD_HOME`` or ``~/.prefect-runpod``.
+        image: the image profile whose login environment the pod reproduces.
     """
 
     _block_type_name = "Local Pod"
@@ -569,10 +582,24 @@ provider = local_pod.get_provider()
         ),
     )
 
+    image: str = Field(
+        default=DEFAULT_PROFILE,
+        description=(
+            "The image profile whose login environment the pod reproduces: "
+            + ", ".join(profile_names())
+            + " (docs/local-pod-images.md)."
+        ),
+    )
+
     def get_provider(self) -> LocalPodProvider:
-        """The ``LocalPodProvider`` these settings describe."""
+        """The ``LocalPodProvider`` these settings describe.
+
+        Raises:
+            SpecError: ``image`` names no registered profile.
+        """
         return LocalPodProvider(
             home=Path(self.home).expanduser() if self.home else None,
             mode=self.mode,
             cost_per_hr=self.cost_per_hr,
+            image=self.image,
         )

@@ -1,6 +1,7 @@
 """A loopback package index (PEP 503) of tiny generated wheels, laid out like PyTorch's.
 
-Real pip installs from it, so the env stage's plan → apply → verify loop runs for real
+The wheels are the local pod's stand-ins (``prefect_runpod.blocks.local_pod.tiny_wheels``);
+real pip installs from it, so the env stage's plan → apply → verify loop runs for real
 without multi-GB downloads and without the internet:
 
 * ``/whl/<tag>/`` and ``/whl/<tag>/torch/`` — like ``https://download.pytorch.org/whl/cu118``;
@@ -22,20 +23,25 @@ Run standalone: ``python -m tests.emulators.wheel_index --port 8809``.
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import html
-import io
 import json
 import re
 import tempfile
 import threading
-import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from prefect_runpod.blocks.local_pod.tiny_wheels import (
+    TRANSFORMERS_TORCH_FLOOR,
+    build_wheel,
+    plain_files,
+    torch_files,
+    transformers_files,
+)
 
 __all__ = [
     "DEFAULT_SIMPLE",
@@ -61,97 +67,6 @@ DEFAULT_SIMPLE: dict[str, list[str]] = {
     "accelerate": ["1.1.0"],
 }
 """Plain packages on ``/simple/``."""
-
-TRANSFORMERS_TORCH_FLOOR: dict[str, str | None] = {
-    "4.46.3": None,
-    "4.57.1": "2.1",
-    "5.0.0": "2.2",
-    "5.2.0": "2.4",
-    "5.20.0": "2.6",
-}
-"""The fake transformers' torch floors (the real ones' ``is_torch_available`` gates)."""
-
-
-def _record_line(path: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{path},sha256={digest},{len(data)}"
-
-
-def build_wheel(name: str, version: str, files: dict[str, str]) -> tuple[str, bytes]:
-    """Build a ``py3-none-any`` wheel in memory.
-
-    Args:
-        name: distribution (and import) name.
-        version: PEP 440 version, local labels allowed (``2.5.1+cu118``).
-        files: archive path → source text.
-
-    Returns:
-        (file name, wheel bytes).
-    """
-    dist = f"{name}-{version}.dist-info"
-    members = dict(files)
-    members[f"{dist}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        f"Summary: tiny stand-in for {name}\n"
-    )
-    members[f"{dist}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: wheel-index-emulator\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n"
-    )
-    members[f"{dist}/top_level.txt"] = f"{name}\n"
-    buf = io.BytesIO()
-    records = []
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path, text in members.items():
-            data = text.encode()
-            zf.writestr(path, data)
-            records.append(_record_line(path, data))
-        records.append(f"{dist}/RECORD,,")
-        zf.writestr(f"{dist}/RECORD", "\n".join(records) + "\n")
-    return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
-
-
-def _torch_files(version: str, tag: str) -> dict[str, str]:
-    cuda = None if tag == "cpu" else f"{tag[2:-1]}.{tag[-1]}"
-    return {
-        "torch/__init__.py": (
-            f'__version__ = "{version}+{tag}"\nfrom torch import cuda, version  # noqa: E402,F401\n'
-        ),
-        "torch/version.py": f'__version__ = "{version}+{tag}"\ncuda = {cuda!r}\n',
-        "torch/cuda.py": "def is_available():\n    return False\n\n\ndef device_count():\n    return 0\n",
-    }
-
-
-def _transformers_files(version: str) -> dict[str, str]:
-    floor = TRANSFORMERS_TORCH_FLOOR.get(version)
-    return {
-        "transformers/__init__.py": f'__version__ = "{version}"\nfrom transformers import utils  # noqa: E402,F401\n',
-        "transformers/utils.py": (
-            "import logging\n"
-            "import re\n\n"
-            f"_FLOOR = {floor!r}\n\n\n"
-            "def _parse(v):\n"
-            "    return tuple(int(x) for x in re.findall(r'\\d+', v.split('+')[0])[:2])\n\n\n"
-            "def _check():\n"
-            "    try:\n"
-            "        import torch\n"
-            "    except ImportError:\n"
-            "        return False\n"
-            "    if _FLOOR and _parse(torch.__version__) < _parse(_FLOOR):\n"
-            "        logging.getLogger('transformers').warning(\n"
-            "            'Disabling PyTorch because PyTorch >= %s is required but found %s',\n"
-            "            _FLOOR, torch.__version__)\n"
-            "        return False\n"
-            "    return True\n\n\n"
-            "_TORCH = _check()\n\n\n"
-            "def is_torch_available():\n"
-            "    return _TORCH\n"
-        ),
-    }
-
-
-def _plain_files(name: str, version: str) -> dict[str, str]:
-    return {f"{name}/__init__.py": f'__version__ = "{version}"\n'}
 
 
 @dataclass
@@ -201,15 +116,15 @@ class WheelIndex:
             self._add(
                 f"/whl/{tag}",
                 "torch",
-                (build_wheel("torch", f"{v}+{tag}", _torch_files(v, tag)) for v in versions),
+                (build_wheel("torch", f"{v}+{tag}", torch_files(v, tag)) for v in versions),
             )
         for name, versions in self._simple.items():
-            maker = _transformers_files if name == "transformers" else None
+            maker = transformers_files if name == "transformers" else None
             self._add(
                 "/simple",
                 name,
                 (
-                    build_wheel(name, v, maker(v) if maker else _plain_files(name, v))
+                    build_wheel(name, v, maker(v) if maker else plain_files(name, v))
                     for v in versions
                 ),
             )

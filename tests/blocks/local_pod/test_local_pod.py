@@ -482,8 +482,8 @@ class TestTerminate:
 class TestLocalPodBlock:
     def test_fields_are_documented(self) -> None:
         fields = LocalPod.model_fields
-        assert set(fields) >= {"mode", "cost_per_hr", "home"}
-        for name in ("mode", "cost_per_hr", "home"):
+        assert set(fields) >= {"mode", "cost_per_hr", "home", "image"}
+        for name in ("mode", "cost_per_hr", "home", "image"):
             description = fields[name].description
             assert description and description.endswith("."), name
         assert (
@@ -494,10 +494,11 @@ class TestLocalPodBlock:
         assert LocalPod._block_type_name == "Local Pod"
 
     def test_get_provider_carries_the_settings(self, tmp_path: Path) -> None:
-        block = LocalPod(mode="direct", cost_per_hr=0.22, home=str(tmp_path))
+        block = LocalPod(mode="direct", cost_per_hr=0.22, home=str(tmp_path), image="conda")
         provider = block.get_provider()
         assert isinstance(provider, LocalPodProvider)
         assert (provider.mode, provider.cost_per_hr, provider.home) == ("direct", 0.22, tmp_path)
+        assert provider.image == "conda" and LocalPod().get_provider().image == "plain"
         assert LocalPod().get_provider().home == default_home()
 
     def test_negative_price_is_refused(self) -> None:
