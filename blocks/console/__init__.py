@@ -2,8 +2,9 @@
 
 - ``session``        ``PodConsole`` and ``run_remote`` (the console's contract)
 - ``protocol``       ``ConsoleLike``: what a task needs of a console (``PodConsole`` or a stand-in)
+- ``shell``          the shell behind a console: framing, verified setup, drift, ``exec``, resync
 - ``channel``        the byte layer: a channel read while written, ``PtyStream``
-- ``shell_lines``    the lines the console types (pure)
+- ``shell_lines``    the lines the console types and how their answers read (pure)
 - ``terminal_text``  what a terminal shows -> plain lines; the one ANSI grammar
 - ``ssh``            opening SSH with the host key pinned; exec where allowed
 """

@@ -228,8 +228,8 @@ class PtyStream:
             The command's exit code.
 
         Raises:
-            CommandTimeoutError: it did not exit in time (a raw tty ignores Ctrl-C:
-                call the console's ``reconnect()``).
+            CommandTimeoutError: it did not exit in time (a raw tty ignores Ctrl-C: the
+                console resyncs, or opens a fresh session, before its next command).
             ConsoleConnectError: the connection dropped.
         """
         if self._finished:
@@ -243,7 +243,8 @@ class PtyStream:
                 self._on_end(b"", None)
                 raise CommandTimeoutError(
                     f"pod {self._pod_id}: the stream's command did not exit within "
-                    f"{timeout_seconds:g} s; call reconnect() on the console",
+                    f"{timeout_seconds:g} s; the console resyncs before its next command "
+                    "(opening a fresh session if the command still holds the tty)",
                     timeout_seconds=timeout_seconds,
                     pod_id=self._pod_id,
                 )

@@ -6,21 +6,25 @@ field guide's ``run_remote(pod, key, commands, per_command_timeout) -> (output,
 exit_code)`` wrapper does, on paramiko's ``invoke_shell(term="xterm")``, and makes it
 exact:
 
-- The session turns tty echo, shell history and line editing off and sets ``PS1`` to
-  a per-session sentinel ``__PRX_<nonce>:<$?>``. Every command is typed as one line,
-  and the prompt bash prints when it is done carries its exit code, so no second
-  line is typed that a stdin-reading command could swallow. The sentinel is typed in
-  quoted pieces, so no echoed text ever contains it; the pod's own (coloured) prompt
-  is never matched.
+- Every command is typed as one framed line (``shell_lines.command_line``): its output
+  is what the shell prints between a start and an end marker carrying a per-session
+  nonce, and the end marker carries its exit code. The markers are typed in quoted
+  pieces, so no echoed text ever contains them; the pod's own prompt, banners and
+  rc output are never mistaken for output.
+- The console owns its session (``shell.ShellSession``): the setup is verified after
+  login and typed again when login scripts swallowed it; a command that changes the
+  prompt, line editing, shell options or the tty, or ``exec``-s another shell, leaves
+  the next command exact.
 - Output is read while input is written (a PTY deadlocks if a client only writes),
   cleaned by ``terminal_text`` (escapes, ``\\r`` redraws, cursor queries answered) and
   streamed line by line.
 - A line typed into a tty in canonical mode is cut at 4096 bytes (observed: the real
   cause of the field guide's truncated heredoc). A long or multi-line command is sent
   as base64 pieces appended to a temporary file, checked by sha256 and then sourced.
-- A command past its deadline gets Ctrl-C and ``CommandTimeoutError``.
-- Secrets are read with ``read -rs`` from typed input, never from a command line, and
-  are masked (``***``) in every output, transcript and error.
+- A command past its deadline gets Ctrl-C and ``CommandTimeoutError``; a shell that
+  then stays silent is replaced by a fresh session before the next command.
+- Secrets are read with ``read -r`` from typed input (echo off), never from a command
+  line, and are masked (``***``) in every output, transcript and error.
 - ``open_stream`` gives a command the raw tty (``stty raw -echo``) for byte-exact,
   fast transfers (``PtyStream``).
 """
@@ -28,9 +32,7 @@ exact:
 from __future__ import annotations
 
 import re
-import secrets as _secrets
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -39,21 +41,25 @@ import paramiko
 from pydantic import BaseModel, SecretStr
 
 from prefect_runpod.blocks.console.channel import ChannelIO, PtyStream
+from prefect_runpod.blocks.console.shell import (
+    TERMINAL_HEIGHT,
+    TERMINAL_WIDTH,
+    ShellSession,
+    log,
+)
 from prefect_runpod.blocks.console.shell_lines import (
+    END_TAG,
     MAX_LINE_BYTES,
-    PROMPT_TAG,
     READY_TAG,
-    SYNC_TAG,
+    marker,
     needs_staging,
-    session_setup_line,
     short,
     staging_lines,
     stream_line,
-    sync_line,
     tail,
 )
 from prefect_runpod.blocks.console.ssh import exec_command, open_ssh_client
-from prefect_runpod.blocks.console.terminal_text import TerminalDecoder, clean_output, redact
+from prefect_runpod.blocks.console.terminal_text import clean_output, redact
 from prefect_runpod.blocks.exceptions import (
     CommandTimeoutError,
     ConsoleConnectError,
@@ -65,10 +71,7 @@ from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 __all__ = ["CommandResult", "PodConsole", "PtyStream", "run_remote"]
 
 _STAGE_STEP_TIMEOUT_SECONDS = 30.0
-_INTERRUPT_GRACE_SECONDS = 10.0
 _SECRET_TIMEOUT_SECONDS = 30.0
-_TERMINAL_WIDTH = 250
-_TERMINAL_HEIGHT = 50
 _TRANSCRIPT_MAX_CHARS = 4_000_000
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SECRET_BAD_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -81,7 +84,7 @@ class CommandResult(BaseModel):
         command: the command as typed (secrets masked).
         output: what it printed (stdout and stderr merged by the tty), cleaned, lines
             joined by ``\\n``, secrets masked.
-        exit_code: its exit status (``$?``); 130 after Ctrl-C.
+        exit_code: its exit status (``$?``); 0 for an ``exec`` that replaced the shell.
         seconds: wall time from typing it to its prompt.
     """
 
@@ -133,14 +136,10 @@ class PodConsole:
         self._pinned_host_key = endpoint.host_key
         self._client: paramiko.SSHClient | None = None
         self._io: ChannelIO | None = None
+        self._shell: ShellSession | None = None
         self._opened_once = False  # the first command opens the session by itself
         self._reopen_after_drop = False  # a dropped session reopens on the next command
-        self._decoder = TerminalDecoder()
-        self._lines: deque[str] = deque()  # finished lines not yet consumed
-        self._prompt_re = re.compile("")
-        self._nonce = ""
         self._staged = 0
-        self._needs_resync = False
         self._stream: PtyStream | None = None
         self._transcript: list[str] = []
         self._transcript_chars = 0
@@ -179,7 +178,8 @@ class PodConsole:
 
         Raises:
             ConsoleConnectError: connection refused or timed out, host key not the
-                pinned one, key refused, PTY shell refused, or no prompt in time.
+                pinned one, key refused, PTY shell refused, or the shell never held the
+                setup (the message says what the login scripts did).
         """
         if self._io is not None:
             return
@@ -200,7 +200,7 @@ class PodConsole:
             channel = transport.open_session(
                 window_size=self._window_bytes, timeout=self._connect_timeout_seconds
             )
-            channel.get_pty(term="xterm", width=_TERMINAL_WIDTH, height=_TERMINAL_HEIGHT)
+            channel.get_pty(term="xterm", width=TERMINAL_WIDTH, height=TERMINAL_HEIGHT)
             channel.invoke_shell()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             client.close()
@@ -212,13 +212,16 @@ class PodConsole:
         self._client = client
         self._io = ChannelIO(channel, self._dropped)
         self._opened_once = True
-        self._decoder = TerminalDecoder()
-        self._lines.clear()
         self._stream = None
-        self._nonce = _secrets.token_hex(8)
-        self._prompt_re = re.compile(re.escape(PROMPT_TAG + self._nonce) + r":(\d+)")
+        self._shell = ShellSession(
+            self._io,
+            where=self._where(),
+            pod_id=self._pod_id,
+            record=self._record,
+            redact=self._redact,
+        )
         try:
-            self._start_shell(deadline)
+            self._shell.establish(deadline)
         except BaseException:
             self.close()
             raise
@@ -226,7 +229,7 @@ class PodConsole:
     def close(self) -> None:
         """Close the shell and the SSH connection (idempotent)."""
         io, client = self._io, self._client
-        self._io, self._client, self._stream = None, None, None
+        self._io, self._client, self._stream, self._shell = None, None, None, None
         self._reopen_after_drop = False
         if io is not None:
             io.close()
@@ -242,8 +245,9 @@ class PodConsole:
         """
         self.close()
         self.connect()
+        assert self._shell is not None
         for name, value in self._secret_env.items():
-            self._apply_secret(name, value.get_secret_value())
+            self._apply_secret(self._shell, name, value.get_secret_value())
 
     def __enter__(self) -> PodConsole:
         self.connect()
@@ -267,11 +271,14 @@ class PodConsole:
         on_line: Callable[[str], None] | None = None,
         check: bool = False,
     ) -> CommandResult:
-        """Run one shell command and wait for its prompt.
+        """Run one shell command and wait for its end.
 
         Args:
-            command: any bash text, of any length, single- or multi-line. It runs in the
-                session's shell, so ``cd`` and ``export`` persist.
+            command: any shell text, of any length, single- or multi-line. It runs in the
+                session's shell, so ``cd`` and ``export`` persist; prompts, line editing,
+                shell options and tty modes are put back after it (the console owns the
+                session), and an ``exec`` of another shell is followed by setting the new
+                one up.
             timeout_seconds: the deadline; past it Ctrl-C is sent.
             on_line: called with each finished output line (secrets masked) as it arrives.
             check: raise ``ConsoleError`` when the exit code is not 0.
@@ -282,22 +289,24 @@ class PodConsole:
         Raises:
             CommandTimeoutError: the deadline passed (carries the output so far).
             ConsoleError: ``check`` and a non-zero exit code (message has the last lines).
-            ConsoleConnectError: the channel or connection dropped; call ``reconnect()``.
+            ConsoleConnectError: the channel or connection dropped (the next command opens
+                a fresh session by itself).
         """
         started = time.monotonic()
-        self._ready()
+        shell = self._ready()
         shown = self._redact(command)
         self._record(f"$ {shown}")
-        line = self._stage(command) if needs_staging(command) else command
-        self._type_line(line)
-        code, lines = self._read_to_prompt(started + timeout_seconds, on_line, echo_of=line)
+        body = self._stage(command) if needs_staging(command) else command
+        seq = shell.send_command(body)
+        code, lines = shell.read_command(seq, started + timeout_seconds, on_line, shown=shown)
         if code is None:
-            code, more = self._interrupt(on_line)
-            lines += more
+            answered, more = shell.interrupt()
+            self._record(f"[timeout; Ctrl-C; {'shell back' if answered else 'no answer yet'}]")
+            lines += [line for line in more if line]
             output = "\n".join(lines)
             raise CommandTimeoutError(
                 f"{self._where()}: `{short(shown)}` passed its {timeout_seconds:g} s deadline; "
-                f"Ctrl-C sent ({'prompt back' if code is not None else 'no prompt yet'}). "
+                f"Ctrl-C sent ({'shell back' if answered else 'no answer yet'}). "
                 f"Last output:\n{tail(output)}\nNext: raise the timeout or run it detached "
                 "(nohup/setsid) and poll its log",
                 command=shown,
@@ -367,8 +376,7 @@ class PodConsole:
         if raw and raw not in self._secret_values:
             self._secret_values.append(raw)
         self._secret_env[name] = value
-        self._ready()
-        self._apply_secret(name, raw)
+        self._apply_secret(self._ready(), name, raw)
 
     def open_stream(self, command: str, *, raw: bool = True) -> PtyStream:
         """Start ``command`` with the tty to itself, for byte streams (file transfer).
@@ -382,18 +390,24 @@ class PodConsole:
             ConsoleError: a stream is already open.
             ConsoleConnectError: as ``run``.
         """
-        self._ready()
+        shell = self._ready()
         shown = self._redact(command)
         self._record(f"$ [stream] {shown}")
         body = self._stage(command) if needs_staging(command) else command
         # Input may be sent only once the tty is raw (random bytes in canonical mode
         # would be line-edited, or end the shell with a Ctrl-D), so the line prints a
         # ready marker just before the command starts.
-        self._type_line(stream_line(body, self._nonce, raw=raw))
-        rest = self._await_ready((READY_TAG + self._nonce).encode(), shown)
+        seq = shell.next_seq()
+        early = bytearray()  # the command may answer while its line is still being sent
+        shell.type_line(
+            stream_line(body, shell.nonce, seq, raw=raw, shell=shell.shell), early.extend
+        )
+        end = marker(END_TAG, shell.nonce, seq).encode()
+        rest = self._await_ready(
+            shell, marker(READY_TAG, shell.nonce, seq).encode(), end, shown, early
+        )
         assert self._io is not None
-        marker = (PROMPT_TAG + self._nonce).encode()
-        self._stream = PtyStream(self._io, marker, self._end_stream, pod_id=self._pod_id)
+        self._stream = PtyStream(self._io, end, self._end_stream, pod_id=self._pod_id)
         if rest:
             self._stream._feed(rest)
         return self._stream
@@ -436,33 +450,34 @@ class PodConsole:
             command=shown, output=output, exit_code=code, seconds=time.monotonic() - started
         )
 
-    def _await_ready(self, ready: bytes, shown: str) -> bytes:
-        """Read raw bytes up to the stream's ready marker; return what follows it.
+    def _await_ready(
+        self, shell: ShellSession, ready: bytes, end: bytes, shown: str, raw: bytearray
+    ) -> bytes:
+        """Read raw bytes (after ``raw``, what came while the line was typed) up to the
+        stream's ready marker; return what follows it.
 
         Raises:
-            ConsoleError: the shell printed its prompt instead (the line did not run).
+            ConsoleError: the stream's end marker came instead (the command did not
+                start), or nothing came within 30 s (a resync is then due).
         """
         assert self._io is not None
-        raw = bytearray()
         deadline = time.monotonic() + _STAGE_STEP_TIMEOUT_SECONDS
-        prompt = (PROMPT_TAG + self._nonce).encode()
+        ready_line = re.compile(re.escape(ready) + rb"\r?\n")
         while True:
-            idx = raw.find(ready)
-            end = raw.find(b"\n", idx) if idx >= 0 else -1
-            if end >= 0:
-                self._lines.clear()
-                self._decoder = TerminalDecoder()
-                return bytes(raw[end + 1 :])
-            if idx < 0 and prompt in raw:
-                self._feed(bytes(raw))
-                code, lines = self._read_to_prompt(time.monotonic(), None)
+            found = ready_line.search(raw)
+            if found is not None:
+                shell.restart_decoding()
+                return bytes(raw[found.end() :])
+            if re.search(re.escape(end) + rb":\d+\r?\n", raw):
+                shell.restart_decoding()
+                seen = clean_output(bytes(raw)).replace(shell.nonce, "…")
                 raise ConsoleError(
-                    f"{self._where()}: the stream command `{short(shown)}` did not start "
-                    f"(exit {code}): {tail(chr(10).join(lines))}",
+                    f"{self._where()}: the stream command `{short(shown)}` did not start: "
+                    f"{tail(seen)}",
                     pod_id=self._pod_id,
                 )
             if time.monotonic() > deadline:
-                self._needs_resync = True
+                shell.needs_resync = True
                 raise ConsoleError(
                     f"{self._where()}: the stream command `{short(shown)}` did not start "
                     f"within {_STAGE_STEP_TIMEOUT_SECONDS:g} s; the console will resync",
@@ -478,20 +493,10 @@ class PodConsole:
         if self._on_host_key is not None:
             self._on_host_key(seen)
 
-    def _start_shell(self, deadline: float) -> None:
-        """Set the shell up and sync on the first sentinel prompt; what came before
-        (banner, the pod's coloured prompt) goes to the transcript only."""
-        self._type_line(session_setup_line(self._nonce))
-        code, _lines = self._read_to_prompt(deadline, None)
-        if code is None:
-            raise ConsoleConnectError(
-                f"{self._where()}: the shell gave no prompt within "
-                f"{self._connect_timeout_seconds:g} s after login; open it by hand "
-                f"(`{self._endpoint.ssh_command()}`) to see what it prints",
-                pod_id=self._pod_id,
-            )
-
-    def _ready(self) -> None:
+    def _ready(self) -> ShellSession:
+        """The session's shell, ready for a command: opened on first use, reopened after
+        a drop, resynced after a timeout (a fresh session when the shell stays silent),
+        and set up again after a drift the last command left."""
         if self._io is None and (not self._opened_once or self._reopen_after_drop):
             # A fresh console connects on first use. After a drop, the command in flight
             # raised ConsoleConnectError (it may or may not have run); the next command
@@ -500,9 +505,10 @@ class PodConsole:
                 self.reconnect()
             else:
                 self.connect()
-        if self._io is None:
+        shell = self._shell
+        if shell is None:
             raise ConsoleConnectError(
-                f"{self._where()}: the console is not connected; call connect() or reconnect()",
+                f"{self._where()}: the console is not connected (it was closed); call connect() or reconnect()",
                 pod_id=self._pod_id,
             )
         if self._stream is not None:
@@ -510,104 +516,28 @@ class PodConsole:
                 f"{self._where()}: a stream is open; call its finish() first",
                 pod_id=self._pod_id,
             )
-        if self._needs_resync:
-            self._resync()
+        if shell.needs_resync and not shell.resync():
+            log.warning(
+                "%s: the shell did not answer Ctrl-C (a command still holds the tty); "
+                "opening a fresh session",
+                self._where(),
+            )
+            self.reconnect()
+            shell = self._shell
+            assert shell is not None
+        if shell.needs_setup:
+            reason, shell.needs_setup = shell.needs_setup, None
+            shell.establish(time.monotonic() + self._connect_timeout_seconds, reason)
+        return shell
 
-    def _type_line(self, line: str) -> None:
-        """Type one line; a leading Ctrl-U clears anything left in the tty's line buffer
-        (e.g. a cursor-position answer nobody read)."""
-        assert self._io is not None
-        self._io.send(b"\x15" + line.encode() + b"\n", self._feed)
-
-    def _feed(self, data: bytes) -> None:
-        self._lines.extend(self._decoder.feed(data))
-        for _ in range(self._decoder.take_cursor_queries()):
-            assert self._io is not None
-            reply = f"\x1b[{_TERMINAL_HEIGHT};{self._decoder.column + 1}R".encode()
-            self._io.send(reply, self._feed)
-
-    def _read_to_prompt(
-        self,
-        deadline: float,
-        on_line: Callable[[str], None] | None,
-        *,
-        echo_of: str | None = None,
-    ) -> tuple[int | None, list[str]]:
-        """Collect output lines until the sentinel prompt; ``(None, lines)`` at the deadline."""
-        assert self._io is not None
-        out: list[str] = []
-        while True:
-            while self._lines:
-                line = self._lines.popleft()
-                match = self._prompt_re.search(line)
-                text = line[: match.start()] if match else line
-                if echo_of is not None:
-                    if text == echo_of and match is None:
-                        echo_of = None
-                        continue  # an echo of the typed line (echo turned back on)
-                    echo_of = None
-                if match is None or text:
-                    shown = self._redact(text)
-                    out.append(shown)
-                    self._record(shown)
-                    if on_line is not None:
-                        try:
-                            on_line(shown)
-                        except BaseException:
-                            self._needs_resync = True  # the command's prompt is still due
-                            raise
-                if match is not None:
-                    return int(match.group(1)), out
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None, out
-            self._feed(self._io.recv(min(remaining, 0.5)))
-
-    def _interrupt(self, on_line: Callable[[str], None] | None) -> tuple[int | None, list[str]]:
-        """Send Ctrl-C and wait for the prompt; if it does not come, resync before the
-        next command."""
-        assert self._io is not None
-        self._io.send(b"\x03", self._feed)
-        code, lines = self._read_to_prompt(time.monotonic() + _INTERRUPT_GRACE_SECONDS, on_line)
-        while lines and not lines[-1]:
-            lines.pop()  # bash prints a line break after an interrupted job
-        self._record(f"[timeout; Ctrl-C; exit {code}]")
-        if code is None:
-            self._needs_resync = True
-        return code, lines
-
-    def _resync(self) -> None:
-        """Get back to a known prompt: Ctrl-C, sane tty, a fresh sync marker.
-
-        Raises:
-            ConsoleConnectError: the shell does not answer; call ``reconnect()``.
-        """
-        assert self._io is not None
-        token = _secrets.token_hex(6)
-        self._io.send(b"\x03", self._feed)
-        self._type_line(sync_line(token))
-        deadline = time.monotonic() + _INTERRUPT_GRACE_SECONDS
-        seen = False
-        while time.monotonic() < deadline:
-            code, lines = self._read_to_prompt(deadline, None)
-            seen = seen or any(f"{SYNC_TAG}{token}" in line for line in lines)
-            if code is not None and seen:
-                self._needs_resync = False
-                return
-        raise ConsoleConnectError(
-            f"{self._where()}: the shell does not answer after Ctrl-C; call reconnect() "
-            "(the pod keeps running)",
-            pod_id=self._pod_id,
-        )
-
-    def _checked(self, line: str, what: str) -> None:
-        """Type an internal line and require exit code 0 (secrets never in ``line``)."""
-        self._type_line(line)
+    def _checked(self, shell: ShellSession, command: str, what: str) -> None:
+        """Run an internal command and require exit code 0 (secrets never in it)."""
+        seq = shell.send_command(command)
         deadline = time.monotonic() + _STAGE_STEP_TIMEOUT_SECONDS
-        code, lines = self._read_to_prompt(deadline, None)
+        code, lines = shell.read_command(seq, deadline, None, shown=command)
         if code != 0:
             if code is None:
-                self._interrupt(None)
+                shell.interrupt()
             raise ConsoleError(
                 f"{self._where()}: {what} failed (exit {code}): {tail(chr(10).join(lines))}. "
                 "Next: check the pod's /tmp is writable and has space, then retry",
@@ -616,23 +546,27 @@ class PodConsole:
 
     def _stage(self, command: str) -> str:
         """Send a long or multi-line command as a verified temporary file; return the
-        short line that sources it and removes it, keeping its exit code."""
+        short command that sources it and removes it, keeping its exit code."""
+        shell = self._shell
+        assert shell is not None
         self._staged += 1
-        setup, run_line = staging_lines(command, f"/tmp/.prx_{self._nonce}_{self._staged}")
+        setup, run_line = staging_lines(command, f"/tmp/.prx_{shell.nonce}_{self._staged}")
         for line in setup:
-            self._checked(line, "sending the command through a temporary file")
+            self._checked(shell, line, "sending the command through a temporary file")
         return run_line
 
-    def _apply_secret(self, name: str, raw: str) -> None:
+    def _apply_secret(self, shell: ShellSession, name: str, raw: str) -> None:
         assert self._io is not None
         self._record(f"$ set_secret_env {name}")
-        self._checked("stty -echo", "turning echo off")
-        self._type_line(f"IFS= read -rs {name} && export {name}")
-        self._io.send(raw.encode() + b"\n", self._feed)
-        code, lines = self._read_to_prompt(time.monotonic() + _SECRET_TIMEOUT_SECONDS, None)
+        # A sane tty with echo off: the value is read as one line and never shown.
+        self._checked(shell, "stty sane -echo", "turning echo off")
+        seq = shell.send_command(f"IFS= read -r {name} && export {name}")
+        self._io.send(raw.encode() + b"\n", shell.feed)
+        deadline = time.monotonic() + _SECRET_TIMEOUT_SECONDS
+        code, lines = shell.read_command(seq, deadline, None, shown=f"read {name}")
         if code != 0:
             if code is None:
-                self._interrupt(None)
+                shell.interrupt()
             raise ConsoleError(
                 f"{self._where()}: setting {name} failed (exit {code}): "
                 f"{tail(chr(10).join(lines))}. Next: reconnect() and try again",
@@ -640,25 +574,26 @@ class PodConsole:
             )
 
     def _end_stream(self, rest: bytes, exit_code: int | None) -> None:
-        """Called by the stream when it is done: bytes after its sentinel go back to
+        """Called by the stream when it is done: bytes after its end marker go back to
         the line model, which starts afresh (raw bytes may have left it mid-sequence)."""
         self._stream = None
-        self._decoder = TerminalDecoder()
-        self._lines.clear()
+        shell = self._shell
+        if shell is None:
+            return
         if exit_code is None:
-            self._needs_resync = True
+            shell.needs_resync = True
         else:
             self._record(f"[exit {exit_code}]")
-        if rest:
-            self._feed(rest)
+        shell.restart_decoding(rest)
 
     def _dropped(self, exc: BaseException | None) -> ConsoleConnectError:
         self.close()
         self._reopen_after_drop = True
         reason = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
         return ConsoleConnectError(
-            f"{self._where()}: the SSH session dropped{reason}; call reconnect() and re-run "
-            "the command if it is safe to repeat (detached jobs keep running)",
+            f"{self._where()}: the SSH session dropped{reason}; the next command opens a "
+            "fresh session by itself: re-run this one if it is safe to repeat (detached "
+            "jobs keep running)",
             pod_id=self._pod_id,
         )
 

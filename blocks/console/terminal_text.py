@@ -100,7 +100,10 @@ class TerminalDecoder:
     backspace, ``ESC[K`` erase-in-line (0/1/2), ``ESC[nG`` column, ``ESC[nC``/``ESC[nD``
     cursor forward/back, tabs (kept as ``\\t``). Other escapes and control bytes are
     dropped. ``ESC[6n`` cursor queries are counted; the caller answers them (see
-    ``take_cursor_queries``).
+    ``take_cursor_queries``). Line ends that arrive as a bare ``\\n`` are counted too
+    (``take_bare_line_ends``): a tty with output processing on (``onlcr``, as ``stty
+    sane`` sets it) sends every line end as ``\\r\\n``, so a bare one means the tty was
+    left raw.
 
     Example:
         >>> d = TerminalDecoder()
@@ -116,6 +119,8 @@ class TerminalDecoder:
         self._line: list[str] = []  # the current line's cells
         self._col = 0
         self._queries = 0
+        self._bare_line_ends = 0
+        self._after_cr = False  # the last control seen was a lone \r (a chunk may split \r\n)
 
     @property
     def pending(self) -> str:
@@ -130,6 +135,11 @@ class TerminalDecoder:
     def take_cursor_queries(self) -> int:
         """How many ``ESC[6n`` cursor-position queries arrived since the last call."""
         count, self._queries = self._queries, 0
+        return count
+
+    def take_bare_line_ends(self) -> int:
+        """How many line ends arrived as ``\\n`` without ``\\r`` since the last call."""
+        count, self._bare_line_ends = self._bare_line_ends, 0
         return count
 
     def feed(self, data: str | bytes) -> list[str]:
@@ -147,14 +157,18 @@ class TerminalDecoder:
                 text = text[:esc]
         done: list[str] = []
         for escape, line_ctl, control, plain in _TOKEN_RE.findall(text):
+            after_cr, self._after_cr = self._after_cr, False
             if plain:
                 self._write(plain)
             elif line_ctl:
                 if line_ctl == "\r":
                     self._col = 0
+                    self._after_cr = True
                 elif line_ctl == "\x08":
                     self._col = max(0, self._col - 1)
                 else:  # \n or \r\n
+                    if line_ctl == "\n" and not after_cr:
+                        self._bare_line_ends += 1
                     done.append("".join(self._line))
                     self._line = []
                     self._col = 0

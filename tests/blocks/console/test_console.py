@@ -208,7 +208,7 @@ class TestConnection:
     def test_drop_raises_and_reconnect_opens_a_fresh_session(self, console: PodConsole) -> None:
         console.set_secret_env("PRX_AFTER_DROP", SecretStr("kept-across-reconnect"))
         # Kill this session's sshd process: the connection drops mid-command.
-        with pytest.raises(ConsoleConnectError, match=f"{POD}.*dropped.*reconnect"):
+        with pytest.raises(ConsoleConnectError, match=f"{POD}.*dropped.*fresh session"):
             console.run("kill -9 $PPID; sleep 10", timeout_seconds=20)
         # The next command opens a fresh session by itself, the secret exported again.
         result = console.run('echo back; printf %s "$PRX_AFTER_DROP" | wc -c')
