@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="file transfer method (auto: s3 with --s3-target, sftp in direct mode, else pty)",
     )
     ft.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="copy what links leaving the bundle point at (default: refuse them, naming each)",
+    )
+    ft.add_argument(
         "--max-cost-usd", type=float, help="budget cap in USD: reaching it ends the run"
     )
     ft.add_argument(
@@ -263,6 +268,7 @@ def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
         "hf_token_env": args.hf_token_env,
         "hf_endpoint": args.hf_endpoint,
         "transfer_method": args.transfer,
+        "follow_links": args.follow_links,
         "max_cost_usd": args.max_cost_usd,
         "max_runtime_seconds": args.max_runtime_seconds,
         "parity_tolerance": args.parity_tolerance,

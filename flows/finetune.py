@@ -153,6 +153,7 @@ def finetune(
     hf_token_env: str = "HF_TOKEN",
     hf_endpoint: str | None = None,
     transfer_method: str = "auto",
+    follow_links: bool = False,
     max_cost_usd: float | None = None,
     max_runtime_seconds: float = 3600.0,
     parity_tolerance: float = 0.02,
@@ -192,6 +193,9 @@ def finetune(
             A token is never a parameter: Prefect stores parameters as sent.
         hf_endpoint: Hub endpoint (default: the block's, else huggingface.co).
         transfer_method: ``auto``, ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
+        follow_links: copy what links that leave the bundle (or the outputs) point at,
+            instead of refusing them before anything is rented; in-tree relative links
+            always travel as links.
         max_cost_usd: budget cap in USD; reaching it ends the run and terminates the pod.
         max_runtime_seconds: training runtime cap in seconds.
         parity_tolerance: allowed accuracy gap between in-training and standalone eval.
@@ -405,6 +409,7 @@ def _run_on_pod(
             settings.transfer_method,
             s3=s3,
             paths=settings.upload.files if settings.upload else None,
+            follow_links=settings.follow_links,
         )
 
     with run_stage(report, "train", on_stage):
@@ -498,6 +503,7 @@ def _run_on_pod(
             s3=s3,
             only=only,
             staging_dir=f"{run_dir}/download-eval" if only else None,
+            follow_links=settings.follow_links,
         )
 
     with run_stage(report, "checksum", on_stage):

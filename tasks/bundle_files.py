@@ -14,8 +14,9 @@ What remains is scanned before anything is rented: a file that looks like a secr
 (:data:`SECRET_RULES`: by its path, or by the first :data:`SCAN_BYTES` bytes of its
 content) stops the run, naming each file and why, unless the run allows that file
 explicitly (``allow_secret_files`` / ``--allow-secret-file PATH``, gitignore patterns
-too). Symbolic links are listed as the transfer will see them but never followed by
-the scan; whether a link may leave the bundle is the transfer manifest's rule.
+too). Symbolic links (to files, to directories, dangling) and empty directories are
+listed as the transfer will see them, never followed by the scan; whether a link may
+leave the bundle is the transfer manifest's rule (``blocks/pod_side/manifest.py``).
 
 Plain functions, no Prefect: ``select_bundle_files`` is what preflight calls.
 """
@@ -132,7 +133,7 @@ class BundleFiles(BaseModel):
 
     Attributes:
         root: the bundle directory (absolute).
-        files: relative POSIX paths, sorted.
+        files: relative POSIX paths, sorted: files, links and empty directories.
         total_bytes: their total size in bytes.
         ignored_files: how many files the excludes and the ignore file left out.
         allowed_secrets: secret-looking files sent anyway because the run allowed them.
@@ -162,7 +163,10 @@ def _ignore_spec(root: Path) -> pathspec.GitIgnoreSpec:
 def _walk(
     root: Path, ignore: pathspec.GitIgnoreSpec, skip: Sequence[Path]
 ) -> tuple[list[str], int]:
-    """(kept relative paths, count of files left out), links not followed."""
+    """(kept relative paths, count of files left out), links not followed: what the
+    transfer manifest describes — regular files, symbolic links (to a file, to a
+    directory, or dangling: the manifest's rule decides whether each may travel) and
+    empty directories."""
     kept: list[str] = []
     ignored = 0
     skip_real = {os.path.realpath(p) for p in skip}
@@ -171,22 +175,34 @@ def _walk(
         prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
         for name in sorted(dirnames):
             full = os.path.join(dirpath, name)
-            if ignore.match_file(f"{prefix}{name}/") or os.path.realpath(full) in skip_real:
+            link = os.path.islink(full)
+            pattern = f"{prefix}{name}" if link else f"{prefix}{name}/"
+            if ignore.match_file(pattern) or os.path.realpath(full) in skip_real:
                 dirnames.remove(name)
-                ignored += (
-                    sum(len(f) for _, _, f in os.walk(full)) if not os.path.islink(full) else 0
-                )
+                ignored += sum(len(f) for _, _, f in os.walk(full)) if not link else 1
+            elif link:
+                kept.append(f"{prefix}{name}")  # a link to a directory: never entered
         for name in filenames:
             rel = f"{prefix}{name}"
             full = os.path.join(dirpath, name)
-            if is_transfer_scratch(name) or not os.path.isfile(full):
-                continue  # as the manifest: regular files (and links to them) only
+            if is_transfer_scratch(name):
+                continue
+            if not (os.path.islink(full) or os.path.isfile(full)):
+                continue  # as the manifest: no sockets, fifos or devices
             if ignore.match_file(rel):
                 ignored += 1
                 continue
             kept.append(rel)
+        if prefix and not [n for n in os.listdir(dirpath) if not is_transfer_scratch(n)]:
+            kept.append(prefix.rstrip("/"))  # an empty directory travels too
     kept.sort()
     return kept, ignored
+
+
+def _regular_size(path: str) -> int:
+    """The size in bytes of a regular file; 0 for a link or a directory (no bytes of
+    their own travel)."""
+    return os.path.getsize(path) if os.path.isfile(path) and not os.path.islink(path) else 0
 
 
 def _head(path: str) -> bytes | None:
@@ -245,7 +261,7 @@ def select_bundle_files(
             f"would be copied to a rented pod: {named}. Leave them out in {IGNORE_FILE}, "
             "or send one on purpose with --allow-secret-file PATH (allow_secret_files)."
         )
-    total = sum(os.path.getsize(os.path.join(base, *p.split("/"))) for p in files)
+    total = sum(_regular_size(os.path.join(base, *p.split("/"))) for p in files)
     return BundleFiles(
         root=str(base),
         files=files,

@@ -1,16 +1,19 @@
-"""Checksum: re-hash the downloaded files locally and compare with the pod's manifest,
+"""Checksum: re-hash the downloaded tree locally and compare with the pod's manifest,
 and report what was verified where (docs/architecture.md#publish-from-the-pod).
 
-``verify_manifest`` is the plain function; the ``checksum`` task adds the
-``checksum-manifest`` table artifact (one row per file: path, bytes, md5, sha256, its
-status locally and at the publish destination) and raises ``ChecksumMismatchError``
-naming the first file that differs. Nothing mismatched is ever accepted.
+``verify_manifest`` is the plain function: every file is hashed again, every empty
+directory must be a directory, every link a link with the same target. The
+``checksum`` task adds the ``checksum-manifest`` table artifact (one row per entry:
+path, kind, bytes, md5, sha256, its status locally and at the publish destination)
+and raises ``ChecksumMismatchError`` naming the first entry that differs. Nothing
+mismatched is ever accepted.
 ``verification_records`` sums up each place — the local download, the Hub, S3 — for
 the ``RunReport``.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from prefect import task
@@ -25,14 +28,15 @@ __all__ = ["checksum", "manifest_rows", "verification_records", "verify_manifest
 
 
 def verify_manifest(local_dir: Path, expected: Manifest) -> tuple[Manifest, list[tuple[str, str]]]:
-    """Hash the files of ``expected`` under ``local_dir``.
+    """Check the tree of ``expected`` under ``local_dir``: files re-hashed, empty
+    directories and links (never followed) compared by kind and target.
 
     Returns:
         ``(local_manifest, problems)``; ``problems`` lists ``(path, why)`` (missing
-        files are listed, not raised).
+        entries are listed, not raised).
     """
     paths = [e.path for e in expected.entries]
-    present = [p for p in paths if Path(local_dir).joinpath(*p.split("/")).is_file()]
+    present = [p for p in paths if os.path.lexists(Path(local_dir).joinpath(*p.split("/")))]
     local = mf.compute_manifest(str(local_dir), present)
     problems = mf.compare_manifests(expected.as_dict(), local)
     return Manifest.from_dict(local), problems
@@ -43,9 +47,10 @@ def manifest_rows(
     problems: list[tuple[str, str]],
     published: PublishReport | None = None,
 ) -> list[dict[str, object]]:
-    """Rows of the ``checksum-manifest`` table: path, size_bytes, md5, sha256, ``local``
-    (the downloaded copy: ``ok``, ``MISMATCH: …`` or ``not downloaded``) and, when the
-    run published, ``destination`` (``ok (lfs)``, ``ok (regular)``, ``ok (s3)``)."""
+    """Rows of the ``checksum-manifest`` table: path, kind (``file``, ``dir``, or
+    ``link -> target``), size_bytes, md5, sha256, ``local`` (the downloaded copy:
+    ``ok``, ``MISMATCH: …`` or ``not downloaded``) and, when the run published,
+    ``destination`` (``ok (lfs)``, ``ok (regular)``, ``ok (s3)``)."""
     bad = dict(problems)
     local = {e.path: e for e in expected.entries} if expected is not None else {}
     remote = {f.path: f for f in published.files} if published is not None else {}
@@ -54,6 +59,9 @@ def manifest_rows(
         entry, sent = local.get(path), remote.get(path)
         row: dict[str, object] = {
             "path": path,
+            "kind": (f"link -> {entry.target}" if entry.kind == "link" else entry.kind)
+            if entry
+            else "file",
             "size_bytes": entry.size_bytes if entry else sent.size_bytes if sent else 0,
             "md5": entry.md5 if entry else "",
             "sha256": entry.sha256 if entry else sent.sha256 if sent else "",
@@ -80,7 +88,7 @@ def verification_records(
             VerificationRecord(
                 where="local",
                 location=str(local_dir),
-                files=len(local.entries),
+                files=len(local.files),
                 bytes=local.total_bytes,
                 verified=True,
                 how="md5 + sha256 re-hashed on this machine",
@@ -136,9 +144,10 @@ def checksum(
     where = ", ".join(f"{r.where}: {r.files} files" for r in places) or "nothing"
     if pod_manifest is not None:
         verdict = "all verified" if not problems else f"{len(problems)} MISMATCHED"
+        shape = len(pod_manifest.entries) - len(pod_manifest.files)
         summary = (
-            f"{len(pod_manifest.entries)} files, {pod_manifest.total_bytes} bytes, {verdict} "
-            f"(md5 + sha256); verified at {where}"
+            f"{len(pod_manifest.files)} files, {pod_manifest.total_bytes} bytes, {verdict} "
+            f"(md5 + sha256){f', {shape} dirs/links' if shape else ''}; verified at {where}"
         )
     else:
         summary = f"nothing downloaded; verified at {where}"

@@ -58,14 +58,18 @@ def download(
     console: Any = None,
     only: list[str] | None = None,
     staging_dir: str | None = None,
+    follow_links: bool = False,
 ) -> TransferReport:
-    """Download ``remote_dir`` (relative to the pod's workdir unless absolute) into
-    ``local_dir``; a task retry resumes from the verified ``.part`` files.
+    """Download the tree ``remote_dir`` (relative to the pod's workdir unless absolute)
+    into ``local_dir`` (files, empty directories, in-tree links); a task retry resumes
+    from the verified ``.part`` files.
 
     Args:
         only: download just these paths (relative to ``remote_dir``; absent ones are
             skipped), through ``staging_dir`` on the pod.
         staging_dir: the pod folder ``only`` is copied into (required with ``only``).
+        follow_links: copy what links leaving the tree point at instead of refusing
+            them.
 
     Returns:
         The verified ``TransferReport``.
@@ -91,6 +95,7 @@ def download(
             private_key=private_key,
             s3=s3,
             options=options,
+            follow_links=follow_links,
             on_progress=progress_logger(logger, f"download from {handle.pod_id}"),
         )
     logger.info(

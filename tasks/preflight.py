@@ -24,6 +24,7 @@ from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.local_pod.images import profile_names
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.transfer.dispatch import check_tree
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
 from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_bundle_files
 from prefect_runpod.tasks.models import PublishTarget
@@ -77,6 +78,8 @@ class RunSettings(BaseModel):
         upload: the bundle files the upload sends, with their total bytes.
         publish: where the pod publishes the outputs, or None.
         download: what the ``download`` stage brings home: ``all``, ``eval`` or ``none``.
+        follow_links: transfers copy what links leaving the tree point at instead of
+            refusing them.
     """
 
     bundle: BundleSpec
@@ -94,6 +97,7 @@ class RunSettings(BaseModel):
     upload: BundleFiles | None = None
     publish: PublishTarget | None = None
     download: Literal["all", "eval", "none"] = "all"
+    follow_links: bool = False
 
 
 def validate_settings(
@@ -126,6 +130,7 @@ def validate_settings(
     publish: str | None = None,
     publish_public: bool = False,
     download: str = "all",
+    follow_links: bool = False,
 ) -> RunSettings:
     """Check a run's input before anything is rented; reads the bundle, nothing else.
     Parameters and defaults are the fine-tune flow's (``flows.finetune.finetune``).
@@ -210,6 +215,9 @@ def validate_settings(
             f"the bundle {spec.root} has no file to upload after {IGNORE_FILE} and the "
             "built-in excludes: check the ignore file."
         )
+    # The upload's own rule for links, on what it would send: none may leave the bundle
+    # or dangle (each named), unless follow_links copies the escaping ones.
+    check_tree(spec.root, follow_links=follow_links, paths=files.files)
     return RunSettings(
         bundle=spec,
         provider=provider,  # type: ignore[arg-type]
@@ -226,6 +234,7 @@ def validate_settings(
         upload=files,
         publish=target,
         download=download,  # type: ignore[arg-type]
+        follow_links=bool(follow_links),
     )
 
 

@@ -98,8 +98,11 @@ def upload(
     options: MethodOptions | None = None,
     console: Any = None,
     paths: list[str] | None = None,
+    follow_links: bool = False,
 ) -> TransferReport:
-    """Upload ``local_dir`` to ``remote_dir`` on the pod (relative to its workdir).
+    """Upload the tree ``local_dir`` to ``remote_dir`` on the pod (relative to its
+    workdir): files, empty directories and in-tree links (``follow_links`` copies what
+    links leaving the tree point at instead of refusing them).
 
     ``paths`` limits the upload to those relative paths (preflight's selection of the
     bundle: ignore file, built-in excludes, secret scan); None sends the whole tree.
@@ -113,7 +116,8 @@ def upload(
     Raises:
         ChecksumMismatchError: a file differs after one retry (named).
         TransferError: disk full on the pod (file named), connection lost for good.
-        SpecError: the method cannot work on this pod.
+        SpecError: the method cannot work on this pod, or links leave the tree or
+            dangle (each named, nothing moved).
     """
     from prefect.logging import get_run_logger
 
@@ -128,6 +132,7 @@ def upload(
             private_key=private_key,
             s3=s3,
             options=options,
+            follow_links=follow_links,
             on_progress=progress_logger(logger, f"upload to {handle.pod_id}"),
             paths=paths,
         )

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""File manifests: relative path, size in bytes, md5, sha256 and git blob sha1 of every
-file in a tree.
+"""Tree manifests: every file (path, size in bytes, md5, sha256, git blob sha1), empty
+directory and symbolic link of a tree.
 
 One implementation for both ends of a transfer: the flow imports it as
 ``prefect_runpod.blocks.pod_side.manifest`` and the pod runs it as a script that prints
@@ -11,9 +11,20 @@ classes::
 
     {"root": "/workspace/bundle",
      "entries": [{"path": "data/train.jsonl", "size_bytes": 1234,
-                  "md5": "<32 hex>", "sha256": "<64 hex>", "git_sha1": "<40 hex>"}, ...]}
+                  "md5": "<32 hex>", "sha256": "<64 hex>", "git_sha1": "<40 hex>"},
+                 {"path": "ckpt/empty", "kind": "dir", ...},
+                 {"path": "current", "kind": "link", "target": "ckpt", ...}, ...]}
 
-Entries are sorted by path; paths are relative to ``root`` with ``/`` separators.
+Entries are sorted by path; paths are relative to ``root`` with ``/`` separators. A
+file entry has no ``kind`` (it is the default); a directory is listed only when it is
+empty (the files and links under the others imply them); a link keeps its target text
+as written. Only **in-tree relative links** belong in a manifest: a link with an
+absolute target, one whose target resolves outside the tree, and one whose target does
+not exist are problems (:class:`TreeProblems`, naming each), so a transfer refuses
+them before any byte moves; with ``follow_links`` the escaping ones are read through
+(their target's files take their place) and only dangling ones stay problems.
+Symlinked directories are never descended otherwise.
+
 Work-in-progress files of a transfer (``*.part`` and their ``*.part.json`` sidecars)
 are left out. Each file is read once; md5, sha256 and the git blob sha1 run side by
 side on threads (``hashlib`` releases the GIL on large buffers), so together they cost
@@ -27,9 +38,12 @@ files it stores in LFS it reports the sha256). Hashes of a file's first N bytes
 
 Command line (prints one JSON object on stdout)::
 
-    python3 manifest.py ROOT                      # the whole tree
+    python3 manifest.py ROOT                      # the whole tree (exit 3 on problem links)
+    python3 manifest.py ROOT --follow-links       # escaping links read through
     python3 manifest.py ROOT --files a.txt b/c    # only these relative paths
     python3 manifest.py ROOT --prefix-bytes N --files f   # hashes of each file's first N bytes
+    python3 manifest.py ROOT --apply-b64 B64 [--files …]  # make dirs/links (JSON entries), then
+                                                          # the manifest of them (or of --files)
 """
 
 import argparse
@@ -129,66 +143,291 @@ def is_transfer_scratch(name):
     return name.endswith(PART_SUFFIX) or name.endswith(SIDECAR_SUFFIX)
 
 
-def list_files(root):
-    """Relative POSIX paths of every regular file under ``root`` (or ``[""]``-free list
-    with the file's own name when ``root`` is a file), sorted, transfer scratch left out.
-    Symlinks to files are followed; symlinked directories are not descended."""
+KIND_DIR = "dir"
+KIND_LINK = "link"
+
+
+class TreeProblems(ValueError):
+    """Links a transfer cannot carry: ``problems`` lists ``(relative path, why)``."""
+
+    def __init__(self, root, problems):
+        self.root = root
+        self.problems = list(problems)
+        shown = "; ".join("%s (%s)" % p for p in self.problems[:20])
+        more = len(self.problems) - 20
+        if more > 0:
+            shown += "; and %d more" % more
+        ValueError.__init__(self, "links under %s that cannot be carried: %s" % (root, shown))
+
+
+def _within(path, base):
+    return path == base or path.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def link_problem(root, rel, target):
+    """Why the link ``rel`` (target text ``target``) under ``root`` cannot be carried as a
+    link, or None for an in-tree relative link whose target exists."""
+    if os.path.isabs(target):
+        return "absolute link to %s: make it relative, or copy its target" % target
+    here = os.path.dirname(os.path.join(root, *rel.split("/")))
+    lexical = os.path.normpath(os.path.join(here, target))
+    if not _within(lexical, os.path.normpath(root)):
+        return "points outside the tree, to %s" % lexical
+    if not os.path.exists(lexical):
+        return "dangling: %s does not exist" % target
+    real = os.path.realpath(lexical)
+    if not _within(real, os.path.realpath(root)):
+        return "points outside the tree through another link, to %s" % real
+    return None
+
+
+def scan_tree(root, follow_links=False):
+    """The tree under ``root``: ``(items, problems)``.
+
+    ``items`` are ``(relative path, kind, link target)`` sorted by path, kind ``file``,
+    ``dir`` (empty directories only) or ``link`` (in-tree relative links, target as
+    written); ``problems`` are ``(relative path, why)`` for links that cannot be
+    carried (see the module docstring). With ``follow_links`` an escaping link is read
+    through: its target's files (or the file itself) are listed under the link's path,
+    every link below it followed too, cycles cut.
+    """
     if os.path.isfile(root):
-        return [os.path.basename(root)]
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in filenames:
-            if is_transfer_scratch(name):
-                continue
-            full = os.path.join(dirpath, name)
-            if not os.path.isfile(full):
-                continue
-            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
-            out.append(rel.replace(os.sep, "/"))
-    out.sort()
-    return out
+        return [(os.path.basename(root), "file", None)], []
+    items = []
+    problems = []
+    seen = set()
+
+    def walk(real_dir, rel_dir, follow_all):
+        key = os.path.realpath(real_dir)
+        if key in seen:
+            problems.append((rel_dir or ".", "a link cycle back to %s" % key))
+            return
+        seen.add(key)
+        try:
+            names = sorted(n for n in os.listdir(real_dir) if not is_transfer_scratch(n))
+        except OSError as exc:
+            problems.append((rel_dir or ".", "unreadable: %s" % exc.strerror))
+            return
+        if not names and rel_dir:
+            items.append((rel_dir, KIND_DIR, None))
+        for name in names:
+            full = os.path.join(real_dir, name)
+            rel = name if not rel_dir else rel_dir + "/" + name
+            if os.path.islink(full):
+                target = os.readlink(full)
+                why = None if follow_all else link_problem(root, rel, target)
+                if not follow_all and why is None:
+                    items.append((rel, KIND_LINK, target))
+                elif not os.path.exists(full):
+                    problems.append((rel, "dangling: %s does not exist" % target))
+                elif not (follow_all or follow_links):
+                    problems.append((rel, why))
+                elif os.path.isdir(full):
+                    walk(full, rel, True)
+                else:
+                    items.append((rel, "file", None))
+            elif os.path.isdir(full):
+                walk(full, rel, follow_all)
+            elif os.path.isfile(full):
+                items.append((rel, "file", None))
+        seen.discard(key)
+
+    walk(root, "", False)
+    items.sort()
+    return items, problems
 
 
-def entry_for(root, rel_path, limit_bytes=None):
-    """The manifest entry (dict) of ``rel_path`` under ``root``: path, size_bytes, md5,
-    sha256 and, for a whole file (no ``limit_bytes``), git_sha1.
+def select_tree(root, paths, follow_links=False):
+    """:func:`scan_tree` restricted to a selection: ``(items, problems)`` for the entries
+    in ``paths`` (files, links, empty directories, as a walk of the tree chose them, e.g.
+    an upload's ignore rules) and for everything a selected followed link brings in."""
+    items, problems = scan_tree(root, follow_links)
+    chosen = set(paths)
+
+    def picked(rel):
+        parts = rel.split("/")
+        return any("/".join(parts[:i]) in chosen for i in range(1, len(parts) + 1))
+
+    return [it for it in items if picked(it[0])], [pr for pr in problems if picked(pr[0])]
+
+
+def list_files(root):
+    """Relative POSIX paths of every regular file under ``root`` (its own name when
+    ``root`` is a file), sorted, transfer scratch left out; links are not followed.
 
     Raises:
-        OSError: the file is missing or unreadable, or changed while it was read.
+        TreeProblems: the tree holds links that cannot be carried.
     """
-    full = root if os.path.isfile(root) else os.path.join(root, *rel_path.split("/"))
+    items, problems = scan_tree(root)
+    if problems:
+        raise TreeProblems(root, problems)
+    return [rel for rel, kind, _ in items if kind == "file"]
+
+
+def _link_entry(rel, target):
+    return {
+        "path": rel,
+        "kind": KIND_LINK,
+        "target": target,
+        "size_bytes": 0,
+        "md5": "",
+        "sha256": "",
+    }
+
+
+def _dir_entry(rel):
+    return {"path": rel, "kind": KIND_DIR, "size_bytes": 0, "md5": "", "sha256": ""}
+
+
+def _file_entry(full, rel, limit_bytes=None):
+    """A file's entry: path, size_bytes, md5, sha256 and, for a whole file (no
+    ``limit_bytes``), git_sha1."""
     with open(full, "rb") as fh:
         blob_size = os.fstat(fh.fileno()).st_size if limit_bytes is None else None
         size, md5, sha, blob = _hash_stream(fh, limit_bytes, blob_size)
-    entry = {"path": rel_path, "size_bytes": size, "md5": md5, "sha256": sha}
+    entry = {"path": rel, "size_bytes": size, "md5": md5, "sha256": sha}
     if blob is not None:
         entry["git_sha1"] = blob
     return entry
 
 
-def compute_manifest(root, paths=None, limit_bytes=None):
+def entry_for(root, rel_path, limit_bytes=None):
+    """The manifest entry (dict) of ``rel_path`` under ``root``: a link entry for a
+    symbolic link (never followed), a directory entry for a directory, else the file's
+    entry (path, size_bytes, md5, sha256 and, for a whole file, git_sha1).
+
+    Raises:
+        OSError: the path is missing or unreadable, or a file changed while it was read.
+    """
+    if os.path.isfile(root):
+        return _file_entry(root, rel_path, limit_bytes)
+    full = os.path.join(root, *rel_path.split("/"))
+    if os.path.islink(full):
+        return _link_entry(rel_path, os.readlink(full))
+    if os.path.isdir(full):
+        return _dir_entry(rel_path)
+    return _file_entry(full, rel_path, limit_bytes)
+
+
+def compute_manifest(root, paths=None, limit_bytes=None, follow_links=False, select=False):
     """The manifest of a tree (or of one file).
 
     Args:
         root: a directory, or a single file (its entry is then named by its basename).
-        paths: relative paths to include (default: every file under ``root``).
+        paths: relative paths to include (default: the whole tree). Without ``select``
+            each is described as it is (a destination being verified); with it they
+            are a selection of the source tree, checked like the whole tree would be.
         limit_bytes: hash only each file's first N bytes (for resuming a partial copy).
+        follow_links: read escaping links through (see the module docstring).
+        select: ``paths`` is a source selection (see above).
 
     Returns:
-        ``{"root": str, "entries": [{"path", "size_bytes", "md5", "sha256",
-        "git_sha1"}, ...]}``, entries sorted by path (no ``git_sha1`` with
-        ``limit_bytes``).
+        ``{"root": str, "entries": [...]}``, entries sorted by path (a file's carries
+        ``git_sha1`` unless ``limit_bytes``).
 
     Raises:
+        TreeProblems: the tree (or the selection) holds links that cannot be carried.
         OSError: ``root`` or a listed path is missing or unreadable.
     """
     root = os.fspath(root)
     if not os.path.exists(root):
         raise FileNotFoundError("manifest root does not exist: %s" % root)
-    names = sorted(paths) if paths is not None else list_files(root)
-    return {"root": root, "entries": [entry_for(root, p, limit_bytes) for p in names]}
+    if paths is not None and not select:
+        return {"root": root, "entries": [entry_for(root, p, limit_bytes) for p in sorted(paths)]}
+    if paths is not None:
+        items, problems = select_tree(root, paths, follow_links)
+    else:
+        items, problems = scan_tree(root, follow_links)
+    if problems:
+        raise TreeProblems(root, problems)
+    entries = []
+    for rel, kind, target in items:
+        if kind == KIND_LINK:
+            entries.append(_link_entry(rel, target))
+        elif kind == KIND_DIR:
+            entries.append(_dir_entry(rel))
+        else:
+            full = root if os.path.isfile(root) else os.path.join(root, *rel.split("/"))
+            entries.append(_file_entry(full, rel, limit_bytes))
+    return {"root": root, "entries": entries}
+
+
+def safe_join(root, rel):
+    """``root/rel`` for a relative POSIX path that stays inside ``root``.
+
+    Raises:
+        ValueError: absolute paths, ``..`` segments or empty names.
+    """
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError("unsafe relative path: %r" % rel)
+    return os.path.join(root, *parts)
+
+
+def _clear(path):
+    """Remove what is at ``path`` (a link is removed, never followed)."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.remove(path)
+    else:
+        import shutil
+
+        shutil.rmtree(path)
+
+
+def apply_structure(root, entries):
+    """Make the directory and link entries of a manifest exist under ``root``: empty
+    directories created, links created (what stands in their place is replaced), then
+    every link checked like the source's were (:func:`link_problem`); a link that
+    would leave the tree or dangle here is removed again.
+
+    Args:
+        root: the destination folder.
+        entries: manifest entries; file entries are ignored.
+
+    Returns:
+        ``(relative path, why)`` for every entry that could not be made; empty when all
+        were.
+    """
+    errors = []
+    dirs = [e for e in entries if e.get("kind") == KIND_DIR]
+    links = [e for e in entries if e.get("kind") == KIND_LINK]
+    for entry in dirs:
+        try:
+            path = safe_join(root, entry["path"])
+            if os.path.lexists(path) and not (os.path.isdir(path) and not os.path.islink(path)):
+                _clear(path)
+            if not os.path.isdir(path):
+                os.makedirs(path)
+        except (OSError, ValueError) as exc:
+            errors.append((entry["path"], str(exc)))
+    made = []
+    for entry in links:
+        try:
+            path = safe_join(root, entry["path"])
+            target = entry["target"]
+            if os.path.islink(path) and os.readlink(path) == target:
+                made.append(entry)
+                continue
+            parent = os.path.dirname(path)
+            if not os.path.isdir(parent):
+                os.makedirs(parent)
+            if os.path.lexists(path):
+                _clear(path)
+            os.symlink(target, path)
+            made.append(entry)
+        except (OSError, ValueError, KeyError) as exc:
+            errors.append((entry.get("path", "?"), str(exc)))
+    for entry in made:
+        why = link_problem(root, entry["path"], entry["target"])
+        if why is not None:
+            os.remove(os.path.join(root, *entry["path"].split("/")))
+            errors.append((entry["path"], why))
+    return errors
+
+
+def file_entries(manifest):
+    """The entries of ``manifest`` that are files (the ones whose bytes travel)."""
+    return [e for e in manifest["entries"] if e.get("kind", "file") == "file"]
 
 
 def compare_manifests(expected, actual):
@@ -196,9 +435,10 @@ def compare_manifests(expected, actual):
 
     Returns:
         A list of ``(path, problem)``, e.g. ``("a.bin", "sha256 ab12… != cd34…")``,
-        ``("b.txt", "missing")``; empty when every expected entry matches. Extra files
-        in ``actual`` are not problems (the destination may hold other files).
-        ``git_sha1`` is compared only when both entries carry one.
+        ``("b.txt", "missing")``, ``("current", "a file, not a link")``; empty when every
+        expected entry (file, directory or link) matches. Extra entries in ``actual``
+        are not problems (the destination may hold other files). ``git_sha1`` is
+        compared only when both entries carry one.
     """
     have = {e["path"]: e for e in actual["entries"]}
     problems = []
@@ -207,25 +447,62 @@ def compare_manifests(expected, actual):
         if got is None:
             problems.append((want["path"], "missing"))
             continue
+        kind, got_kind = want.get("kind", "file"), got.get("kind", "file")
+        if kind != got_kind:
+            problems.append((want["path"], "a %s, not a %s" % (got_kind, kind)))
+            continue
+        if kind == KIND_LINK:
+            if want.get("target") != got.get("target"):
+                problems.append(
+                    (want["path"], "link to %s != %s" % (got.get("target"), want.get("target")))
+                )
+            continue
+        if kind == KIND_DIR:
+            continue
         for key in ("size_bytes", "sha256", "md5", "git_sha1"):
-            mine, theirs = want.get(key), got.get(key)
-            if key == "git_sha1" and (mine is None or theirs is None):
+            mine_value, theirs = want.get(key), got.get(key)
+            if key == "git_sha1" and (mine_value is None or theirs is None):
                 continue
-            if mine != theirs:
-                problems.append((want["path"], "%s %s != %s" % (key, mine, theirs)))
+            if mine_value != theirs:
+                problems.append((want["path"], "%s %s != %s" % (key, mine_value, theirs)))
                 break
     return problems
 
 
 def main(argv=None):
-    """Print the manifest of ``ROOT`` as one JSON line; exit 2 when it is missing."""
+    """Print the manifest of ``ROOT`` as one JSON line; exit 2 when it is missing, 3 (with
+    ``{"error", "problems"}`` on stdout) when it holds links that cannot be carried."""
     parser = argparse.ArgumentParser(description="md5+sha256+git-sha1 manifest of a tree, as JSON")
     parser.add_argument("root")
     parser.add_argument("--files", nargs="*", default=None, help="relative paths to include")
     parser.add_argument("--prefix-bytes", type=int, default=None)
+    parser.add_argument("--follow-links", action="store_true", help="read escaping links through")
+    parser.add_argument(
+        "--apply-b64",
+        default=None,
+        help="base64 JSON list of dir/link entries to create under ROOT first",
+    )
     args = parser.parse_args(argv)
+    if args.apply_b64 is not None:
+        import base64
+
+        entries = json.loads(base64.b64decode(args.apply_b64).decode("utf-8"))
+        if not os.path.isdir(args.root):
+            os.makedirs(args.root)
+        errors = apply_structure(args.root, entries)
+        if errors:
+            body = {"root": args.root, "error": "could not make the tree", "problems": errors}
+            sys.stdout.write(json.dumps(body, separators=(",", ":")) + "\n")
+            return 3
+        if args.files is None:
+            args.files = [e["path"] for e in entries]
     try:
-        manifest = compute_manifest(args.root, args.files, args.prefix_bytes)
+        manifest = compute_manifest(args.root, args.files, args.prefix_bytes, args.follow_links)
+    except TreeProblems as exc:
+        body = {"root": args.root, "error": str(exc), "problems": exc.problems}
+        sys.stdout.write(json.dumps(body, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+        return 3
     except OSError as exc:
         sys.stderr.write("manifest: %s\n" % exc)
         return 2

@@ -38,8 +38,11 @@ Download (pod → flow), windowed by the flow's acknowledgements::
     → #A fid epoch offset                (one per frame received: returns window credit)
 
 Blobs (JSON in a data frame with a letter fid): ``M`` asks for the manifest of the
-listed paths (``{"paths": [...] | null}``) and is answered by an ``M`` frame holding
-the manifest (``manifest.compute_manifest``). ``#BYE`` ends the receiver.
+listed paths (``{"paths": [...] | null, "follow_links": bool, "structure": [...]}``),
+first making the directory and link entries of ``structure`` (``manifest.apply_structure``),
+and is answered by an ``M`` frame holding the manifest (``manifest.compute_manifest``),
+or ``{"error", "problems"}`` naming links that cannot be carried. ``#BYE`` ends the
+receiver.
 
 Command line: ``python3 receiver.py --root DIR [--window-bytes N] [--chunk-bytes N]``;
 prints ``#READY <version>`` when it listens.
@@ -62,7 +65,7 @@ try:  # on the pod the script's own folder holds manifest.py
 except ImportError:  # imported as a package module by the flow
     from prefect_runpod.blocks.pod_side import manifest as _manifest  # type: ignore
 
-PROTOCOL_VERSION = "2"  # 2: CRC-32 chunk digests
+PROTOCOL_VERSION = "3"  # 2: CRC-32 chunk digests; 3: trees (dirs, links, follow_links)
 DEFAULT_CHUNK_BYTES = 256 * 1024
 DEFAULT_LINE_CHARS = 4000
 DEFAULT_WINDOW_BYTES = 8 * 1024 * 1024
@@ -255,16 +258,7 @@ class FrameParser(object):
 # --------------------------------------------------------------------------- receiver
 
 
-def safe_join(root, rel):
-    """``root/rel`` for a relative POSIX path that stays inside ``root``.
-
-    Raises:
-        ValueError: absolute paths, ``..`` segments or empty names.
-    """
-    parts = rel.split("/")
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise ValueError("unsafe relative path: %r" % rel)
-    return os.path.join(root, *parts)
+safe_join = _manifest.safe_join
 
 
 class _Upload(object):
@@ -459,7 +453,15 @@ class Receiver(object):
             return self.reply("#N", fr.fid, fr.epoch, fr.offset, 0, "bad")
         req = json.loads(fr.raw.decode("utf-8"))
         try:
-            result = _manifest.compute_manifest(self.root, req.get("paths"))
+            errors = _manifest.apply_structure(self.root, req.get("structure") or [])
+            if errors:
+                result = {"error": "could not make the tree", "problems": errors}
+            else:
+                result = _manifest.compute_manifest(
+                    self.root, req.get("paths"), follow_links=bool(req.get("follow_links"))
+                )
+        except _manifest.TreeProblems as exc:
+            result = {"error": str(exc), "problems": exc.problems}
         except OSError as exc:
             result = {"error": str(exc)}
         body = json.dumps(result, separators=(",", ":")).encode("utf-8")

@@ -1,7 +1,8 @@
 """Moving a directory tree to and from a pod, verified end to end by manifests.
 
 - ``base``       the ``TransferMethod`` protocol, ``PodLink``, ``MethodConfig``, ``TransferHooks``
-- ``dispatch``   ``upload_dir`` / ``download_dir`` / ``pick_method`` over ``METHOD_REGISTRY``
+- ``dispatch``   ``upload_dir`` / ``download_dir`` / ``pick_method`` over ``METHOD_REGISTRY``;
+  ``check_tree`` (would a transfer carry this tree?)
 - ``pod_tools``  the pod tools folder: ``tools_dir``, ``bootstrap_pod_tools``, ``pod_manifest``
 - ``models``     ``Manifest``, ``MethodResult``, ``TransferReport``
 - one module per method: ``pty``, ``sftp``, ``s3``, ``runpodctl``
@@ -33,6 +34,7 @@ __all__ = [
     "TransferMethod",
     "TransferReport",
     "bootstrap_pod_tools",
+    "check_tree",
     "download_dir",
     "method_names",
     "pick_method",
@@ -65,6 +67,7 @@ __getattr__, __dir__ = lazy_exports(
         "TransferMethod": f"{__name__}.base",
         "TransferReport": f"{__name__}.models",
         "bootstrap_pod_tools": f"{__name__}.pod_tools",
+        "check_tree": f"{__name__}.dispatch",
         "download_dir": f"{__name__}.dispatch",
         "method_names": f"{__name__}.dispatch",
         "pick_method": f"{__name__}.dispatch",

@@ -84,12 +84,16 @@ class MethodConfig:
         s3: the bucket or network volume (``s3``).
         options: one method's options; read them with ``options_for``.
         hooks: fault points (``TransferHooks``), or None for none.
+        follow_links: links that leave the tree are read through (their target's files
+            travel in their place) instead of refused; in-tree relative links always
+            travel as links.
     """
 
     private_key: SecretStr | None = None
     s3: S3Target | None = None
     options: MethodOptions | None = None
     hooks: TransferHooks | None = None
+    follow_links: bool = False
 
     def options_for(self, kind: type[_Options]) -> _Options:
         """``options`` when it is a ``kind``, else ``kind()`` (that method's defaults)."""
@@ -150,12 +154,14 @@ class TransferMethod(Protocol):
         *,
         on_progress: ProgressCallback | None = None,
     ) -> MethodResult:
-        """Move the files of ``source`` (the manifest of ``local_root``) to the absolute
-        pod folder ``remote_root``, then verify them on the pod.
+        """Move the tree of ``source`` (the manifest of ``local_root``: files, empty
+        directories, in-tree links) to the absolute pod folder ``remote_root``, then
+        verify it on the pod. The caller's shell is left as it was (working directory,
+        environment).
 
         Returns:
-            ``MethodResult`` whose ``dest_manifest`` was computed on the pod from the
-            files on its disk, and whose ``source_manifest`` is ``source``.
+            ``MethodResult`` whose ``dest_manifest`` was computed on the pod from what
+            is on its disk, and whose ``source_manifest`` is ``source``.
 
         Raises:
             ChecksumMismatchError: a file still differs after the method's retry (named).
@@ -172,7 +178,10 @@ class TransferMethod(Protocol):
         *,
         on_progress: ProgressCallback | None = None,
     ) -> MethodResult:
-        """Move the tree at the absolute pod path ``remote_root`` into ``local_root``.
+        """Move the tree at the absolute pod path ``remote_root`` (files, empty
+        directories, in-tree links) into ``local_root``. A tree whose links leave it or
+        dangle is refused before any byte moves (unless the method was configured with
+        ``follow_links``).
 
         Returns:
             ``MethodResult`` whose ``source_manifest`` was computed on the pod and whose

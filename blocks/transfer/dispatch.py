@@ -23,6 +23,7 @@ target is configured, ``sftp`` when the pod has a direct-TCP sshd, else ``pty``)
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,7 +42,12 @@ from prefect_runpod.blocks.transfer.base import (
     TransferHooks,
     TransferMethod,
 )
-from prefect_runpod.blocks.transfer.models import Manifest, MethodResult, TransferReport
+from prefect_runpod.blocks.transfer.models import (
+    Manifest,
+    MethodResult,
+    TransferReport,
+    tree_refusal,
+)
 from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools, remote_path
 
 if TYPE_CHECKING:
@@ -62,6 +68,7 @@ if TYPE_CHECKING:
 __all__ = [
     "METHOD_REGISTRY",
     "check_pod_end",
+    "check_tree",
     "download_dir",
     "method_names",
     "pick_method",
@@ -193,6 +200,32 @@ def check_pod_end(
     return chosen
 
 
+def check_tree(
+    root: Path | str, *, follow_links: bool = False, paths: list[str] | None = None
+) -> None:
+    """Refuse a local tree that a transfer would refuse, without hashing anything (the
+    check a run makes on its bundle before it rents a pod).
+
+    Args:
+        root: a local folder or file.
+        follow_links: links that leave the tree will be copied through (only dangling
+            ones are refused then).
+        paths: only these entries of the tree (the upload's selection); None for all.
+
+    Raises:
+        SpecError: ``root`` does not exist, or holds links that leave the tree or
+            dangle (each named).
+    """
+    if not os.path.exists(root):
+        raise SpecError(f"{root} does not exist")
+    if paths is None:
+        _items, problems = mf.scan_tree(str(root), follow_links)
+    else:
+        _items, problems = mf.select_tree(str(root), paths, follow_links)
+    if problems:
+        raise SpecError(tree_refusal(str(root), problems))
+
+
 def _report(
     direction: str, method: str, started: float, result: MethodResult, source: Manifest
 ) -> TransferReport:
@@ -224,8 +257,11 @@ def upload_dir(
     options: MethodOptions | None = None,
     hooks: TransferHooks | None = None,
     paths: list[str] | None = None,
+    follow_links: bool = False,
 ) -> TransferReport:
-    """Upload ``local_dir`` (a folder or one file) to ``remote_dir`` on the pod.
+    """Upload the tree ``local_dir`` (a folder or one file) to ``remote_dir`` on the pod:
+    its files, empty directories and in-tree relative links, which are made links
+    again on the pod. The console's shell keeps its working directory and environment.
 
     Args:
         console: an open console to the pod (the pty method runs through it; the
@@ -240,9 +276,12 @@ def upload_dir(
         options: one method's options (``PtyOptions``, ``RunpodctlOptions``): used when
             the chosen method is theirs, ignored otherwise.
         hooks: fault points (``TransferHooks``) for methods that honour them.
-        paths: only these relative POSIX paths of ``local_dir`` (the bundle's selected
-            files: ignore file and secret scan applied); None for the whole tree. Files
-            not listed never leave this machine, whatever the method.
+        paths: only these entries of ``local_dir`` (the bundle's selection: files,
+            links and empty directories, ignore file and secret scan applied); None for
+            the whole tree. Entries not listed never leave this machine, whatever the
+            method.
+        follow_links: copy what links that leave the tree point at, instead of refusing
+            them (dangling links are refused either way).
 
     Returns:
         A ``TransferReport`` with ``verified=True`` (source manifest computed locally,
@@ -251,16 +290,19 @@ def upload_dir(
     Raises:
         ChecksumMismatchError: a file differs after one retry (named).
         TransferError: disk full on the pod (file named), connection lost for good.
-        SpecError: nothing to upload, or the method is not possible for this pod.
+        SpecError: nothing to upload, links that leave the tree or dangle (each named,
+            before any byte moves), or the method is not possible for this pod.
     """
     started = time.monotonic()
     local_dir = Path(local_dir)
     if not local_dir.exists():
         raise SpecError(f"nothing to upload: {local_dir} does not exist")
-    config = MethodConfig(private_key=private_key, s3=s3, options=options, hooks=hooks)
+    config = MethodConfig(
+        private_key=private_key, s3=s3, options=options, hooks=hooks, follow_links=follow_links
+    )
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
-    source = Manifest.compute(local_dir, paths)
+    source = Manifest.compute(local_dir, paths, follow_links=follow_links)
     link = PodLink(handle, console, bootstrap_pod_tools(console, handle))
     result = transfer.upload(link, local_dir, remote, source, on_progress=on_progress)
     report = _report("upload", chosen, started, result, source)
@@ -282,19 +324,24 @@ def download_dir(
     on_progress: ProgressCallback | None = None,
     options: MethodOptions | None = None,
     hooks: TransferHooks | None = None,
+    follow_links: bool = False,
 ) -> TransferReport:
-    """Download ``remote_dir`` from the pod into ``local_dir``; arguments as ``upload_dir``.
+    """Download the tree ``remote_dir`` from the pod into ``local_dir``: files, empty
+    directories and in-tree relative links; arguments as ``upload_dir``.
 
     Returns:
         A ``TransferReport`` with ``verified=True``: the source manifest was computed on
         the pod, the destination manifest re-read from the local disk.
 
     Raises:
-        ChecksumMismatchError, TransferError, SpecError: as ``upload_dir``.
+        ChecksumMismatchError, TransferError, SpecError: as ``upload_dir`` (links on the
+            pod that leave the tree or dangle are refused before any byte moves).
     """
     started = time.monotonic()
     local_dir = Path(local_dir)
-    config = MethodConfig(private_key=private_key, s3=s3, options=options, hooks=hooks)
+    config = MethodConfig(
+        private_key=private_key, s3=s3, options=options, hooks=hooks, follow_links=follow_links
+    )
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
     link = PodLink(handle, console, bootstrap_pod_tools(console, handle))

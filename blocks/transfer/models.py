@@ -13,20 +13,50 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["Manifest", "ManifestEntry", "MethodResult", "TransferReport"]
+__all__ = ["Manifest", "ManifestEntry", "MethodResult", "TransferReport", "tree_refusal"]
+
+
+def tree_refusal(root: str, problems: list[tuple[str, str]] | list[list[str]]) -> str:
+    """The message that refuses a tree for its links, naming each (at most 20) and the
+    way out.
+
+    Args:
+        root: the tree (local or on the pod).
+        problems: ``(relative path, why)`` pairs, as ``pod_side.manifest`` finds them.
+    """
+    listed = "; ".join(f"{path} ({why})" for path, why in problems[:20])
+    more = f"; and {len(problems) - 20} more" if len(problems) > 20 else ""
+    return (
+        f"{root} holds links a transfer would not carry as links: {listed}{more}. Nothing "
+        "was moved. Make them relative links inside the tree, remove them, or pass "
+        "follow_links=True to copy what the escaping ones point at"
+    )
 
 
 class ManifestEntry(BaseModel):
-    """One file: path relative to the manifest root (POSIX separators), size in bytes,
-    md5 and sha256 hex digests, and the git blob id (``sha1("blob <size>\\0" + data)``,
-    what the Hugging Face Hub reports for a file it stores as a regular blob; None in
-    manifests made before it was recorded)."""
+    """One entry of a tree: a file (path relative to the manifest root with POSIX
+    separators, size in bytes, md5 and sha256 hex digests, git blob id), an empty
+    directory, or an in-tree relative symbolic link (``target`` as written; never
+    followed).
+
+    Attributes:
+        path: relative POSIX path.
+        size_bytes: the file's size; 0 for a directory or a link.
+        md5 / sha256: the file's digests; empty for a directory or a link.
+        git_sha1: the file's git blob id (``sha1("blob <size>\\0" + data)``, what the
+            Hugging Face Hub reports for a file it stores as a regular blob); None for a
+            directory, a link, or a manifest made before it was recorded.
+        kind: ``file``, ``dir`` or ``link``.
+        target: a link's target text; None otherwise.
+    """
 
     path: str
     size_bytes: int = Field(ge=0)
-    md5: str
-    sha256: str
+    md5: str = ""
+    sha256: str = ""
     git_sha1: str | None = None
+    kind: Literal["file", "dir", "link"] = "file"
+    target: str | None = None
 
 
 class Manifest(BaseModel):
@@ -45,9 +75,23 @@ class Manifest(BaseModel):
         """Sum of all entry sizes, in bytes."""
         return sum(e.size_bytes for e in self.entries)
 
+    @property
+    def files(self) -> list[ManifestEntry]:
+        """The file entries (the ones whose bytes travel)."""
+        return [e for e in self.entries if e.kind == "file"]
+
     def as_dict(self) -> dict[str, Any]:
-        """The plain form ``pod_side.manifest`` uses (``{"root", "entries": [...]}``)."""
-        return self.model_dump(mode="json")
+        """The plain form ``pod_side.manifest`` uses (``{"root", "entries": [...]}``; a
+        file entry has no ``kind`` or ``target``, a directory or link no ``git_sha1``)."""
+        data = self.model_dump(mode="json")
+        for entry in data["entries"]:
+            if entry["kind"] == "file":
+                del entry["kind"], entry["target"]
+            else:
+                del entry["git_sha1"]
+                if entry["kind"] == "dir":
+                    del entry["target"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
@@ -55,19 +99,32 @@ class Manifest(BaseModel):
         return cls.model_validate({"root": data["root"], "entries": data["entries"]})
 
     @classmethod
-    def compute(cls, root: str | Path, paths: list[str] | None = None) -> Manifest:
+    def compute(
+        cls, root: str | Path, paths: list[str] | None = None, *, follow_links: bool = False
+    ) -> Manifest:
         """The manifest of the local tree (or file) ``root``, computed here.
 
         Args:
             root: a local folder or file.
-            paths: only these relative paths; None for the whole tree.
+            paths: only these entries of the tree (a selection: files, links, empty
+                directories, as an upload's ignore rules chose them); None for the whole
+                tree. Links among them are checked as the whole tree's would be.
+            follow_links: read links that leave the tree through (their target's files
+                take their place) instead of refusing them.
 
         Raises:
+            SpecError: the tree holds links that leave it or dangle (each named).
             OSError: a file cannot be read.
         """
+        from prefect_runpod.blocks.exceptions import SpecError
         from prefect_runpod.blocks.pod_side import manifest as mf
 
-        return cls.from_dict(mf.compute_manifest(str(root), paths))
+        try:
+            return cls.from_dict(
+                mf.compute_manifest(str(root), paths, follow_links=follow_links, select=True)
+            )
+        except mf.TreeProblems as exc:
+            raise SpecError(tree_refusal(str(root), exc.problems)) from exc
 
 
 class MethodResult(BaseModel):

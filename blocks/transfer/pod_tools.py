@@ -16,14 +16,22 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_runpod.blocks.exceptions import TransferError
+from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer.models import tree_refusal
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.pod_handle import PodHandle
 
-__all__ = ["POD_TOOLS_DIR", "bootstrap_pod_tools", "pod_manifest", "remote_path", "tools_dir"]
+__all__ = [
+    "POD_TOOLS_DIR",
+    "bootstrap_pod_tools",
+    "pod_manifest",
+    "raise_for_tree_answer",
+    "remote_path",
+    "tools_dir",
+]
 
 POD_TOOLS_DIR = ".prefect-runpod/bin"
 """Where the pod-side scripts live, relative to ``handle.workdir``."""
@@ -62,8 +70,9 @@ def bootstrap_pod_tools(console: PodConsole, handle: PodHandle) -> str:
     local = {
         p.name: p.read_bytes() for p in sorted(_POD_SIDE.glob("*.py")) if p.name != "__init__.py"
     }
+    # A subshell: the caller's shell keeps its working directory.
     listing = console.run(
-        f"mkdir -p {q} && cd {q} && sha256sum -- *.py 2>/dev/null; true", timeout_seconds=60
+        f"mkdir -p {q} && (cd {q} && sha256sum -- *.py 2>/dev/null); true", timeout_seconds=60
     )
     have = {}
     for line in listing.output.splitlines():
@@ -102,6 +111,9 @@ def pod_manifest(
     root: str,
     paths: list[str] | None = None,
     python: str = "python3",
+    *,
+    follow_links: bool = False,
+    structure: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The manifest of ``root`` computed on the pod (``manifest.py`` in the tools folder)
     through a raw stream of the console (no output mangling, no line limits).
@@ -113,14 +125,26 @@ def pod_manifest(
         root: the pod folder (or file) to describe.
         paths: only these relative paths; None for the whole tree.
         python: the pod's interpreter.
+        follow_links: read links that leave the tree through (whole tree only).
+        structure: directory and link entries to make under ``root`` first
+            (``manifest.apply_structure``); the manifest then covers them (or ``paths``).
 
     Returns:
         The plain form of ``pod_side.manifest`` (``{"root", "entries": [...]}``).
 
     Raises:
-        TransferError: the script failed or printed no JSON within 900 s.
+        SpecError: the tree holds links that leave it or dangle (each named; nothing
+            was moved).
+        TransferError: the script failed, printed no JSON within 900 s, or could not
+            make the ``structure`` entries (each named).
     """
-    cmd = f"{shlex.quote(python)} {shlex.quote(tools_dir(handle) + '/manifest.py')} {shlex.quote(root)}"
+    script = tools_dir(handle) + "/manifest.py"
+    cmd = f"{shlex.quote(python)} {shlex.quote(script)} {shlex.quote(root)}"
+    if follow_links:
+        cmd += " --follow-links"
+    if structure:
+        blob = base64.b64encode(json.dumps(structure).encode()).decode("ascii")
+        cmd += f" --apply-b64 {blob}"
     if paths is not None:
         cmd += " --files " + " ".join(shlex.quote(p) for p in paths)
     stream = console.open_stream(cmd + " 2>&1")
@@ -134,8 +158,37 @@ def pod_manifest(
     for line in text.splitlines():
         if line.startswith('{"root"'):
             result: dict[str, Any] = json.loads(line)
+            raise_for_tree_answer(result, handle, root, making=bool(structure))
             return result
     raise TransferError(
         f"pod {handle.pod_id}: manifest of {root} failed (exit {code}): {text[-500:]}",
         pod_id=handle.pod_id,
     )
+
+
+def raise_for_tree_answer(
+    answer: dict[str, Any], handle: PodHandle, root: str, *, making: bool
+) -> None:
+    """Raise when a pod-side manifest answer names links it could not carry or make.
+
+    Args:
+        answer: what ``manifest.py`` or the receiver answered.
+        handle: the pod.
+        root: the pod folder the answer is about.
+        making: the answer is about making directories and links (a destination).
+
+    Raises:
+        SpecError: the source tree holds links that leave it or dangle (nothing moved).
+        TransferError: directories or links could not be made at the destination.
+    """
+    problems = answer.get("problems")
+    if not problems:
+        return
+    where = f"pod {handle.pod_id}: {root}"
+    if making:
+        listed = "; ".join(f"{path} ({why})" for path, why in problems[:20])
+        raise TransferError(
+            f"{where}: could not make {listed}; check the pod's disk and rerun",
+            pod_id=handle.pod_id,
+        )
+    raise SpecError(tree_refusal(where, problems), pod_id=handle.pod_id)

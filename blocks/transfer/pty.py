@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prefect_runpod.blocks.exceptions import (
     ChecksumMismatchError,
     ConsoleError,
+    SpecError,
     TransferError,
 )
 from prefect_runpod.blocks.pod_side import manifest as mf
@@ -55,7 +56,7 @@ from prefect_runpod.blocks.transfer.base import (
     ProgressCallback,
     TransferHooks,
 )
-from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult, tree_refusal
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.pod_handle import PodHandle
@@ -243,7 +244,7 @@ def _resilient(
             result = run_session(session)
             session.close()
             return result.model_copy(update={"reconnects": reconnects})
-        except (TransferError, KeyboardInterrupt):
+        except (TransferError, SpecError, KeyboardInterrupt):
             if session is not None:
                 session.close()  # end the receiver so the console is usable again
             raise
@@ -308,15 +309,23 @@ def pty_upload(
             e["md5"],
             local_root if single else local_root.joinpath(*e["path"].split("/")),
         )
-        for i, e in enumerate(expected["entries"])
+        for i, e in enumerate(mf.file_entries(expected))
     ]
+    structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
+    every_path = [e["path"] for e in expected["entries"]]
     total = sum(f.size for f in files)
     stats = {"retries": 0}
 
     def session_run(s: _Session) -> MethodResult:
         _upload_files(s, [f for f in files if not f.done], stats, total, files, on_progress, pod)
         for attempt in range(2):
-            dest = s.blob({"paths": [f.rel for f in files]}, 600.0)
+            # The receiver makes the empty directories and links, then hashes the tree.
+            dest = s.blob({"paths": every_path, "structure": structure}, 600.0)
+            if dest.get("problems"):
+                listed = "; ".join(f"{path} ({why})" for path, why in dest["problems"][:20])
+                raise TransferError(
+                    f"pod {pod}: could not make {listed} under {remote_root}", pod_id=pod
+                )
             if "error" in dest:
                 raise TransferError(
                     f"pod {pod}: manifest of {remote_root} failed: {dest['error']}", pod_id=pod
@@ -515,18 +524,22 @@ def pty_download(
     hooks: TransferHooks | None = None,
     on_progress: ProgressCallback | None = None,
     pod: str = "?",
+    follow_links: bool = False,
 ) -> MethodResult:
     """Download the tree ``remote_root`` from the pod into ``local_root``.
 
-    The pod computes the source manifest first; each file lands as ``<name>.part``
-    (+ sidecar), is verified whole, and only then takes its name. Arguments as
-    ``pty_upload``.
+    The pod computes the source manifest first (links that leave the tree or dangle
+    are refused there, unless ``follow_links``); each file lands as ``<name>.part``
+    (+ sidecar), is verified whole, and only then takes its name; empty directories
+    and in-tree links are made last. Arguments as ``pty_upload``.
 
     Returns:
         ``MethodResult``: ``source_manifest`` computed on the pod, ``dest_manifest``
         re-read from the local disk and matching it.
 
     Raises:
+        SpecError: links on the pod that leave the tree or dangle (each named; nothing
+            moved).
         ChecksumMismatchError: a file still differs after one retry (named).
         TransferError: the folder is missing on the pod, or the connection kept dropping.
     """
@@ -538,7 +551,9 @@ def pty_download(
 
     def session_run(s: _Session) -> MethodResult:
         if state["source"] is None:
-            src = s.blob({"paths": None}, 600.0)
+            src = s.blob({"paths": None, "follow_links": follow_links}, 600.0)
+            if src.get("problems"):
+                raise SpecError(tree_refusal(f"pod {pod}: {remote_root}", src["problems"]))
             if "error" in src:
                 raise TransferError(
                     f"pod {pod}: cannot read {remote_root}: {src['error']}; check the path",
@@ -555,7 +570,7 @@ def pty_download(
                     e["md5"],
                     local_root.joinpath(*e["path"].split("/")),
                 )
-                for i, e in enumerate(src["entries"])
+                for i, e in enumerate(mf.file_entries(src))
             )
         src = state["source"]
         total = sum(f.size for f in files)
@@ -563,7 +578,11 @@ def pty_download(
             _download_files(
                 s, [f for f in files if not f.done], state, total, files, on_progress, pod
             )
-            dest = mf.compute_manifest(str(local_root), [f.rel for f in files])
+            made = mf.apply_structure(str(local_root), src["entries"])
+            if made:
+                listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
+                raise TransferError(f"could not make {listed} under {local_root}", pod_id=pod)
+            dest = mf.compute_manifest(str(local_root), [e["path"] for e in src["entries"]])
             problems = mf.compare_manifests(src, dest)
             if not problems:
                 return MethodResult(
@@ -765,14 +784,21 @@ class PtyMethod:
 
     auto_priority: int | None = 10
 
-    def __init__(self, options: PtyOptions | None = None, hooks: TransferHooks | None = None):
+    def __init__(
+        self,
+        options: PtyOptions | None = None,
+        hooks: TransferHooks | None = None,
+        *,
+        follow_links: bool = False,
+    ):
         self.options = options or PtyOptions()
         self.hooks = hooks
+        self.follow_links = follow_links
 
     @classmethod
     def from_config(cls, config: MethodConfig) -> PtyMethod:
-        """The method with the caller's ``PtyOptions`` (if any) and hooks."""
-        return cls(config.options_for(PtyOptions), config.hooks)
+        """The method with the caller's ``PtyOptions`` (if any), hooks and link choice."""
+        return cls(config.options_for(PtyOptions), config.hooks, follow_links=config.follow_links)
 
     def unavailable(self, handle: PodHandle) -> str | None:
         """Always None: a console is all it needs."""
@@ -824,4 +850,5 @@ class PtyMethod:
             hooks=self.hooks,
             on_progress=on_progress,
             pod=pod.pod_id,
+            follow_links=self.follow_links,
         )

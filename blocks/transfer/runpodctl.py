@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect_runpod.blocks.console.terminal_text import strip_ansi
-from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
+from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import (
     MethodConfig,
@@ -60,6 +60,20 @@ def parse_code(log_text: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _reached_through_links(local_root: Path, source: Manifest) -> bool:
+    """True when a file of ``source`` is reached through a link under ``local_root``
+    (the manifest was made with ``follow_links``)."""
+    if local_root.is_file():
+        return local_root.is_symlink()
+    for entry in source.files:
+        path = local_root
+        for part in entry.path.split("/"):
+            path = path / part
+            if path.is_symlink():
+                return True
+    return False
+
+
 def _local_send(path: Path, exe: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -86,14 +100,17 @@ def _local_send(path: Path, exe: str, log: Path) -> tuple[subprocess.Popen[bytes
 
 def _only_manifest_files(local_root: Path, source: Manifest, staging: Path) -> Path:
     """What to hand ``runpodctl send``: ``local_root`` itself when ``source`` lists every
-    file under it, else a staging copy (hard links where possible) holding exactly the
-    files of ``source``, so files the caller left out (ignored, secret) never travel."""
-    if local_root.is_file() or {e.path for e in source.entries} == set(
-        mf.list_files(str(local_root))
-    ):
+    entry of its tree, else a staging copy (hard links where possible) holding exactly
+    the entries of ``source`` (files; directories and links are made again on the pod
+    anyway), so files the caller left out (ignored, secret) never travel."""
+    if local_root.is_file():
+        return local_root
+    items, _problems = mf.scan_tree(str(local_root))
+    if {e.path for e in source.entries} == {rel for rel, _kind, _target in items}:
         return local_root
     staged = staging / local_root.name
-    for entry in source.entries:
+    staged.mkdir(parents=True, exist_ok=True)
+    for entry in source.files:
         src = local_root.joinpath(*entry.path.split("/"))
         dst = staged.joinpath(*entry.path.split("/"))
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -127,13 +144,14 @@ class RunpodctlMethod:
 
     auto_priority: int | None = None
 
-    def __init__(self, options: RunpodctlOptions | None = None):
+    def __init__(self, options: RunpodctlOptions | None = None, *, follow_links: bool = False):
         self.options = options or RunpodctlOptions()
+        self.follow_links = follow_links
 
     @classmethod
     def from_config(cls, config: MethodConfig) -> RunpodctlMethod:
-        """The method with the caller's ``RunpodctlOptions`` (if any)."""
-        return cls(config.options_for(RunpodctlOptions))
+        """The method with the caller's ``RunpodctlOptions`` (if any) and link choice."""
+        return cls(config.options_for(RunpodctlOptions), follow_links=config.follow_links)
 
     def unavailable(self, handle: PodHandle) -> str | None:
         """A message when this machine has no runpodctl (``options.local_exe`` on the
@@ -167,16 +185,28 @@ class RunpodctlMethod:
         on_progress: ProgressCallback | None = None,
     ) -> MethodResult:
         """Send ``local_root`` with runpodctl, receive it on the pod into
-        ``remote_root``, verify with the pod's ``manifest.py``; a mismatch is sent once
-        more. ``on_progress`` is not called (runpodctl reports only to its terminal).
+        ``remote_root`` (in a subshell: the console's shell keeps its directory), make
+        the empty directories and in-tree links there (whatever runpodctl did with
+        them), verify with the pod's ``manifest.py``; a mismatch is sent once more.
+        ``on_progress`` is not called (runpodctl reports only to its terminal).
 
         Raises:
+            SpecError: ``follow_links`` and the tree holds links (runpodctl sends a
+                folder its own way and cannot be told to copy through them).
             TransferError: no code, or the receive failed (its output in the message).
             ChecksumMismatchError: a file differs on the pod after one resend (named).
         """
         console, handle, pod_id = pod.console, pod.handle, pod.pod_id
         local_exe, pod_exe = self.options.local_exe, self.options.pod_exe
+        if self.follow_links and _reached_through_links(local_root, source):
+            raise SpecError(
+                f"{local_root} holds links to copy through, which runpodctl cannot be told "
+                "to do (it zips the folder its own way): upload with method 'pty', 'sftp' "
+                "or 's3'",
+                pod_id=pod_id,
+            )
         expected = source.as_dict()
+        structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
         remote = remote_root
         for attempt in range(2):
             with tempfile.TemporaryDirectory(prefix="runpodctl-") as tmp:
@@ -192,9 +222,11 @@ class RunpodctlMethod:
                     else f"mkdir -p {q(remote)} && cp -a {q(landed)} {q(remote)}/"
                 )
                 try:
+                    # All in a subshell: the console's shell keeps its directory and
+                    # variables.
                     result = console.run(
-                        f"mkdir -p {q(stage)} && cd {q(stage)} && {q(pod_exe)} receive {q(code)} "
-                        f"&& {move}; __rc=$?; cd / && rm -rf {q(stage)}; (exit $__rc)",
+                        f"(mkdir -p {q(stage)} && cd {q(stage)} && {q(pod_exe)} receive {q(code)} "
+                        f"&& {move}; rc=$?; cd / && rm -rf {q(stage)}; exit $rc)",
                         timeout_seconds=TRANSFER_TIMEOUT_SECONDS,
                     )
                 finally:
@@ -209,7 +241,9 @@ class RunpodctlMethod:
                         f"{result.output[-500:]}; try method 'pty'",
                         pod_id=pod_id,
                     )
-            dest = pod_manifest(console, handle, remote, [e.path for e in source.entries])
+            dest = pod_manifest(
+                console, handle, remote, [e.path for e in source.entries], structure=structure
+            )
             problems = mf.compare_manifests(expected, dest)
             if not problems:
                 return MethodResult(
@@ -237,10 +271,13 @@ class RunpodctlMethod:
         on_progress: ProgressCallback | None = None,
     ) -> MethodResult:
         """Send ``remote_root`` from the pod (in the background, output to a log file),
-        receive it here, verify against the manifest the pod computed; a mismatch is
-        sent once more. ``on_progress`` is not called.
+        receive it here, take the manifest's files from what arrived, make its empty
+        directories and in-tree links, and verify against the manifest the pod computed;
+        a mismatch is sent once more. ``on_progress`` is not called.
 
         Raises:
+            SpecError: links on the pod that leave the tree or dangle (each named; with
+                ``follow_links`` too: runpodctl cannot be told to copy through them).
             TransferError: no code in the pod's log within 60 s, or the local receive
                 failed.
             ChecksumMismatchError: a file differs after one resend (named).
@@ -248,7 +285,16 @@ class RunpodctlMethod:
         console, handle, pod_id = pod.console, pod.handle, pod.pod_id
         local_exe, pod_exe = self.options.local_exe, self.options.pod_exe
         remote, local_dir, q = remote_root, local_root, shlex.quote
-        source = pod_manifest(console, handle, remote)
+        try:
+            source = pod_manifest(console, handle, remote)
+        except SpecError as exc:
+            if not self.follow_links:
+                raise
+            raise SpecError(
+                f"{exc}. runpodctl sends a folder its own way and cannot be told to copy "
+                "through links: download with method 'pty' or 'sftp'",
+                pod_id=pod_id,
+            ) from exc
         paths = [e["path"] for e in source["entries"]]
         local_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(2):
@@ -281,8 +327,20 @@ class RunpodctlMethod:
                         f"runpodctl receive failed: {done.stdout[-500:]!r}", pod_id=pod_id
                     )
                 landed = Path(stage) / Path(remote.rstrip("/")).name
-                shutil.copytree(landed, local_dir, dirs_exist_ok=True)
+                # Only the manifest's files are taken: whatever else arrived (links
+                # runpodctl followed or kept) stays in the staging folder.
+                for entry in mf.file_entries(source):
+                    rel = entry["path"].split("/")
+                    target = local_dir.joinpath(*rel)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if target.is_symlink():
+                        target.unlink()
+                    shutil.copyfile(landed.joinpath(*rel), target)
             console.run(f"rm -f {q(log)}", timeout_seconds=30)
+            made = mf.apply_structure(str(local_dir), source["entries"])
+            if made:
+                listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
+                raise TransferError(f"could not make {listed} under {local_dir}", pod_id=pod_id)
             dest = mf.compute_manifest(str(local_dir), paths)
             problems = mf.compare_manifests(source, dest)
             if not problems:

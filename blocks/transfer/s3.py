@@ -163,7 +163,8 @@ def s3_upload_dir(
     on_progress: ProgressCallback | None = None,
 ) -> list[str]:
     """Upload every file of ``source`` (a manifest of ``local_dir``) under ``key_prefix``,
-    each object carrying its sha256 and md5 as user metadata.
+    each object carrying its sha256 and md5 as user metadata (directory and link
+    entries are not objects: ``S3Method`` makes them on the pod).
 
     Args:
         target: the bucket or network volume.
@@ -187,7 +188,7 @@ def s3_upload_dir(
     total = source.total_bytes
     done = 0
     keys = []
-    for e in source.entries:
+    for e in source.files:
         path = local_dir if single else local_dir.joinpath(*e.path.split("/"))
         key = target.key_for(e.path, key_prefix)
         try:
@@ -344,7 +345,7 @@ def s3_download_dir(
         }
     total = sum(e["size_bytes"] for e in wanted["entries"])
     retries = 0
-    todo = list(wanted["entries"])
+    todo = mf.file_entries(wanted)
     for attempt in range(2):
         done = 0
         for e in todo:
@@ -356,6 +357,10 @@ def s3_download_dir(
             done += e["size_bytes"]
             if on_progress:
                 on_progress(done, total)
+        made = mf.apply_structure(str(local_dir), wanted["entries"])
+        if made:
+            listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
+            raise TransferError(f"could not make {listed} under {local_dir}")
         dest_manifest = mf.compute_manifest(str(local_dir), [e["path"] for e in wanted["entries"]])
         problems = mf.compare_manifests(wanted, dest_manifest)
         if not problems:
@@ -374,7 +379,7 @@ def s3_download_dir(
                 stage="download",
             )
         bad = {p for p, _ in problems}
-        todo = [e for e in wanted["entries"] if e["path"] in bad]
+        todo = [e for e in mf.file_entries(wanted) if e["path"] in bad]
         retries += len(todo)
     raise AssertionError("unreachable")
 
@@ -403,13 +408,14 @@ class S3Method:
 
     auto_priority: int | None = 30
 
-    def __init__(self, target: S3Target | None = None):
+    def __init__(self, target: S3Target | None = None, *, follow_links: bool = False):
         self.target = target
+        self.follow_links = follow_links
 
     @classmethod
     def from_config(cls, config: MethodConfig) -> S3Method:
-        """The method on the caller's ``S3Target``."""
-        return cls(config.s3)
+        """The method on the caller's ``S3Target``, with the caller's link choice."""
+        return cls(config.s3, follow_links=config.follow_links)
 
     def unavailable(self, handle: PodHandle) -> str | None:
         """A message when no target is configured, or when it is a plain bucket the pod
@@ -439,8 +445,9 @@ class S3Method:
         *,
         on_progress: ProgressCallback | None = None,
     ) -> MethodResult:
-        """Upload through the network volume and verify on the pod; a file the pod sees
-        differently is uploaded once more.
+        """Upload the files through the network volume, make the empty directories and
+        in-tree links on the pod through the console, and verify on the pod; a file the
+        pod sees differently is uploaded once more.
 
         Raises:
             SpecError: no target, or ``remote_root`` is not under the volume's mount.
@@ -452,8 +459,9 @@ class S3Method:
         s3_upload_dir(target, local_root, key_prefix, source, on_progress)
         expected = source.as_dict()
         paths = [e.path for e in source.entries]
+        structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
         for attempt in range(2):
-            dest = pod_manifest(pod.console, pod.handle, remote_root, paths)
+            dest = pod_manifest(pod.console, pod.handle, remote_root, paths, structure=structure)
             problems = mf.compare_manifests(expected, dest)
             if not problems:
                 return MethodResult(
@@ -486,13 +494,26 @@ class S3Method:
         on_progress: ProgressCallback | None = None,
     ) -> MethodResult:
         """Download a pod folder that lives on the network volume, verified against the
-        manifest the pod computes over its own files.
+        manifest the pod computes over its own tree (empty directories and in-tree links
+        are made here).
 
         Raises:
-            SpecError: as ``upload``.
+            SpecError: as ``upload``; links on the pod that leave the tree or dangle
+                (each named; with ``follow_links`` too: objects are found by their path
+                on the volume, so this method cannot read through a link).
             ChecksumMismatchError, TransferError: as ``s3_download_dir``.
         """
         target = self._target(pod)
         key_prefix = _volume_prefix(target, pod.handle, remote_root)
-        source = Manifest.from_dict(pod_manifest(pod.console, pod.handle, remote_root))
+        try:
+            found = pod_manifest(pod.console, pod.handle, remote_root)
+        except SpecError as exc:
+            if not self.follow_links:
+                raise
+            raise SpecError(
+                f"{exc}. The s3 method fetches objects by their path on the volume and "
+                "cannot copy through a link: download with method 'pty' or 'sftp'",
+                pod_id=pod.pod_id,
+            ) from exc
+        source = Manifest.from_dict(found)
         return s3_download_dir(target, key_prefix, local_root, source, on_progress)

@@ -12,6 +12,7 @@ endpoint. Both answer with a ``MethodResult``.
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 import stat
@@ -31,7 +32,7 @@ from prefect_runpod.blocks.exceptions import (
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
-from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult, tree_refusal
 
 __all__ = [
     "SftpMethod",
@@ -125,20 +126,42 @@ class SftpSession:
                 self.sftp.mkdir(sub)
 
     def manifest(
-        self, root: str, paths: list[str] | None = None, prefix_bytes: int | None = None
+        self,
+        root: str,
+        paths: list[str] | None = None,
+        prefix_bytes: int | None = None,
+        *,
+        follow_links: bool = False,
+        structure: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """The pod's manifest of ``root`` (``manifest.py`` over exec).
+        """The pod's manifest of ``root`` (``manifest.py`` over exec), after making the
+        directory and link entries of ``structure`` when given.
 
         Raises:
-            TransferError: the script failed (e.g. the folder is missing)."""
+            SpecError: the tree holds links that leave it or dangle (each named).
+            TransferError: the script failed (e.g. the folder is missing), or the
+                ``structure`` entries could not be made."""
         cmd = f"{shlex.quote(self.python)} {shlex.quote(self.tools_dir + '/manifest.py')} {shlex.quote(root)}"
         if prefix_bytes is not None:
             cmd += f" --prefix-bytes {prefix_bytes}"
+        if follow_links:
+            cmd += " --follow-links"
+        if structure:
+            blob = base64.b64encode(json.dumps(structure).encode()).decode("ascii")
+            cmd += f" --apply-b64 {blob}"
         if paths is not None:
             cmd += " --files " + " ".join(shlex.quote(p) for p in paths) if paths else " --files"
         _, stdout, stderr = self.client.exec_command(cmd, timeout=600)
         out = stdout.read()
-        if stdout.channel.recv_exit_status() != 0:
+        code = stdout.channel.recv_exit_status()
+        if code == 3:
+            answer: dict[str, Any] = json.loads(out)
+            problems = answer.get("problems") or []
+            if structure:
+                listed = "; ".join(f"{path} ({why})" for path, why in problems[:20])
+                raise TransferError(f"could not make {listed} under {root} on the pod")
+            raise SpecError(tree_refusal(f"the pod's {root}", problems))
+        if code != 0:
             raise TransferError(
                 f"manifest of {root} on the pod failed: "
                 f"{stderr.read().decode(errors='replace').strip()}"
@@ -226,7 +249,9 @@ def sftp_upload(
     """
     single = local_root.is_file()
     expected = source.as_dict()
-    entries = expected["entries"]
+    entries = mf.file_entries(expected)
+    structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
+    every_path = [e["path"] for e in expected["entries"]]
     total = sum(e["size_bytes"] for e in entries)
     state = {"done": 0, "retries": 0}
     opener = session_factory or (lambda: SftpSession(endpoint, private_key, tools_dir, python))
@@ -286,7 +311,7 @@ def sftp_upload(
         for attempt in range(2):
             for e in todo:
                 put_file(s, e)
-            dest = s.manifest(remote_root, [e["path"] for e in entries])
+            dest = s.manifest(remote_root, every_path, structure=structure)
             problems = mf.compare_manifests(expected, dest)
             if not problems:
                 return MethodResult(
@@ -324,15 +349,19 @@ def sftp_download(
     max_reconnects: int = 3,
     pod: str = "?",
     session_factory: Callable[[], SftpSession] | None = None,
+    follow_links: bool = False,
 ) -> MethodResult:
-    """Download the tree ``remote_root`` into ``local_root`` over SFTP; arguments as
-    ``sftp_upload``.
+    """Download the tree ``remote_root`` into ``local_root`` over SFTP (files; empty
+    directories and in-tree links are made here last); arguments as ``sftp_upload``,
+    and ``follow_links`` reads links that leave the tree through instead of refusing
+    them.
 
     Returns:
         ``MethodResult`` with ``source_manifest`` computed on the pod and
         ``dest_manifest`` re-read from the local disk.
 
     Raises:
+        SpecError: links on the pod that leave the tree or dangle (each named).
         ChecksumMismatchError: a file still differs after one retry (named).
         TransferError: the folder is missing on the pod, or the connection kept dropping.
     """
@@ -373,21 +402,27 @@ def sftp_download(
 
     def work(s: SftpSession) -> MethodResult:
         if state["source"] is None:
-            state["source"] = s.manifest(remote_root)
+            state["source"] = s.manifest(remote_root, follow_links=follow_links)
         src = state["source"]
-        total = sum(e["size_bytes"] for e in src["entries"])
+        files = mf.file_entries(src)
+        total = sum(e["size_bytes"] for e in files)
         paths = [e["path"] for e in src["entries"]]
         have = {
             x["path"]: x
             for x in mf.compute_manifest(
-                str(local_root), [p for p in paths if local_root.joinpath(*p.split("/")).is_file()]
+                str(local_root),
+                [e["path"] for e in files if local_root.joinpath(*e["path"].split("/")).is_file()],
             )["entries"]
         }
-        todo = [e for e in src["entries"] if have.get(e["path"], {}).get("sha256") != e["sha256"]]
+        todo = [e for e in files if have.get(e["path"], {}).get("sha256") != e["sha256"]]
         state["done"] = total - sum(e["size_bytes"] for e in todo)
         for attempt in range(2):
             for e in todo:
                 get_file(s, e, total)
+            made = mf.apply_structure(str(local_root), src["entries"])
+            if made:
+                listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
+                raise TransferError(f"could not make {listed} under {local_root}", pod_id=pod)
             dest = mf.compute_manifest(str(local_root), paths)
             problems = mf.compare_manifests(src, dest)
             if not problems:
@@ -406,7 +441,7 @@ def sftp_download(
                     stage="download",
                 )
             bad = {p for p, _ in problems}
-            todo = [e for e in src["entries"] if e["path"] in bad]
+            todo = [e for e in files if e["path"] in bad]
             state["retries"] += len(todo)
         raise AssertionError("unreachable")
 
@@ -424,14 +459,21 @@ class SftpMethod:
 
     auto_priority: int | None = 20
 
-    def __init__(self, private_key: SecretStr | None = None, python: str = "python3"):
+    def __init__(
+        self,
+        private_key: SecretStr | None = None,
+        python: str = "python3",
+        *,
+        follow_links: bool = False,
+    ):
         self.private_key = private_key
         self.python = python
+        self.follow_links = follow_links
 
     @classmethod
     def from_config(cls, config: MethodConfig) -> SftpMethod:
-        """The method with the caller's private key."""
-        return cls(config.private_key)
+        """The method with the caller's private key and link choice."""
+        return cls(config.private_key, follow_links=config.follow_links)
 
     def unavailable(self, handle: PodHandle) -> str | None:
         """A message when the pod has no direct-TCP endpoint (RunPod's gateway refuses
@@ -507,4 +549,5 @@ class SftpMethod:
             python=self.python,
             on_progress=on_progress,
             pod=pod.pod_id,
+            follow_links=self.follow_links,
         )
