@@ -8,10 +8,11 @@ The hierarchy, so a caller can pick what to catch::
     │   ├── CapacityError               no GPU of the requested types/clouds is free
     │   ├── ProviderAuthError           the API key was refused (HTTP 401); never retried
     │   ├── ProviderTransientError      5xx / "Something went wrong" / network; retried with backoff
+    │   ├── PodGoneError                the provider says the pod no longer lives (reconnecting is futile)
     │   └── TerminateError              terminate could not be confirmed: the pod may still bill
     ├── PodTimeoutError                 a bounded wait on a pod ran out
     ├── ConsoleError                    the PTY console failed
-    │   ├── ConsoleConnectError         could not open the SSH session / PTY
+    │   ├── ConsoleConnectError         could not open the SSH session / PTY (``retryable`` or not)
     │   ├── CommandTimeoutError         one command passed its per-command deadline (Ctrl-C sent)
     │   └── ExecRefusedError            the gateway refused an exec/SFTP channel (PTY-only gateway)
     ├── TransferError                   a file transfer failed
@@ -48,6 +49,7 @@ __all__ = [
     "ExecRefusedError",
     "GATEWAY_PTY_ERROR",
     "HFAuthError",
+    "PodGoneError",
     "PodTimeoutError",
     "ProviderAuthError",
     "ProviderError",
@@ -104,6 +106,13 @@ class ProviderTransientError(ProviderError):
     (INTERNAL_SERVER_ERROR), connection errors and timeouts."""
 
 
+class PodGoneError(ProviderError):
+    """Raised when a stage waiting for a pod's SSH to come back learns from the
+    provider that the pod no longer lives (terminated from outside, stopped, its host
+    lost): waiting longer would only spend time. The message names the pod and what
+    the provider said."""
+
+
 class TerminateError(ProviderError):
     """Raised when terminate could not be confirmed. The pod may still be billing:
     the message gives the command to terminate it by hand."""
@@ -135,7 +144,17 @@ class ConsoleError(RunPodFlowError):
 
 
 class ConsoleConnectError(ConsoleError):
-    """Raised when the SSH connection or the PTY shell cannot be opened."""
+    """Raised when the SSH connection or the PTY shell cannot be opened, or dropped.
+
+    Attributes:
+        retryable: True when waiting may help (refused, unreachable, timed out, dropped);
+            False when it cannot (the host key is not the pinned one, the key was
+            refused, the shell never held the console's setup).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True, **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.retryable = retryable
 
 
 class CommandTimeoutError(ConsoleError):

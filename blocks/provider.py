@@ -9,6 +9,7 @@ backend module only implements it.
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -16,7 +17,24 @@ from pydantic import BaseModel, Field
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.validation import constrained
 
-__all__ = ["DeadmanConfig", "PodProvider", "PodRequest", "TerminateResult"]
+__all__ = ["DeadmanConfig", "PodProvider", "PodRequest", "PodStatus", "TerminateResult"]
+
+
+class PodStatus(StrEnum):
+    """Whether a pod still lives, in its provider's own view (``PodProvider.status``).
+
+    A stage that lost its SSH connection asks this before each retry, so a pod that
+    is gone is noticed at once instead of after the whole reconnect budget. Later work
+    may add finer members (why a pod is gone); ``GONE`` stays the answer to "stop
+    waiting".
+    """
+
+    ALIVE = "alive"
+    """The provider lists the pod as running (or starting): waiting may help."""
+    GONE = "gone"
+    """The provider no longer has it running (terminated, stopped, lost)."""
+    UNKNOWN = "unknown"
+    """The provider could not be asked (its API unreachable): keep waiting."""
 
 
 class DeadmanConfig(BaseModel):
@@ -91,6 +109,11 @@ class PodProvider(Protocol):
 
     def list(self, prefix: str) -> list[PodHandle]:
         """Live pods whose name starts with ``prefix``."""
+        ...
+
+    def status(self, pod_id: str) -> PodStatus:
+        """Whether the pod still lives, from the provider's own records (one quick
+        look, no retries: ``UNKNOWN`` when the provider cannot be asked)."""
         ...
 
     def terminate(self, pod_id: str, timeout_seconds: float = 120.0) -> TerminateResult:

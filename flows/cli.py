@@ -38,6 +38,7 @@ EXIT_USAGE = 2
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``prefect-runpod`` (every option documented in ``--help``)."""
+    from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
     from prefect_runpod.blocks.local_pod.images import profile_names
 
     parser = argparse.ArgumentParser(
@@ -181,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=6 * 3600.0,
         help="dead-man switch: hard cap on the pod's life in seconds",
     )
+    ft.add_argument(
+        "--reconnect-budget-seconds",
+        type=float,
+        default=DEFAULT_RECONNECT_BUDGET_SECONDS,
+        help="how long each stage waits for the pod's SSH to come back after it refuses or "
+        "drops connections (default 120)",
+    )
     ft.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
     ft.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
     ft.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
@@ -282,6 +290,7 @@ def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency_limit": args.concurrency_limit,
         "heartbeat_stale_seconds": args.heartbeat_stale_seconds,
         "pod_lifetime_seconds": args.pod_lifetime_seconds,
+        "reconnect_budget_seconds": args.reconnect_budget_seconds,
         "runpod_credentials_block": args.runpod_credentials,
         "runpod_spec_block": args.runpod_spec,
         "ssh_key_block": args.ssh_key,

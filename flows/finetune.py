@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,10 @@ from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console.reconnect import (
+    DEFAULT_RECONNECT_BUDGET_SECONDS,
+    ReconnectPolicy,
+)
 from prefect_runpod.blocks.costs import budget_reason, settle
 from prefect_runpod.blocks.exceptions import (
     BudgetExceededError,
@@ -167,6 +172,7 @@ def finetune(
     concurrency_limit: str | None = None,
     heartbeat_stale_seconds: float = 900.0,
     pod_lifetime_seconds: float = 6 * 3600.0,
+    reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
     runpod_credentials_block: str | None = None,
     runpod_spec_block: str | None = None,
     ssh_key_block: str | None = None,
@@ -215,6 +221,10 @@ def finetune(
         concurrency_limit: a Prefect global concurrency limit (e.g. ``runpod-gpu``) that
             caps how many pods live at once.
         heartbeat_stale_seconds / pod_lifetime_seconds: the pod-side dead-man switch.
+        reconnect_budget_seconds: once the pod is ready, how long each stage waits out a
+            gateway that refuses or drops connections (backoff; the provider is asked
+            before each retry whether the pod still lives), the train stage and its kill
+            path included.
         runpod_credentials_block / runpod_spec_block / ssh_key_block: saved block names
             for ``provider="runpod"``.
         gpu_type_ids: RunPod GPU type ids to fall back over, in order (overrides the
@@ -361,6 +371,11 @@ def _run_on_pod(
         finally:
             report.provision_attempts = list(getattr(pod_provider, "attempts", []) or [])
         record(handle)
+        # From here on every stage waits out SSH outages, asking the provider about the pod.
+        reconnect = ReconnectPolicy(
+            budget_seconds=settings.reconnect_budget_seconds,
+            status=partial(pod_provider.status, handle.pod_id),
+        )
         report.ssh_command = handle.ssh_command(key_path or _save_local_key(handle, key, out))
         run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
         tools_dir = prepare_pod(handle, key, run_dir, deadman)
@@ -375,7 +390,7 @@ def _run_on_pod(
             )
         print(f"pod {handle.pod_id} is up; get in with: {report.ssh_command}", file=sys.stderr)
         # The pod's end of the transfer, now that it runs: before env, hf_auth or upload.
-        check_upload_method(handle, key, settings.transfer_method, s3=s3)
+        check_upload_method(handle, key, settings.transfer_method, s3=s3, reconnect=reconnect)
     remote_bundle = f"{run_dir}/bundle"
 
     with run_stage(report, "env", on_stage):
@@ -386,6 +401,7 @@ def _run_on_pod(
             bundle.requirements,
             tools_dir,
             publish_kind=settings.publish.kind if settings.publish else None,
+            reconnect=reconnect,
         )
         report.env = plan
     python = report.env.python if report.env and report.env.python else "python3"
@@ -394,7 +410,14 @@ def _run_on_pod(
         if settings.model_id is None:
             raise StageSkipped("no model id: the bundle downloads nothing from the Hub")
         diagnosis = hf_auth(
-            handle, key, settings.model_id, hf_token, hf_endpoint, tools_dir, python
+            handle,
+            key,
+            settings.model_id,
+            hf_token,
+            hf_endpoint,
+            tools_dir,
+            python,
+            reconnect=reconnect,
         )
         if isinstance(diagnosis, HFDiagnosis):
             report.hf.append(diagnosis)
@@ -410,6 +433,7 @@ def _run_on_pod(
             s3=s3,
             paths=settings.upload.files if settings.upload else None,
             follow_links=settings.follow_links,
+            reconnect=reconnect,
         )
 
     with run_stage(report, "train", on_stage):
@@ -426,6 +450,7 @@ def _run_on_pod(
             # A gated model is downloaded by the job itself: it needs the token in its env.
             secret_env={"HF_TOKEN": hf_token} if hf_token is not None else None,
             expected_outputs=_declared_outputs(bundle),
+            reconnect=reconnect,
         )
 
     deferred: BaseException | None = None
@@ -446,6 +471,7 @@ def _run_on_pod(
                 transfer_method=settings.transfer_method,
                 hf_token=hf_token,
                 s3=s3,
+                reconnect=reconnect,
             )
         except EvalParityError as exc:
             # docs/architecture.md#eval-parity: a parity failure fails the run *after* download, artifacts kept.
@@ -504,6 +530,7 @@ def _run_on_pod(
             only=only,
             staging_dir=f"{run_dir}/download-eval" if only else None,
             follow_links=settings.follow_links,
+            reconnect=reconnect,
         )
 
     with run_stage(report, "checksum", on_stage):

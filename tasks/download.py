@@ -17,6 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import download_dir
@@ -59,10 +60,12 @@ def download(
     only: list[str] | None = None,
     staging_dir: str | None = None,
     follow_links: bool = False,
+    reconnect: ReconnectPolicy | None = None,
 ) -> TransferReport:
     """Download the tree ``remote_dir`` (relative to the pod's workdir unless absolute)
-    into ``local_dir`` (files, empty directories, in-tree links); a task retry resumes
-    from the verified ``.part`` files.
+    into ``local_dir`` (files, empty directories, in-tree links). A gateway outage is
+    waited out (``reconnect``) and the transfer resumes from the last verified chunk;
+    a task retry resumes from the verified ``.part`` files.
 
     Args:
         only: download just these paths (relative to ``remote_dir``; absent ones are
@@ -81,7 +84,7 @@ def download(
     from prefect.logging import get_run_logger
 
     logger = get_run_logger()
-    with borrowed_console(handle, private_key, console) as live:
+    with borrowed_console(handle, private_key, console, reconnect) as live:
         if only is not None:
             assert staging_dir is not None, "only= needs a staging_dir"
             live.run(stage_files_command(remote_dir, only, staging_dir), check=True)

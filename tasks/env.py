@@ -27,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console import ConsoleLike
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy, resuming
 from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import EnvError
 from prefect_runpod.blocks.pod_handle import PodHandle
@@ -504,8 +505,13 @@ def env(
     torch_index_base: str = TORCH_INDEX_BASE,
     pip_index_url: str | None = None,
     publish_kind: str | None = None,
+    reconnect: ReconnectPolicy | None = None,
 ) -> EnvPlan:
     """Make the pod's Python fit the bundle and prove it.
+
+    A gateway that refuses or drops connections is waited out (``reconnect``), and the
+    step that was cut off (a probe, one install command) runs again: each is safe to
+    repeat, so the stage resumes where it was.
 
     Args:
         handle: the pod.
@@ -516,6 +522,7 @@ def env(
         torch_index_base / pip_index_url: package sources (test indexes in rehearsals).
         publish_kind: ``hf`` or ``s3`` when the run publishes from the pod: the
             publisher's Python and client are made ready too (``tasks/publish_env.py``).
+        reconnect: the run's reconnect policy (budget, backoff, provider status).
 
     Returns:
         The verified :class:`EnvPlan` (``publish_python`` set when publishing).
@@ -524,16 +531,18 @@ def env(
         EnvError: the plan is impossible (nothing installed), an install failed, the
             re-probe did not prove the fix, or the pod's Python is too old to publish.
             The message names the pod.
+        ConsoleConnectError, PodGoneError: the pod's SSH did not come back in time, or
+            the pod is gone.
     """
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.tasks.publish_env import prepare_publish_tools
 
     logger = get_run_logger()
     tools = tools_dir.rstrip("/")
-    with PodConsole.for_pod(handle, private_key) as console:
+    with PodConsole.for_pod(handle, private_key, reconnect=reconnect) as console:
         try:
             plan = fix_env(
-                console,
+                resuming(console),
                 list(requirements),
                 f"{tools}/probe.py",
                 venv=venv or f"{tools}/venv",
@@ -543,7 +552,7 @@ def env(
             )
             if publish_kind is not None:
                 plan = prepare_publish_tools(
-                    console,
+                    resuming(console),
                     plan,
                     publish_kind,
                     provider=handle.provider,

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the console package loads paramiko; comparing needs none of
     from pydantic import SecretStr
 
     from prefect_runpod.blocks.console import CommandOutput, ConsoleLike
+    from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
     from prefect_runpod.blocks.pod_handle import PodHandle
     from prefect_runpod.blocks.transfer.s3 import S3Target
     from prefect_runpod.tasks.bundle import BundleSpec
@@ -423,6 +424,7 @@ def check_parity_on_pod(
     transfer_method: str = "auto",
     hf_token: SecretStr | None = None,
     s3: S3Target | None = None,
+    reconnect: ReconnectPolicy | None = None,
 ) -> ParityReport:
     """The whole ``eval_parity`` stage on a trained pod: run the bundle's own standalone
     eval there, bring both eval JSONL files home with a verified manifest, and compare
@@ -445,6 +447,9 @@ def check_parity_on_pod(
         hf_token: exported hidden as ``HF_TOKEN`` first: the eval may load a gated base
             model too.
         s3: the ``S3Target`` for ``transfer_method="s3"``.
+        reconnect: the run's reconnect policy: a gateway outage is waited out and the
+            step it cut off (the eval, which removes its stale output first, the copy,
+            the download from its last verified chunk) runs again.
 
     Returns:
         The ``ParityReport`` (verdict ``pass``, or ``fail`` under ``warn_only``).
@@ -467,23 +472,25 @@ def check_parity_on_pod(
         ```
     """
     from prefect_runpod.blocks.console import PodConsole
+    from prefect_runpod.blocks.console.reconnect import resuming
     from prefect_runpod.blocks.transfer import download_dir
 
     remote_bundle = f"{run_dir}/bundle"
     parity_dir = f"{run_dir}/parity"
     q = shlex.quote
-    with PodConsole.for_pod(handle, private_key) as console:
+    with PodConsole.for_pod(handle, private_key, reconnect=reconnect) as console:
+        steps = resuming(console)
         if hf_token is not None:
             console.set_secret_env("HF_TOKEN", hf_token)
         run_standalone_eval(
-            console,
+            steps,
             remote_bundle,
             bundle.eval,
             python,
             timeout_seconds=timeout_seconds,
             output_path=bundle.standalone_eval_jsonl,
         )
-        console.run(
+        steps.run(
             f"rm -rf {q(parity_dir)} && mkdir -p {q(parity_dir)} && "
             f"cp {q(remote_bundle + '/' + bundle.train_eval_jsonl)} {q(parity_dir)}/train.jsonl && "
             f"cp {q(remote_bundle + '/' + bundle.standalone_eval_jsonl)} {q(parity_dir)}/standalone.jsonl",

@@ -32,6 +32,7 @@ from prefect.states import Completed, State
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console import ConsoleLike
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy, resuming
 from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import HFAuthError
 from prefect_runpod.blocks.huggingface import collect_access_evidence
@@ -573,8 +574,10 @@ def hf_auth(
     revision: str = "main",
     filename: str | None = "config.json",
     timeout_seconds: float = 60.0,
+    reconnect: ReconnectPolicy | None = None,
 ) -> HFDiagnosis | State:
-    """Diagnose Hugging Face access on the pod, where the download really runs.
+    """Diagnose Hugging Face access on the pod, where the download really runs; a
+    gateway outage is waited out (``reconnect``) and the check runs again.
 
     Args:
         handle: the pod.
@@ -586,6 +589,7 @@ def hf_auth(
         python: the pod interpreter (the env stage's choice).
         revision / filename: the file a download would fetch first.
         timeout_seconds: deadline for the check command.
+        reconnect: the run's reconnect policy (budget, backoff, provider status).
 
     Returns:
         The :class:`HFDiagnosis`, or a ``Completed`` state named ``Skipped`` whose message
@@ -602,9 +606,9 @@ def hf_auth(
         logger.info("%s: hf_auth skipped: %s", handle.pod_id, reason)
         return Completed(name="Skipped", message=reason)
     assert repo_id is not None
-    with PodConsole.for_pod(handle, private_key) as console:
+    with PodConsole.for_pod(handle, private_key, reconnect=reconnect) as console:
         diagnosis = diagnose_on_pod(
-            console,
+            resuming(console),
             repo_id,
             token,
             endpoint,

@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, SecretStr
 
 from prefect_runpod.blocks import validation as v
+from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.local_pod.images import profile_names
 from prefect_runpod.blocks.pod_handle import PodHandle
@@ -80,6 +81,8 @@ class RunSettings(BaseModel):
         download: what the ``download`` stage brings home: ``all``, ``eval`` or ``none``.
         follow_links: transfers copy what links leaving the tree point at instead of
             refusing them.
+        reconnect_budget_seconds: how long each stage after ready waits for the pod's
+            SSH to come back (s).
     """
 
     bundle: BundleSpec
@@ -98,6 +101,7 @@ class RunSettings(BaseModel):
     publish: PublishTarget | None = None
     download: Literal["all", "eval", "none"] = "all"
     follow_links: bool = False
+    reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS
 
 
 def validate_settings(
@@ -131,6 +135,7 @@ def validate_settings(
     publish_public: bool = False,
     download: str = "all",
     follow_links: bool = False,
+    reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
 ) -> RunSettings:
     """Check a run's input before anything is rented; reads the bundle, nothing else.
     Parameters and defaults are the fine-tune flow's (``flows.finetune.finetune``).
@@ -187,7 +192,9 @@ def validate_settings(
     v.check_number("local_cost_per_hr", local_cost_per_hr, optional=True)
     stale = v.check_number("heartbeat_stale_seconds", heartbeat_stale_seconds)
     lifetime = v.check_number("pod_lifetime_seconds", pod_lifetime_seconds)
+    reconnect_budget = v.check_number("reconnect_budget_seconds", reconnect_budget_seconds)
     assert runtime is not None and tolerance is not None and stale is not None and lifetime
+    assert reconnect_budget is not None
     if runtime > lifetime:
         raise SpecError(
             f"{v.label('max_runtime_seconds')} {runtime:g} s is longer than "
@@ -235,6 +242,7 @@ def validate_settings(
         publish=target,
         download=download,  # type: ignore[arg-type]
         follow_links=bool(follow_links),
+        reconnect_budget_seconds=reconnect_budget,
     )
 
 

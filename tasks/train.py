@@ -28,6 +28,10 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console import ConsoleLike
+from prefect_runpod.blocks.console.reconnect import (
+    DEFAULT_RECONNECT_BUDGET_SECONDS,
+    ReconnectPolicy,
+)
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer import pod_tools
@@ -113,7 +117,7 @@ def follow_training(
     kill_grace_seconds: float = 30.0,
     heartbeat_path: str | None = None,
     tail_lines: int = 50,
-    reconnect_timeout_seconds: float = 300.0,
+    reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
     pod_id: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
@@ -134,6 +138,8 @@ def follow_training(
         kill_grace_seconds: SIGTERM → SIGKILL grace on the pod.
         heartbeat_path: the dead-man heartbeat refreshed at each poll (default
             ``<run_dir>/heartbeat``).
+        reconnect_budget_seconds: how long the log reads and the kill path keep
+            reconnecting after a drop (the run's one reconnect budget).
 
     Returns:
         ``TrainReport`` of a run that exited 0.
@@ -168,7 +174,7 @@ def follow_training(
         pod_id=pod_id,
         sleep=sleep,
         clock=clock,
-        reconnect_timeout_seconds=reconnect_timeout_seconds,
+        reconnect_budget_seconds=reconnect_budget_seconds,
     )
     started = clock()
     stop_reason: str | None = None
@@ -255,6 +261,7 @@ def _kill_quietly(follower: LogFollower, grace_seconds: float) -> dict[str, Any]
             python=follower.python,
             grace_seconds=grace_seconds,
             pod_id=follower.pod_id,
+            reconnect_budget_seconds=follower.reconnect_budget_seconds,
         )
     except Exception:  # noqa: BLE001 - best effort; the pod is terminated after this anyway
         return None
@@ -326,6 +333,7 @@ def train(
     console: ConsoleLike | None = None,
     secret_env: dict[str, SecretStr] | None = None,
     expected_outputs: dict[str, str] | None = None,
+    reconnect: ReconnectPolicy | None = None,
 ) -> TrainReport:
     """Launch ``command`` detached on the pod, stream its log into Prefect, and report.
 
@@ -358,6 +366,9 @@ def train(
         expected_outputs: paths (relative to ``cwd``) the job must leave behind, each
             with the ``bundle.toml`` field that declares it (``{"outputs": "outputs"}``):
             a job that exits 0 without one fails here, naming what is missing.
+        reconnect: the run's reconnect policy: the console waits out a gateway outage
+            (backoff, the provider asked before each retry) and the log reads, the
+            launch and the kill path keep trying for its one budget.
 
     Returns:
         The ``TrainReport`` of a run that exited 0 and wrote its declared outputs.
@@ -391,7 +402,12 @@ def train(
     tools = _tools_dir(handle, tools_dir)
     command = command.replace("{python}", python)
     own_console = console is None
-    live: Any = console if console is not None else PodConsole.for_pod(handle, private_key)
+    live: Any = (
+        console
+        if console is not None
+        else PodConsole.for_pod(handle, private_key, reconnect=reconnect)
+    )
+    budget = reconnect.budget_seconds if reconnect else DEFAULT_RECONNECT_BUDGET_SECONDS
     artifact_id = cast(
         UUID,
         create_progress_artifact(
@@ -418,7 +434,16 @@ def train(
             live.connect()
         for name, value in (secret_env or {}).items():
             live.set_secret_env(name, value)
-        started = launch_training(live, run_dir, tools, command, python=python, cwd=cwd, pod_id=pod)
+        started = launch_training(
+            live,
+            run_dir,
+            tools,
+            command,
+            python=python,
+            cwd=cwd,
+            pod_id=pod,
+            reconnect_budget_seconds=budget,
+        )
         logger.info(
             "%s: training started (pid %s) in %s: %s", pod, started["pid"], run_dir, command
         )
@@ -427,7 +452,7 @@ def train(
             max_runtime_seconds=max_runtime_seconds, should_stop=should_stop,
             on_line=lambda line: logger.info("%s | %s", pod, line), on_progress=_on_progress,
             poll_interval_seconds=poll_interval_seconds, kill_grace_seconds=kill_grace_seconds,
-            heartbeat_path=heartbeat_path, pod_id=pod,
+            heartbeat_path=heartbeat_path, pod_id=pod, reconnect_budget_seconds=budget,
         )  # fmt: skip
         missing = missing_outputs(live, cwd or f"{run_dir}/bundle", expected_outputs or {})
         if missing:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefect_runpod.blocks.console import ConsoleLike
+from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
 from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import ConsoleError, TrainingError
 from prefect_runpod.tasks.train_log import strip_ansi
@@ -89,8 +90,10 @@ class LogFollower:
             ``<run_dir>/heartbeat``; ``""`` for none.
         max_bytes: log bytes per read.
         command_timeout_seconds: deadline of one console command.
-        reconnect_timeout_seconds: how long to keep reconnecting after a drop before
-            giving up with ``TrainingError``.
+        reconnect_budget_seconds: how long to keep reconnecting after a drop before
+            giving up with ``TrainingError`` (the run's one reconnect budget; the
+            console's own policy waits out each refusal and asks the provider whether
+            the pod still lives).
         tail_lines: how many last lines to keep for reports and errors.
         pod_id: named in error messages.
         sleep / clock: injectable for tests.
@@ -108,7 +111,7 @@ class LogFollower:
         heartbeat_path: str | None = None,
         max_bytes: int = 65536,
         command_timeout_seconds: float = 60.0,
-        reconnect_timeout_seconds: float = 300.0,
+        reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
         tail_lines: int = 50,
         pod_id: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -123,7 +126,7 @@ class LogFollower:
         self.heartbeat_path = f"{run_dir}/heartbeat" if heartbeat_path is None else heartbeat_path
         self.max_bytes = max_bytes
         self.command_timeout_seconds = command_timeout_seconds
-        self.reconnect_timeout_seconds = reconnect_timeout_seconds
+        self.reconnect_budget_seconds = reconnect_budget_seconds
         self.pod_id = pod_id
         self.sleep = sleep
         self.clock = clock
@@ -143,7 +146,8 @@ class LogFollower:
         """Run ``command`` and return its JSON answer (the object holding ``key``).
 
         Reconnects after a ``ConsoleError`` (backoff up to 5 s) until
-        ``reconnect_timeout_seconds`` pass.
+        ``reconnect_budget_seconds`` pass (the command asks only for state, so asking
+        again is safe).
 
         Raises:
             TrainingError: the pod stayed unreachable, or ``launcher.py`` gave no
@@ -163,7 +167,7 @@ class LogFollower:
                 self.in_command = False
                 now = self.clock()
                 first_failure = now if first_failure is None else first_failure
-                if now - first_failure >= self.reconnect_timeout_seconds:
+                if now - first_failure >= self.reconnect_budget_seconds:
                     raise TrainingError(
                         f"pod {self.pod_id}: the console stayed down for "
                         f"{now - first_failure:.0f} s ({exc}); training may still run on the "
@@ -278,6 +282,7 @@ def launch_training(
     cwd: str | None = None,
     timeout_seconds: float = 60.0,
     pod_id: str | None = None,
+    reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
 ) -> dict[str, Any]:
     """Start ``command`` detached on the pod through ``launcher.py start``.
 
@@ -291,6 +296,7 @@ def launch_training(
         cwd: the working directory, default ``<run_dir>/bundle``.
         timeout_seconds: deadline of the start command.
         pod_id: named in error messages.
+        reconnect_budget_seconds: as for ``LogFollower``.
 
     Returns:
         ``{"pid": …, "pgid": …, "supervisor_pid": …}`` as the pod reported it.
@@ -299,7 +305,14 @@ def launch_training(
         TrainingError: the launcher refused (a run already going, no such cwd), or
             the pod could not be reached (see ``LogFollower.call``).
     """
-    follower = LogFollower(console, run_dir, tools_dir, python=python, pod_id=pod_id)
+    follower = LogFollower(
+        console,
+        run_dir,
+        tools_dir,
+        python=python,
+        pod_id=pod_id,
+        reconnect_budget_seconds=reconnect_budget_seconds,
+    )
     workdir = cwd or f"{run_dir}/bundle"
     start = follower.launcher_command("start", "--cwd", workdir, "--", command)
     answer: dict[str, Any] | None
@@ -332,8 +345,10 @@ def kill_training(
     python: str = "python3",
     grace_seconds: float = 30.0,
     pod_id: str | None = None,
+    reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
 ) -> dict[str, Any]:
-    """SIGTERM the training's process group, SIGKILL it after ``grace_seconds``.
+    """SIGTERM the training's process group, SIGKILL it after ``grace_seconds``; an
+    unreachable pod is retried for ``reconnect_budget_seconds`` (the run's budget).
 
     Returns:
         The pod's answer: ``state``, ``exit_code`` (143 after SIGTERM, 137 after
@@ -342,6 +357,13 @@ def kill_training(
     Raises:
         TrainingError: the pod could not be reached (see ``LogFollower.call``).
     """
-    follower = LogFollower(console, run_dir, tools_dir, python=python, pod_id=pod_id)
+    follower = LogFollower(
+        console,
+        run_dir,
+        tools_dir,
+        python=python,
+        pod_id=pod_id,
+        reconnect_budget_seconds=reconnect_budget_seconds,
+    )
     command = follower.launcher_command("kill", "--grace-seconds", f"{grace_seconds:g}")
     return follower.call(command, "state", grace_seconds + 30.0)

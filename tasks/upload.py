@@ -17,6 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import check_pod_end, upload_dir
@@ -28,15 +29,20 @@ __all__ = ["borrowed_console", "check_upload_method", "progress_logger", "upload
 
 @contextmanager
 def borrowed_console(
-    handle: PodHandle, private_key: SecretStr, console: Any = None
+    handle: PodHandle,
+    private_key: SecretStr,
+    console: Any = None,
+    reconnect: ReconnectPolicy | None = None,
 ) -> Iterator[Any]:
     """The caller's console when it passed one (left open), else a console opened for
-    the pod here and closed on the way out, whatever happens inside.
+    the pod here (with the run's ``reconnect`` policy) and closed on the way out,
+    whatever happens inside.
 
     Args:
         handle: the pod.
         private_key: the SSH key, used only when a console is opened here.
         console: an open console to reuse, or None.
+        reconnect: how the console opened here waits out a gateway outage.
 
     Raises:
         ConsoleConnectError: the pod has no SSH endpoint yet (as ``PodConsole.for_pod``).
@@ -46,7 +52,7 @@ def borrowed_console(
         return
     from prefect_runpod.blocks.console.session import PodConsole
 
-    opened = PodConsole.for_pod(handle, private_key)
+    opened = PodConsole.for_pod(handle, private_key, reconnect=reconnect)
     try:
         yield opened
     finally:
@@ -72,9 +78,11 @@ def check_upload_method(
     method: str = "auto",
     s3: S3Target | None = None,
     console: Any = None,
+    reconnect: ReconnectPolicy | None = None,
 ) -> str:
     """Right after the pod is ready, before anything is uploaded: can the transfer
-    method work with this pod as it is (``dispatch.check_pod_end``)?
+    method work with this pod as it is (``dispatch.check_pod_end``)? The console waits
+    out a gateway outage (``reconnect``).
 
     Returns:
         The method the upload and the downloads will use.
@@ -83,7 +91,7 @@ def check_upload_method(
         SpecError: naming the pod and why (no direct endpoint for ``sftp``, no
             ``runpodctl`` on the pod, …); the flow then terminates the pod.
     """
-    with borrowed_console(handle, private_key, console) as live:
+    with borrowed_console(handle, private_key, console, reconnect) as live:
         return check_pod_end(live, handle, method, s3=s3, private_key=private_key)
 
 
@@ -99,16 +107,19 @@ def upload(
     console: Any = None,
     paths: list[str] | None = None,
     follow_links: bool = False,
+    reconnect: ReconnectPolicy | None = None,
 ) -> TransferReport:
     """Upload the tree ``local_dir`` to ``remote_dir`` on the pod (relative to its
     workdir): files, empty directories and in-tree links (``follow_links`` copies what
     links leaving the tree point at instead of refusing them).
 
-    ``paths`` limits the upload to those relative paths (preflight's selection of the
-    bundle: ignore file, built-in excludes, secret scan); None sends the whole tree.
+    ``paths`` limits the upload to those entries (preflight's selection of the bundle:
+    ignore file, built-in excludes, secret scan); None sends the whole tree.
 
-    A retry of the task resumes: verified files are skipped and partial ones continue
-    from their last verified byte.
+    A gateway that refuses or drops connections is waited out (``reconnect``: one
+    budget, backoff, the provider asked before each retry) and the transfer resumes
+    from the last verified chunk; a retry of the task resumes the same way: verified
+    files are skipped and partial ones continue from their last verified byte.
 
     Returns:
         The verified ``TransferReport``.
@@ -122,7 +133,7 @@ def upload(
     from prefect.logging import get_run_logger
 
     logger = get_run_logger()
-    with borrowed_console(handle, private_key, console) as live:
+    with borrowed_console(handle, private_key, console, reconnect) as live:
         report = upload_dir(
             live,
             handle,

@@ -14,6 +14,10 @@ barrier at the start of the stage (``prefect_runpod.blocks.faults``), never by t
 - ``drop``    — paused at the barrier, the RunPod gateway is told to cut the stage's
   next SSH connection after a few KiB, then the run goes on: the stage reconnects and
   the run completes, or it fails saying so; either way the ``finally`` ends the pod.
+- ``refuse``  — paused at the barrier, the RunPod gateway refuses every connection for
+  10 s, then the run goes on: the stage waits it out (backoff, the provider asked
+  before each retry) and the run completes; the ``finally`` ends the pod. These cells
+  exist for ``env``, ``upload`` and ``download`` (#13).
 
 One more cell runs SIGKILL under the served runner: the runner marks the run Crashed
 and its ``on_crashed`` hook, in the runner's process, finds the pod by name and ends it.
@@ -52,7 +56,9 @@ from prefect_runpod.blocks.faults import (
 from tests.fixtures.fault_matrix import FaultLab, wait_until
 
 STAGES = ("provision", "env", "upload", "train", "download")
-FAULTS = ("raise", "sigterm", "sigkill", "cancel", "drop")
+FAULTS = ("raise", "sigterm", "sigkill", "cancel", "drop", "refuse")
+REFUSE_STAGES = ("env", "upload", "download")
+REFUSE_SECONDS = 10.0
 FULL = os.environ.get("PREFECT_RUNPOD_FULL_MATRIX") == "1"
 
 # Every stage, every fault and every layer; the full matrix behind the variable.
@@ -67,8 +73,14 @@ SUBSET = {
     ("train", "raise"),
     ("download", "sigkill"),  # reaper
     ("download", "cancel"),
+    *((stage, "refuse") for stage in REFUSE_STAGES),  # always: the gateway outage cells
 }
-CELLS = [(s, f) for s in STAGES for f in FAULTS if FULL or (s, f) in SUBSET]
+CELLS = [
+    (s, f)
+    for s in STAGES
+    for f in FAULTS
+    if (FULL and (f != "refuse" or s in REFUSE_STAGES)) or (s, f) in SUBSET
+]
 
 DEADMAN_STALE_SECONDS = 3.0
 REAPER_STALE_SECONDS = 2.0
@@ -215,8 +227,14 @@ def _served_cell(lab: FaultLab, stage: str, fault: str, cell: Path) -> Cell:
     prefix = f"fm{uuid.uuid4().hex[:8]}"
     out = cell / "out"
     params = {"provider": "runpod", "name_prefix": prefix, "output_dir": str(out)}
-    action = {"cancel": "pause", "drop": "pause", "sigkill-served": "sigkill"}.get(fault, fault)
+    action = {
+        "cancel": "pause",
+        "drop": "pause",
+        "refuse": "pause",
+        "sigkill-served": "sigkill",
+    }.get(fault, fault)
     links_before = len(lab.emulator.links)
+    refused_before = lab.emulator.refused_connections
     run_id = lab.submit(params, f"{stage}:{action}")
     own = run_fault_dir(lab.fault_dir, str(run_id))
     if action == "pause":
@@ -234,6 +252,9 @@ def _served_cell(lab: FaultLab, stage: str, fault: str, cell: Path) -> Cell:
         if fault == "cancel":
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(run_id, Cancelling(), force=True)
+        elif fault == "refuse":
+            lab.emulator.refuse_connections_for(REFUSE_SECONDS)
+            release_marker(own, stage)
         else:
             lab.emulator.faults.drop_next_connection_after_bytes = DROP_AFTER_BYTES
             release_marker(own, stage)
@@ -266,6 +287,11 @@ def _served_cell(lab: FaultLab, stage: str, fault: str, cell: Path) -> Cell:
         else:
             assert state == "FAILED", (state, message)
             assert any(w in message.lower() for w in ("connect", "drop", "ssh", "channel")), message
+    elif fault == "refuse":
+        refused = lab.emulator.refused_connections - refused_before
+        assert refused >= 1, f"the gateway refused nothing during {stage}"
+        assert state == "COMPLETED", (state, message, lab.runner_tail())
+        message = f"survived: the gateway refused {refused} connections for {REFUSE_SECONDS:g} s"
     if fault != "sigkill-served":
         assert layer == "1 finally", (layer, report.get("error"))
     end = lab.emulator.ended[report["pod_id"]]

@@ -41,8 +41,10 @@ def test_the_callers_console_is_lent_not_closed(monkeypatch: pytest.MonkeyPatch)
 def test_an_opened_console_is_closed_even_on_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[_Console] = []
 
-    def for_pod(cls: type, handle: PodHandle, private_key: SecretStr) -> _Console:
-        assert handle is HANDLE and private_key is KEY
+    def for_pod(
+        cls: type, handle: PodHandle, private_key: SecretStr, reconnect: object = None
+    ) -> _Console:
+        assert handle is HANDLE and private_key is KEY and reconnect is None
         opened.append(_Console())
         return opened[-1]
 

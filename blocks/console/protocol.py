@@ -56,7 +56,8 @@ class ConsoleLike(Protocol):
         Raises:
             CommandTimeoutError: the deadline passed.
             ConsoleError: ``check`` and a non-zero exit code.
-            ConsoleConnectError: the connection dropped; call ``reconnect()``.
+            ConsoleConnectError: the connection dropped (a ``PodConsole`` opens a fresh
+                session by itself for the next command).
         """
         ...
 

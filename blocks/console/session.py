@@ -41,6 +41,7 @@ import paramiko
 from pydantic import BaseModel, SecretStr
 
 from prefect_runpod.blocks.console.channel import ChannelIO, PtyStream
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
 from prefect_runpod.blocks.console.shell import (
     TERMINAL_HEIGHT,
     TERMINAL_WIDTH,
@@ -106,6 +107,9 @@ class PodConsole:
         window_bytes: the SSH channel window (large windows keep bulk reads fast).
         secrets: values masked (``***``) everywhere output leaves the console.
         on_host_key: called with the server's host-key line when none was pinned.
+        reconnect: how to wait when the pod's SSH refuses or drops connections
+            (``ReconnectPolicy``: one budget, backoff, the provider asked before each
+            retry); None: one attempt, as before a pod is ready.
 
     Example:
         ```python
@@ -124,8 +128,10 @@ class PodConsole:
         window_bytes: int = 8 * 1024 * 1024,
         secrets: Sequence[SecretStr] = (),
         on_host_key: Callable[[str], None] | None = None,
+        reconnect: ReconnectPolicy | None = None,
     ) -> None:
         self._endpoint = endpoint
+        self.reconnect_policy = reconnect
         self._private_key = private_key
         self._pod_id = pod_id
         self._connect_timeout_seconds = connect_timeout_seconds
@@ -174,15 +180,27 @@ class PodConsole:
         return "\n".join(self._transcript)
 
     def connect(self) -> None:
-        """Open the SSH session and the PTY shell, and set the shell up.
+        """Open the SSH session and the PTY shell, and set the shell up; with a
+        reconnect policy, refusals and timeouts are waited out (backoff, the provider
+        asked before each retry) for up to its budget.
 
         Raises:
-            ConsoleConnectError: connection refused or timed out, host key not the
-                pinned one, key refused, PTY shell refused, or the shell never held the
-                setup (the message says what the login scripts did).
+            ConsoleConnectError: connection refused or timed out (past the budget), host
+                key not the pinned one, key refused, PTY shell refused, or the shell
+                never held the setup (the message says what the login scripts did).
+            PodGoneError: (with a policy) the provider says the pod no longer lives.
         """
         if self._io is not None:
             return
+        if self.reconnect_policy is None:
+            self._open()
+        else:
+            self.reconnect_policy.call(
+                self._open, pod_id=self._pod_id, what=f"SSH at {self._where()}"
+            )
+
+    def _open(self) -> None:
+        """One attempt at ``connect``."""
         deadline = time.monotonic() + self._connect_timeout_seconds
         client = open_ssh_client(
             self._endpoint,
@@ -241,7 +259,7 @@ class PodConsole:
         to ``set_secret_env``. Commands that were running are not re-run.
 
         Raises:
-            ConsoleConnectError: as ``connect``.
+            ConsoleConnectError, PodGoneError: as ``connect``.
         """
         self.close()
         self.connect()
@@ -508,8 +526,10 @@ class PodConsole:
         shell = self._shell
         if shell is None:
             raise ConsoleConnectError(
-                f"{self._where()}: the console is not connected (it was closed); call connect() or reconnect()",
+                f"{self._where()}: the console is not connected (it was closed); call "
+                "connect() or reconnect()",
                 pod_id=self._pod_id,
+                retryable=False,
             )
         if self._stream is not None:
             raise ConsoleError(

@@ -234,6 +234,7 @@ class ShellSession:
             f"Login output last seen: {last[-600:]}. Next: make the image's ~/.bashrc stop "
             "reading the terminal (or guard it with [ -t 0 ] checks), or use another image",
             pod_id=self._pod_id,
+            retryable=False,
         )
 
     # -- commands ----------------------------------------------------------------------

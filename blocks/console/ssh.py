@@ -125,6 +125,7 @@ def open_ssh_client(
             f"({fingerprint(pinned_host_key or '')}); refusing to connect. If the pod was "
             "re-created on purpose, clear the recorded host key; otherwise do not connect",
             pod_id=pod_id,
+            retryable=False,
         )
 
     if pinned_host_key:
@@ -166,6 +167,7 @@ def open_ssh_client(
             "to the pod (RunPod: account Settings → SSH public keys, or the PUBLIC_KEY env) "
             "and retry",
             pod_id=pod_id,
+            retryable=False,
         ) from exc
     except (paramiko.SSHException, OSError, EOFError) as exc:
         client.close()

@@ -58,7 +58,7 @@ from prefect_runpod.blocks.local_pod.registry import (
     remove_record,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
-from prefect_runpod.blocks.provider import PodRequest, TerminateResult
+from prefect_runpod.blocks.provider import PodRequest, PodStatus, TerminateResult
 
 __all__ = ["LocalPod", "LocalPodProvider", "base_python", "default_home"]
 
@@ -305,6 +305,12 @@ class LocalPodProvider:
         """The registered pod ``pod_id``, or None."""
         record = read_record(self.home, pod_id)
         return self._to_handle(record) if record else None
+
+    def status(self, pod_id: str) -> PodStatus:
+        """``ALIVE`` while the pod is registered and its daemon runs, else ``GONE`` (a
+        local pod's records are on this machine: never ``UNKNOWN``)."""
+        record = read_record(self.home, pod_id)
+        return PodStatus.ALIVE if record is not None and daemon_alive(record) else PodStatus.GONE
 
     def terminate(self, pod_id: str, timeout_seconds: float = 30.0) -> TerminateResult:
         """End pod ``pod_id``: SIGTERM its daemon (which ends the pod itself), SIGKILL

@@ -35,7 +35,7 @@ from prefect_runpod.blocks.exceptions import (
     TerminateError,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import PodRequest, TerminateResult
+from prefect_runpod.blocks.provider import PodRequest, PodStatus, TerminateResult
 from prefect_runpod.blocks.runpod.blocks import (
     RunPodCredentials,
     RunPodPodSpec,
@@ -376,6 +376,22 @@ class RunPodProvider:
             if (p.get("name") or "").startswith(prefix)
             and p.get("desiredStatus") not in GONE_STATUSES
         ]
+
+    def status(self, pod_id: str) -> PodStatus:
+        """Whether RunPod still runs the pod: one ``get_pod`` (no retries).
+
+        Returns:
+            ``GONE`` when the pod reads back as null or ``TERMINATED``/``EXITED``/``DEAD``,
+            ``UNKNOWN`` when the API did not answer, else ``ALIVE``.
+        """
+        try:
+            pod = self._client.get_pod(pod_id)
+        except Exception as exc:  # noqa: BLE001 - any failure to ask means "cannot tell"
+            logger.info("%s: status unknown (%s)", pod_id, type(exc).__name__)
+            return PodStatus.UNKNOWN
+        if pod is None or pod.get("desiredStatus") in _DEAD_STATUSES:
+            return PodStatus.GONE
+        return PodStatus.ALIVE
 
     # -- wait -------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console.reconnect import resuming
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as mf
@@ -194,7 +195,8 @@ def check_pod_end(
     config = MethodConfig(private_key=private_key, s3=s3, options=options)
     chosen, method = _choose(handle, requested, config)
     ask = getattr(method, "pod_unavailable", None)  # methods registered before it existed
-    reason = ask(PodLink(handle, console, bootstrap_pod_tools(console, handle))) if ask else None
+    tools = bootstrap_pod_tools(resuming(console), handle)
+    reason = ask(PodLink(handle, console, tools)) if ask else None
     if reason is not None:
         raise SpecError(reason, pod_id=handle.pod_id)
     return chosen
@@ -303,7 +305,7 @@ def upload_dir(
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
     source = Manifest.compute(local_dir, paths, follow_links=follow_links)
-    link = PodLink(handle, console, bootstrap_pod_tools(console, handle))
+    link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
     result = transfer.upload(link, local_dir, remote, source, on_progress=on_progress)
     report = _report("upload", chosen, started, result, source)
     if not report.verified:  # the methods raise first; this is the last guard
@@ -344,7 +346,7 @@ def download_dir(
     )
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
-    link = PodLink(handle, console, bootstrap_pod_tools(console, handle))
+    link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
     result = transfer.download(link, remote, local_dir, on_progress=on_progress)
     report = _report("download", chosen, started, result, result.source_manifest)
     if not report.verified:

@@ -21,6 +21,7 @@ from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.models import tree_refusal
 
 if TYPE_CHECKING:
+    from prefect_runpod.blocks.console.protocol import ConsoleLike
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.pod_handle import PodHandle
 
@@ -50,7 +51,7 @@ def tools_dir(handle: PodHandle) -> str:
     return remote_path(handle, POD_TOOLS_DIR)
 
 
-def bootstrap_pod_tools(console: PodConsole, handle: PodHandle) -> str:
+def bootstrap_pod_tools(console: ConsoleLike, handle: PodHandle) -> str:
     """Copy every ``blocks/pod_side/*.py`` into :func:`tools_dir` on the pod.
 
     Each file travels as base64 in console lines under 3000 characters (the tty cuts

@@ -105,6 +105,10 @@ class Faults:
             directions together: a dropped link at a chosen point, by volume, never by
             time. Shorter connections (a host-key probe) pass untouched; one cut, then
             the fault is spent (reset to 0).
+        refuse_connections_until: while ``time.monotonic()`` is before this, the
+            gateway closes every connection it accepts at once, as a restarting proxy
+            does (set it with ``RunPodEmulator.refuse_connections_for``); each one is
+            counted in ``RunPodEmulator.refused_connections``.
     """
 
     capacity_first_n: int = 0
@@ -117,6 +121,7 @@ class Faults:
     terminate_ignored: bool = False
     resume_gpus_busy: bool = False
     drop_next_connection_after_bytes: int = 0
+    refuse_connections_until: float = 0.0
 
     def take(self, table: dict[str, int], op: str) -> bool:
         """Consume one count for ``op`` (or ``*``); True when a fault fires."""
@@ -208,6 +213,7 @@ class RunPodEmulator:
         self.pods: dict[str, _Pod] = {}
         self.ended: dict[str, PodEnd] = {}
         self.links: list[GatewayLink] = []
+        self.refused_connections = 0
         self._terminating: set[str] = set()
         self.local = LocalPodProvider(home=home, mode=mode)  # type: ignore[arg-type]
         self._lock = threading.RLock()
@@ -262,6 +268,12 @@ class RunPodEmulator:
         self.stop()
 
     # -- state helpers for tests --------------------------------------------------------
+
+    def refuse_connections_for(self, seconds: float) -> None:
+        """From now on, for ``seconds``, the gateway accepts connections and closes them
+        at once (see ``Faults.refuse_connections_until``)."""
+        with self._lock:
+            self.faults.refuse_connections_until = time.monotonic() + seconds
 
     def vanish(self, pod_id: str) -> None:
         """The pod disappears (its host lost it): the local pod ends, ``pod`` → null."""
@@ -481,6 +493,13 @@ class RunPodEmulator:
                 continue  # wake up to notice stop()
             except OSError:
                 return
+            with self._lock:
+                refusing = time.monotonic() < self.faults.refuse_connections_until
+                if refusing:
+                    self.refused_connections += 1
+            if refusing:
+                _close(client)
+                continue
             with self._lock:
                 self._reconcile()
                 booted = [p for p in self.pods.values() if self.pod_dict(p)["runtime"]]

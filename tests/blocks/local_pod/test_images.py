@@ -66,7 +66,7 @@ class TestRegistry:
     def test_the_cli_and_the_flow_take_a_profile(self) -> None:
         args = build_parser().parse_args(["finetune", "--local-image", "conda"])
         assert args.local_image == "conda"
-        assert build_parser().parse_args(["finetune"]).local_image == "plain"
+        assert build_parser().parse_args(["finetune"]).local_image is None  # the default: plain
         with pytest.raises(SystemExit):
             build_parser().parse_args(["finetune", "--local-image", "nope"])
         provider, _ = build_provider({"provider": "local", "local_image": "fancy"})

@@ -1,0 +1,218 @@
+"""Waiting out a pod's SSH outage: one budget, backoff, the provider asked before each
+retry, and stages that run the cut-off step again (#13).
+
+The policy itself runs on a fake clock (exact attempts and pauses, no real waiting);
+the provider views and the console run against the RunPod emulator, whose gateway can
+refuse connections for a while, and against local pods.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from pydantic import SecretStr
+
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy, Resuming, resuming
+from prefect_runpod.blocks.console.session import PodConsole
+from prefect_runpod.blocks.exceptions import ConsoleConnectError, PodGoneError, SpecError
+from prefect_runpod.blocks.local_pod.registry import read_record
+from prefect_runpod.blocks.provider import PodRequest, PodStatus
+from prefect_runpod.tasks.train_remote import kill_training
+from tests.fixtures.local_pod import PodFixture
+
+
+@dataclass
+class FakeTime:
+    """A clock that only moves when something sleeps."""
+
+    now: float = 0.0
+    slept: list[float] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _failing(times: int, error: Callable[[], Exception]) -> Callable[[], str]:
+    calls = {"n": 0}
+
+    def attempt() -> str:
+        calls["n"] += 1
+        if calls["n"] <= times:
+            raise error()
+        return f"ok after {calls['n']}"
+
+    attempt.calls = calls  # type: ignore[attr-defined]
+    return attempt
+
+
+def _refused() -> ConsoleConnectError:
+    return ConsoleConnectError("pod p: could not connect (connection refused)", pod_id="p")
+
+
+class TestReconnectPolicy:
+    def test_waits_out_a_refusing_gateway_with_backoff_asking_each_time(self) -> None:
+        fake = FakeTime()
+        asked: list[str] = []
+
+        def status() -> PodStatus:
+            asked.append("?")
+            return PodStatus.ALIVE
+
+        policy = ReconnectPolicy(status=status, sleep=fake.sleep, clock=fake.clock)
+        attempt = _failing(4, _refused)
+        assert policy.call(attempt, pod_id="p", what="SSH") == "ok after 5"
+        assert fake.slept == [0.5, 1.0, 2.0, 4.0]
+        assert len(asked) == 4  # before each retry
+
+    def test_a_pod_that_is_gone_ends_the_wait_at_once(self) -> None:
+        fake = FakeTime()
+        policy = ReconnectPolicy(status=lambda: PodStatus.GONE, sleep=fake.sleep, clock=fake.clock)
+        attempt = _failing(100, _refused)
+        with pytest.raises(PodGoneError, match="pod p is gone"):
+            policy.call(attempt, pod_id="p", what="SSH")
+        assert attempt.calls["n"] == 1 and fake.slept == []  # type: ignore[attr-defined]
+
+    def test_an_unknown_status_keeps_waiting_until_the_budget(self) -> None:
+        fake = FakeTime()
+        policy = ReconnectPolicy(
+            budget_seconds=20.0,
+            status=lambda: PodStatus.UNKNOWN,
+            sleep=fake.sleep,
+            clock=fake.clock,
+        )
+        with pytest.raises(ConsoleConnectError, match=r"gave up after waiting 20 s of a 20 s"):
+            policy.call(_failing(100, _refused), pod_id="p", what="SSH")
+        assert fake.slept == [0.5, 1.0, 2.0, 4.0, 8.0, 4.5]  # the last pause ends at 20 s
+
+    def test_a_refused_key_or_host_key_is_never_waited_for(self) -> None:
+        fake = FakeTime()
+        policy = ReconnectPolicy(status=lambda: pytest.fail("asked"), sleep=fake.sleep)
+        attempt = _failing(1, lambda: ConsoleConnectError("host key changed", retryable=False))
+        with pytest.raises(ConsoleConnectError, match="host key changed"):
+            policy.call(attempt, pod_id="p", what="SSH")
+        assert fake.slept == []
+
+    @pytest.mark.parametrize("field_name", ["budget_seconds", "initial_delay_seconds"])
+    def test_a_budget_must_be_positive(self, field_name: str) -> None:
+        with pytest.raises(SpecError, match=field_name):
+            ReconnectPolicy(**{field_name: 0.0})
+
+
+@dataclass
+class _DroppingConsole:
+    """A console whose first runs fail as a dropped connection does."""
+
+    drops: int
+    retryable: bool = True
+    runs: int = 0
+
+    def run(self, command: str, *, timeout_seconds: float = 60.0, check: bool = False):  # type: ignore[no-untyped-def]
+        self.runs += 1
+        if self.runs <= self.drops:
+            raise ConsoleConnectError("the SSH session dropped", retryable=self.retryable)
+        return f"ran {command}"
+
+    def set_secret_env(self, name: str, value: SecretStr) -> None: ...
+
+    def reconnect(self) -> None: ...
+
+
+class TestResuming:
+    def test_a_step_cut_off_by_a_drop_runs_again(self) -> None:
+        console = _DroppingConsole(drops=2)
+        slept: list[float] = []
+        assert Resuming(console, 60.0, sleep=slept.append).run("probe") == "ran probe"
+        assert console.runs == 3 and slept == [0.5, 0.5]
+
+    def test_it_gives_up_after_the_budget_and_never_on_a_permanent_error(self) -> None:
+        with pytest.raises(ConsoleConnectError):
+            Resuming(_DroppingConsole(drops=10**9), 0.0, sleep=lambda s: None).run("probe")
+        console = _DroppingConsole(drops=5, retryable=False)
+        with pytest.raises(ConsoleConnectError):
+            resuming(console).run("probe")
+        assert console.runs == 1
+
+
+# --- real providers and a real gateway -------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_local_provider_says_when_a_pod_is_gone(local_pod: PodFixture) -> None:
+    provider, handle, _ = local_pod
+    assert provider.status(handle.pod_id) is PodStatus.ALIVE
+    record = read_record(provider.home, handle.pod_id)
+    assert record is not None
+    os.kill(record.pid, signal.SIGKILL)  # the daemon dies: the pod is lost
+    assert provider.status(handle.pod_id) is PodStatus.GONE
+    provider.terminate(handle.pod_id)
+    assert provider.status(handle.pod_id) is PodStatus.GONE
+
+
+@pytest.fixture
+def emulated_pod(runpod_emulator, runpod_provider):  # type: ignore[no-untyped-def]
+    """A ready pod of the RunPod emulator, reached through its gateway."""
+    provider = runpod_provider()
+    public_key = provider.ssh_key.get_public_key()
+    handle = provider.create(PodRequest(public_key=public_key), "prft-reconnect")
+    handle = provider.wait_ready(handle, 60)
+    try:
+        yield runpod_emulator, provider, handle, provider.ssh_key.get_private_key()
+    finally:
+        provider.terminate(handle.pod_id)
+
+
+@pytest.mark.slow
+def test_the_runpod_provider_says_alive_unknown_and_gone(emulated_pod) -> None:  # type: ignore[no-untyped-def]
+    emulator, provider, handle, _ = emulated_pod
+    assert provider.status(handle.pod_id) is PodStatus.ALIVE
+    emulator.faults.http_5xx["pod"] = 1
+    assert provider.status(handle.pod_id) is PodStatus.UNKNOWN
+    emulator.vanish(handle.pod_id)
+    assert provider.status(handle.pod_id) is PodStatus.GONE
+
+
+@pytest.mark.slow
+def test_a_console_waits_out_a_refusing_gateway(emulated_pod) -> None:  # type: ignore[no-untyped-def]
+    """#13: after ready, a gateway refusing connections for a few seconds failed the
+    stage at the first refusal."""
+    emulator, provider, handle, key = emulated_pod
+    policy = ReconnectPolicy(budget_seconds=60, status=lambda: provider.status(handle.pod_id))
+    emulator.refuse_connections_for(3.0)
+    with PodConsole.for_pod(handle, key, reconnect=policy) as console:
+        assert console.run("echo through").output == "through"
+        refused = emulator.refused_connections
+        assert refused >= 1
+        # A later outage mid-stage: the link drops and the gateway refuses for a while;
+        # the step runs again once it is back.
+        emulator.refuse_connections_for(2.0)
+        transport = console._client.get_transport()  # noqa: SLF001 - the test cuts the link
+        assert transport is not None
+        transport.close()
+        assert resuming(console).run("echo again").output == "again"
+    assert emulator.refused_connections > refused
+
+
+@pytest.mark.slow
+def test_a_vanished_pod_is_noticed_at_the_first_retry(emulated_pod) -> None:  # type: ignore[no-untyped-def]
+    emulator, provider, handle, key = emulated_pod
+    policy = ReconnectPolicy(budget_seconds=300, status=lambda: provider.status(handle.pod_id))
+    emulator.refuse_connections_for(300.0)
+    emulator.vanish(handle.pod_id)
+    with pytest.raises(PodGoneError, match=handle.pod_id):
+        PodConsole.for_pod(handle, key, reconnect=policy).connect()
+    assert emulator.refused_connections == 1  # no second attempt: the provider said gone
+
+
+def test_the_kill_path_uses_the_runs_budget_not_300_s() -> None:
+    """#13: train's kill path hard-coded 300 s of reconnecting."""
+    console = _DroppingConsole(drops=10**9)
+    with pytest.raises(Exception, match=r"console stayed down for \d+ s"):
+        kill_training(console, "/run", "/tools", reconnect_budget_seconds=0.2, grace_seconds=1)
