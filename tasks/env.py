@@ -6,8 +6,11 @@ job needs a newer transformers, which silently runs without torch
 (``Disabling PyTorch because PyTorch >= X is required but found …``). The plan raises
 torch to transformers' floor from the highest PyTorch wheel index the driver allows
 (``nvidia-smi``'s ``CUDA Version`` is the driver's ceiling), installs into a pod venv
-(``--system-site-packages``, so the image's packages stay visible) and never touches
-the machine the flow runs on.
+(``--system-site-packages``, so the image's packages stay visible; when the image's
+Python is itself a venv, a ``.pth`` file makes the new venv see that venv's packages
+too, which ``--system-site-packages`` alone does not) and never touches the machine
+the flow runs on. The re-probe imports every package the job needs with the pod
+venv's Python; one that does not import fails the stage.
 
 :func:`plan_env` is pure; :func:`probe_env`, :func:`apply_env_plan` and
 :func:`fix_env` take any console with ``run(cmd, timeout_seconds=, check=)``.
@@ -15,6 +18,7 @@ the machine the flow runs on.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Sequence
 
@@ -314,6 +318,7 @@ def plan_env(  # noqa: PLR0913 - plain planner inputs
 
     others = [str(r) for r in reqs if r.name.lower() != "torch"]
     plan.python = base.path
+    plan.must_import = _must_import(reqs, base, bool(torch_install))
     if not requirements and not torch_install:
         notes.append("nothing to install")
         plan.notes = notes
@@ -328,6 +333,10 @@ def plan_env(  # noqa: PLR0913 - plain planner inputs
     plan.venv = venv
     plan.python = venv_python
     plan.commands.append(f"{q(base.path)} -m venv --system-site-packages --without-pip {q(venv)}")
+    inherit = _inherit_parent_venv(base, venv)
+    if inherit:
+        plan.commands.append(inherit)
+        notes.append(f"{base.path} is a venv: the pod venv inherits its site-packages")
     if torch_install:
         plan.commands.append(
             f"{pip} --index-url {q(torch_index_base.rstrip('/') + '/' + str(plan.wheel_index))} "
@@ -338,6 +347,34 @@ def plan_env(  # noqa: PLR0913 - plain planner inputs
         plan.commands.append(f"{pip}{index} " + " ".join(q(o) for o in others))
     plan.notes = notes
     return plan
+
+
+_TRACKED = ("transformers", "peft", "trl", "accelerate")
+"""The ML packages the probe reports per Python (``PythonProbe`` fields)."""
+
+
+def _must_import(reqs: Sequence[Requirement], base: PythonProbe, torch_planned: bool) -> list[str]:
+    """The distributions the fixed Python must import (see ``EnvPlan.must_import``)."""
+    names: list[str] = [str(canonicalize_name(r.name)) for r in reqs]
+    if torch_planned or base.torch:
+        names.append("torch")
+    names += [name for name in _TRACKED if getattr(base, name)]
+    return list(dict.fromkeys(names))
+
+
+def _inherit_parent_venv(base: PythonProbe, venv: str) -> str | None:
+    """The command that makes a pod venv built from the venv Python ``base`` see that
+    venv's site-packages: a ``.pth`` file whose lines run ``site.addsitedir`` on each
+    (so their own ``.pth`` files count too), after the new venv's own packages. None
+    when ``base`` is no venv (``--system-site-packages`` is then enough)."""
+    if not base.in_venv or not base.site_packages or not base.version:
+        return None
+    major, minor = base.version.split(".")[:2]
+    site_dir = f"{venv.rstrip('/')}/lib/python{major}.{minor}/site-packages"
+    lines = "".join(f"import site; site.addsitedir({json.dumps(d)})\n" for d in base.site_packages)
+    return (
+        f"printf %s {shlex.quote(lines)} > {shlex.quote(site_dir + '/_prefect_runpod_parent.pth')}"
+    )
 
 
 def parse_probe_output(output: str) -> EnvReport:
@@ -361,6 +398,7 @@ def probe_env(
     pythons: Sequence[str] = (),
     disk_path: str | None = None,
     timeout_seconds: float = 300.0,
+    require: Sequence[str] = (),
 ) -> EnvReport:
     """Run ``probe.py`` on the pod and parse its report.
 
@@ -371,6 +409,7 @@ def probe_env(
         pythons: interpreters to probe first (e.g. the pod venv's).
         disk_path: the folder whose free bytes to report.
         timeout_seconds: deadline for the whole probe.
+        require: distributions every probed Python is asked to import.
 
     Raises:
         EnvError: when the probe prints no report.
@@ -380,6 +419,8 @@ def probe_env(
         parts += ["--python", p]
     if disk_path:
         parts += ["--disk-path", disk_path]
+    for name in require:
+        parts += ["--require", name]
     result = console.run(
         " ".join(shlex.quote(p) for p in parts), timeout_seconds=timeout_seconds, check=False
     )
@@ -412,9 +453,10 @@ def _below(version: str, floor: str) -> bool:
 def verify_env(plan: EnvPlan, after: EnvReport) -> EnvPlan:
     """Prove the fix from a fresh probe. Pure.
 
-    Checks, for ``plan.python``: torch imports when a torch was planned or present,
-    meets ``torch_floor``, reports CUDA available exactly when the pod has a driver,
-    and transformers no longer disables torch.
+    Checks, for ``plan.python``: every ``plan.must_import`` distribution imports (a pod
+    venv that lost the image's packages fails here), torch imports when a torch was
+    planned or present, meets ``torch_floor``, reports CUDA available exactly when the
+    pod has a driver, and transformers no longer disables torch.
 
     Returns:
         The plan with ``after``, ``verified=True`` and a note.
@@ -432,6 +474,12 @@ def verify_env(plan: EnvPlan, after: EnvReport) -> EnvPlan:
         )
         if wants_torch and not probe.torch:
             problems.append("torch does not import")
+        for name in plan.must_import:
+            if name == "torch" and not probe.torch:
+                continue  # named just above
+            if not probe.imports.get(name):
+                why = probe.import_errors.get(name, "not checked by the probe")
+                problems.append(f"{name} does not import with {plan.python} ({why})")
         if probe.torch and plan.torch_floor and _below(probe.torch, plan.torch_floor):
             problems.append(f"torch {probe.torch} is below the floor {plan.torch_floor}")
         if probe.torch and after.driver_cuda is not None and probe.cuda_available is not True:
@@ -489,7 +537,12 @@ def fix_env(  # noqa: PLR0913
         return plan.model_copy(update={"after": before, "verified": True})
     apply_env_plan(console, plan, timeout_seconds=install_timeout_seconds)
     after = probe_env(
-        console, probe_path, runner=runner, pythons=[plan.python or ""], disk_path=disk_path
+        console,
+        probe_path,
+        runner=runner,
+        pythons=[plan.python or ""],
+        disk_path=disk_path,
+        require=plan.must_import,
     )
     return verify_env(plan, after)
 

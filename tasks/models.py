@@ -84,10 +84,23 @@ class StageRecord(BaseModel):
 
 
 class PythonProbe(BaseModel):
-    """One Python interpreter found on the pod and what it can import."""
+    """One Python interpreter found on the pod and what it can import.
+
+    Attributes:
+        in_venv: the interpreter is a virtualenv's (``sys.prefix != sys.base_prefix``).
+        site_packages: its site-packages folders (``site.getsitepackages()``), so a pod
+            venv made from it can inherit them.
+        imports: distribution → version for every package the probe was asked to
+            import (``--require``), None when the import failed.
+        import_errors: distribution → why its import failed.
+    """
 
     path: str
     version: str | None = None
+    in_venv: bool | None = None
+    site_packages: list[str] = Field(default_factory=list)
+    imports: dict[str, str | None] = Field(default_factory=dict)
+    import_errors: dict[str, str] = Field(default_factory=dict)
     torch: str | None = None
     torch_cuda: str | None = None  # CUDA build of torch, e.g. "11.8"; None for CPU builds
     cuda_available: bool | None = None
@@ -130,6 +143,9 @@ class EnvPlan(BaseModel):
         allowed_cuda_versions: the CUDA floor fed to RunPod's ``allowedCudaVersions``.
         commands: exact commands applied, in order.
         venv: the pod venv path when one was made.
+        must_import: distributions ``python`` must import once the fix is applied: the
+            bundle's requirements, torch when one is planned or was there, and the ML
+            packages the chosen base Python had (a pod venv must not lose them).
         verified: True once the re-probe proved the fix.
         before / after: the probes around the apply.
         notes: human-readable reasons.
@@ -144,6 +160,7 @@ class EnvPlan(BaseModel):
     allowed_cuda_versions: list[str] = Field(default_factory=list)
     commands: list[str] = Field(default_factory=list)
     venv: str | None = None
+    must_import: list[str] = Field(default_factory=list)
     verified: bool = False
     before: EnvReport | None = None
     after: EnvReport | None = None

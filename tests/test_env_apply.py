@@ -220,3 +220,59 @@ def test_env_task_through_the_local_pod_console(runpod_home, wheel_index):
         provider.terminate(handle.pod_id)
     host = subprocess.run([BASE_PYTHON, "-c", "import torch"], capture_output=True)
     assert host.returncode != 0  # nothing was installed into the host's Python
+
+
+@needs_pip
+def test_a_venv_image_keeps_its_packages_in_the_pod_venv(runpod_home, wheel_index):
+    """#13: on an image whose Python is a venv (the ``venv-python`` profile: torch and
+    transformers in /opt/venv), the pod venv the env stage made could not import
+    transformers, and the re-probe said verified. Now the pod venv inherits the image
+    venv's packages, and the re-probe imports each one with the pod venv's Python."""
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+    from prefect_runpod.tasks.env import apply_env_plan, plan_env, verify_env
+    from tests.fixtures.local_pod import start_pod
+
+    provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=60.0, image="venv-python")
+    handle, keypair = start_pod(
+        provider, env={"PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1"}
+    )
+    try:
+        tools = Path(handle.workdir) / "tools"
+        tools.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PROBE, tools / "probe.py")
+        with PodConsole.for_pod(handle, keypair.private_key) as console:
+            plan = fix_env(
+                console,
+                ["peft"],
+                str(tools / "probe.py"),
+                venv=str(tools / "venv"),
+                pip_index_url=wheel_index.simple_url,
+            )
+            assert plan.verified and plan.python == f"{tools}/venv/bin/python"
+            after = next(p for p in plan.after.pythons if p.path == plan.python)
+            assert after.imports == {
+                "peft": "0.13.2",
+                "torch": "2.5.1+cpu",
+                "transformers": "4.57.1",
+            }
+            # The same plan without the .pth (what the stage did before): the re-probe
+            # now says what is missing instead of verified.
+            bare = plan_env(
+                plan.before,
+                ["peft"],
+                venv=str(tools / "venv2"),
+                pip_index_url=wheel_index.simple_url,
+            )
+            bare.commands = [c for c in bare.commands if ".pth" not in c]
+            apply_env_plan(console, bare)
+            reprobe = probe_env(
+                console,
+                str(tools / "probe.py"),
+                pythons=[bare.python or ""],
+                require=bare.must_import,
+            )
+            with pytest.raises(EnvError, match=r"transformers does not import with .*venv2"):
+                verify_env(bare, reprobe)
+    finally:
+        provider.terminate(handle.pod_id)

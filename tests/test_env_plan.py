@@ -271,6 +271,7 @@ class TestVerify:
                     cuda_available=cuda_available,
                     transformers="5.20.0",
                     transformers_torch_ok=tf_ok,
+                    imports={"transformers": "5.20.0", "torch": torch},
                 )
             ],
         )
@@ -291,3 +292,43 @@ class TestVerify:
     def test_not_verified(self, torch, cuda, tf_ok, driver_cuda, match):
         with pytest.raises(EnvError, match=match):
             verify_env(self._plan(driver_cuda), self._after(torch, cuda, tf_ok, driver_cuda))
+
+
+class TestVenvImages:
+    """#13: when the image's Python is itself a venv, the pod venv did not see the
+    image's packages (transformers missing), and the re-probe still said verified."""
+
+    def _venv_image(self) -> EnvReport:
+        report = image(torch="2.5.1+cpu", transformers="4.57.1", python="/opt/venv/bin/python")
+        report.pythons[0].in_venv = True
+        report.pythons[0].site_packages = ["/opt/venv/lib/python3.10/site-packages"]
+        return report
+
+    def test_the_pod_venv_inherits_a_venv_images_packages(self) -> None:
+        plan = plan_env(self._venv_image(), ["peft"], venv=VENV)
+        assert plan.commands[0].startswith("/opt/venv/bin/python -m venv --system-site-packages")
+        pth = plan.commands[1]
+        assert f"{VENV}/lib/python3.10/site-packages/_prefect_runpod_parent.pth" in pth
+        assert 'site.addsitedir("/opt/venv/lib/python3.10/site-packages")' in pth
+        assert plan.must_import == ["peft", "torch", "transformers"]
+
+    def test_a_plain_base_python_needs_no_pth(self) -> None:
+        plan = plan_env(image(torch="2.5.1+cpu", transformers="4.57.1"), ["peft"], venv=VENV)
+        assert not any(".pth" in c for c in plan.commands)
+
+    def test_a_package_that_does_not_import_fails_the_fix(self) -> None:
+        plan = plan_env(self._venv_image(), ["peft"], venv=VENV)
+        after = EnvReport(
+            pythons=[
+                PythonProbe(
+                    path=plan.python,
+                    version="3.10.12",
+                    torch="2.5.1+cpu",
+                    peft="0.13.2",
+                    imports={"peft": "0.13.2", "torch": "2.5.1+cpu", "transformers": None},
+                    import_errors={"transformers": "ModuleNotFoundError('transformers')"},
+                )
+            ]
+        )
+        with pytest.raises(EnvError, match=r"transformers does not import with .*ModuleNotFound"):
+            verify_env(plan, after)

@@ -8,7 +8,9 @@ What it reports:
 
 * each Python candidate (``--python`` paths first, then ``python``, ``python3`` and
   ``/usr/local/bin/python3.X`` / ``/usr/bin/python3.X``; duplicates by real path
-  dropped): its version, torch version, torch's CUDA build (``torch.version.cuda``),
+  dropped): its version, whether it is a virtualenv's and its site-packages folders,
+  whether each ``--require`` distribution imports, torch version, torch's CUDA build
+  (``torch.version.cuda``),
   ``torch.cuda.is_available()``, the versions of transformers / peft / trl /
   accelerate (and of huggingface_hub / boto3, which the publish stage uses), and
   whether transformers disabled torch (its ``is_torch_available()`` is False, or it
@@ -33,6 +35,12 @@ import sys
 _SNIPPET = r"""
 import json, sys
 out = {"version": "%d.%d.%d" % sys.version_info[:3]}
+out["in_venv"] = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
+try:
+    import site
+    out["site_packages"] = [p for p in site.getsitepackages()]
+except Exception:
+    out["site_packages"] = []
 try:
     import torch
     out["torch"] = str(torch.__version__)
@@ -62,6 +70,23 @@ if out.get("transformers") and out.get("torch"):
         out["transformers_torch_ok"] = bool(tu.is_torch_available())
     except Exception as exc:
         out["transformers_error"] = repr(exc)[:300]
+imports, errors = {}, {}
+for name in sys.argv[1:]:
+    modules = [name.replace("-", "_")]
+    version = None
+    try:
+        if metadata is not None:
+            dist = metadata.distribution(name)
+            version = dist.version
+            modules = (dist.read_text("top_level.txt") or "").split() or modules
+        import importlib
+        for module in modules:
+            importlib.import_module(module)
+        imports[name] = version or "?"
+    except Exception as exc:
+        imports[name] = None
+        errors[name] = repr(exc)[:200]
+out["imports"], out["import_errors"] = imports, errors
 sys.stdout.write("\nPROBE_JSON " + json.dumps(out) + "\n")
 """
 
@@ -113,9 +138,10 @@ def _identity(path):
     return ("real", os.path.realpath(path))
 
 
-def probe_python(path, timeout_seconds):
-    """One interpreter's PythonProbe dict."""
-    code, out, err = _run([path, "-c", _SNIPPET], timeout_seconds)
+def probe_python(path, timeout_seconds, require=()):
+    """One interpreter's PythonProbe dict; each distribution in ``require`` is imported
+    (its top-level modules) and reported in ``imports``."""
+    code, out, err = _run([path, "-c", _SNIPPET] + list(require), timeout_seconds)
     result = {"path": path}
     marker = "PROBE_JSON "
     line = None
@@ -170,10 +196,12 @@ def probe_gpu(timeout_seconds):
     return info
 
 
-def probe(extra_pythons, disk_path, timeout_seconds, gpu_timeout_seconds=30.0):
-    """The whole EnvReport dict."""
+def probe(extra_pythons, disk_path, timeout_seconds, gpu_timeout_seconds=30.0, require=()):
+    """The whole EnvReport dict (``require``: distributions each Python must import)."""
     report = {"kind": "env_probe"}
-    report["pythons"] = [probe_python(p, timeout_seconds) for p in candidates(extra_pythons)]
+    report["pythons"] = [
+        probe_python(p, timeout_seconds, require) for p in candidates(extra_pythons)
+    ]
     report.update(probe_gpu(gpu_timeout_seconds))
     try:
         report["free_disk_bytes"] = shutil.disk_usage(disk_path).free
@@ -189,11 +217,16 @@ def main(argv=None):
     parser.add_argument("--disk-path", default=os.getcwd())
     parser.add_argument("--timeout-seconds", type=float, default=120.0, help="per Python")
     parser.add_argument("--gpu-timeout-seconds", type=float, default=30.0, help="per nvidia-smi")
+    parser.add_argument(
+        "--require", action="append", default=[], help="a distribution each Python must import"
+    )
     args = parser.parse_args(argv)
     extra = list(args.python)
     if args.venv:
         extra.insert(0, os.path.join(args.venv, "bin", "python"))
-    report = probe(extra, args.disk_path, args.timeout_seconds, args.gpu_timeout_seconds)
+    report = probe(
+        extra, args.disk_path, args.timeout_seconds, args.gpu_timeout_seconds, args.require
+    )
     sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0
