@@ -26,9 +26,7 @@ _IMAGE_PYTHON = {
 def test_the_demo_passes_on_every_image_profile(
     profile: str, prefect_server, tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(
-        ["finetune", "--local-image", profile, "--output-dir", str(tmp_path), "--json"]
-    )
+    code = main(["finetune", "--local-image", profile, "--output-dir", str(tmp_path), "--json"])
     out = capsys.readouterr().out
     data = json.loads(out[out.index("{") :])
     assert code == 0, data.get("error")

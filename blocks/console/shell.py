@@ -210,7 +210,10 @@ class ShellSession:
             retried = (
                 f"; setup typed {len(tokens)} times ({'; '.join(findings)})" if findings else ""
             )
-            log.warning(
+            # A login that needed the setup twice is how some images are (INFO); a shell
+            # replaced or left disturbed by a command is worth a WARNING.
+            log.log(
+                logging.WARNING if reason is not None else logging.INFO,
                 "%s: %s; set the %s shell up again (found: %s)%s",
                 self._where,
                 reason or "login scripts disturbed the console's setup",

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import SecretStr
 
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.exceptions import SpecError
@@ -31,7 +29,7 @@ from prefect_runpod.blocks.transfer.runpodctl import RunpodctlOptions
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.checksum import verify_manifest
 from prefect_runpod.tasks.preflight import validate_settings
-from tests.fixtures.transfer import make_tree
+from tests.fixtures.transfer import make_tree, moto_target
 
 METHODS = ("pty", "sftp", "s3", "runpodctl")
 
@@ -220,16 +218,7 @@ def s3_volume(moto_s3, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-unty
     """Make an S3Target whose objects show under a pod's workspace (see ``_VolumeView``)."""
 
     def make(handle: PodHandle) -> S3Target:
-        bucket = f"vol-{uuid.uuid4().hex[:10]}"
-        target = S3Target(
-            bucket=bucket,
-            endpoint_url=moto_s3["endpoint_url"],
-            region_name=moto_s3["region_name"],
-            access_key_id=moto_s3["access_key_id"],
-            secret_access_key=SecretStr(moto_s3["secret_access_key"]),
-            volume_mount_path=handle.workdir,
-        )
-        target.get_client().create_bucket(Bucket=bucket)
+        target = moto_target(moto_s3, volume_mount_path=handle.workdir)
         view = _VolumeView(target, handle.workdir)
         real_up, real_down = s3_module.s3_upload_dir, s3_module.s3_download_dir
 
