@@ -27,6 +27,7 @@ from prefect_runpod.blocks.transfer.dispatch import check_tree, download_dir, up
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.runpodctl import RunpodctlOptions
 from prefect_runpod.blocks.transfer.s3 import S3Target
+from prefect_runpod.tasks.bundle_files import select_bundle_files
 from prefect_runpod.tasks.checksum import verify_manifest
 from prefect_runpod.tasks.preflight import validate_settings
 from tests.fixtures.transfer import make_tree, moto_target
@@ -180,6 +181,31 @@ class TestManifest:
         with pytest.raises(SpecError, match=r"passwd \(absolute link to /etc/passwd"):
             validate_settings(**settings)
         assert validate_settings(**settings, follow_links=True).bundle.root == str(bundle)
+        (bundle / ".prefectrunpodignore").write_text("passwd\n")  # left out: never checked
+        assert "passwd" not in validate_settings(**settings).upload.files  # type: ignore[union-attr]
+
+    def test_the_bundle_selection_keeps_empty_dirs_and_links_for_the_manifest(
+        self, tmp_path: Path
+    ) -> None:
+        bundle = make_link_tree(tmp_path / "bundle")
+        (bundle / "gone").symlink_to("missing.bin")
+        (bundle / "cache").mkdir()
+        (bundle / ".prefectrunpodignore").write_text("cache/\n")
+        files = select_bundle_files(bundle).files
+        assert {"ckpt/empty", "ckpt/latest.bin", "current", "gone"} <= set(files)
+        assert "cache" not in files  # ignored directories stay ignored, even empty ones
+        with pytest.raises(SpecError, match=r"gone \(dangling"):
+            check_tree(bundle, paths=files)
+        files.remove("gone")
+        kinds = {e.path: e.kind for e in Manifest.compute(bundle, files).entries}
+        assert kinds == {
+            ".prefectrunpodignore": "file",
+            "ckpt/empty": "dir",
+            "ckpt/latest.bin": "link",
+            "ckpt/weights.bin": "file",
+            "current": "link",
+            "notes.txt": "file",
+        }
 
 
 # --- through pods ----------------------------------------------------------------------
