@@ -506,6 +506,8 @@ def _run_on_pod(
             hf_token=hf_token,
             hf_endpoint=hf_endpoint,
             s3=s3,
+            follow_links=settings.follow_links,
+            reconnect=reconnect,
         )
 
     with run_stage(report, "download", on_stage):

@@ -3,7 +3,11 @@ Hub (or an S3 target), and the destination's own records are checked against the
 pod-side manifest — no model byte crosses the gateway (docs/architecture.md#publish-from-the-pod).
 
 1. ``manifest.py`` describes the outputs on the pod (size, md5, sha256, git blob id);
-   only that JSON comes back through the console.
+   only that JSON comes back through the console. The transfers' link rule holds: a
+   link leaving the outputs, or dangling, is refused before anything is sent, unless
+   ``follow_links`` (then what it points at is published). The Hub and S3 hold files
+   only, so in-tree links and empty directories are named in the log and not
+   published.
 2. Fault point ``publish_upload`` (tests tamper with a file here, after its manifest).
 3. The token (or S3 key) is exported hidden (``set_secret_env``), and
    ``blocks/pod_side/publisher.py`` uploads with ``huggingface_hub`` / ``boto3``.
@@ -21,6 +25,7 @@ Prefect task that materialises the model's asset (``hf://ORG/REPO`` or the S3 UR
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 from typing import TYPE_CHECKING, Any
@@ -44,7 +49,10 @@ from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.models import PublishedFile, PublishReport, PublishTarget
 
 if TYPE_CHECKING:
+    from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
     from prefect_runpod.blocks.console.session import PodConsole
+
+log = logging.getLogger("prefect_runpod.publish")
 
 __all__ = [
     "parse_publish_output",
@@ -82,12 +90,13 @@ def verify_published(
         kind: ``hf`` or ``s3``.
 
     Returns:
-        ``(files, problems)``: one :class:`PublishedFile` per manifest entry, and
-        ``(path, why)`` for each file that is missing or differs.
+        ``(files, problems)``: one :class:`PublishedFile` per file of the manifest
+        (directories and links are not published), and ``(path, why)`` for each file
+        that is missing or differs.
     """
     files: list[PublishedFile] = []
     problems: list[tuple[str, str]] = []
-    for entry in manifest.entries:
+    for entry in manifest.files:
         record = records.get(entry.path)
         storage: str = "s3" if kind == "s3" else "regular"
         remote: str | None = None
@@ -212,6 +221,7 @@ def publish_on_pod(
     s3: S3Target | None = None,
     key_prefix: str = "",
     manifest_python: str = "python3",
+    follow_links: bool = False,
 ) -> PublishReport:
     """Publish ``outputs_dir`` from the pod and verify it at the destination.
 
@@ -228,11 +238,15 @@ def publish_on_pod(
         s3: the ``S3Target`` for ``s3``; its key is exported hidden.
         key_prefix: the S3 key prefix (inside ``s3.prefix``).
         manifest_python: the interpreter that runs ``manifest.py``.
+        follow_links: publish what links leaving ``outputs_dir`` point at instead of
+            refusing them.
 
     Returns:
         The verified :class:`PublishReport`.
 
     Raises:
+        SpecError: the outputs hold links that leave them or dangle (each named;
+            nothing was sent).
         PublishError: the publisher failed (the destination's status and message, and
             whether a rerun can help).
         ChecksumMismatchError: a file at the destination differs from the pod's
@@ -242,9 +256,21 @@ def publish_on_pod(
 
     started = time.monotonic()
     manifest = Manifest.from_dict(
-        pod_manifest(console, handle, outputs_dir, python=manifest_python)
+        pod_manifest(
+            console, handle, outputs_dir, python=manifest_python, follow_links=follow_links
+        )
     )
-    if not manifest.entries:
+    skipped = [e for e in manifest.entries if e.kind != "file"]
+    if skipped:
+        _logger().warning(
+            "%s: the destination holds files only; not published: %s",
+            handle.pod_id,
+            ", ".join(
+                f"{e.path} -> {e.target}" if e.kind == "link" else f"{e.path}/ (empty)"
+                for e in skipped
+            ),
+        )
+    if not manifest.files:
         raise PublishError(
             f"{handle.pod_id}: {outputs_dir} holds no files to publish; check the bundle's "
             "outputs folder",
@@ -253,7 +279,7 @@ def publish_on_pod(
             retryable=False,
         )
     fault_point("publish_upload")
-    paths = [e.path for e in manifest.entries]
+    paths = [e.path for e in manifest.files]
     prefix = s3.key_for("", key_prefix) if s3 is not None else ""
     deadline = timeout_for(manifest.total_bytes)
     command = publisher_command(
@@ -316,6 +342,17 @@ def publish_on_pod(
         seconds=round(time.monotonic() - started, 3),
         attempts=int(answer.get("attempts") or 1),
     )
+
+
+def _logger() -> Any:
+    """The task run's logger inside Prefect, this module's outside it."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return log
 
 
 def _describe(target: PublishTarget, s3: S3Target | None, prefix: str) -> str:
@@ -407,7 +444,8 @@ def publish_task(asset: str, *, url: str | None = None, description: str | None 
         from prefect_runpod.blocks.console.session import PodConsole
 
         logger = get_run_logger()
-        with PodConsole.for_pod(handle, private_key) as console:
+        reconnect = kw.pop("reconnect", None)
+        with PodConsole.for_pod(handle, private_key, reconnect=reconnect) as console:
             report = publish_on_pod(console, handle, target, outputs_dir, **kw)
         logger.info(
             "%s: published %d files (%d bytes) to %s%s in %.1f s, %d attempt(s), every file "
@@ -458,6 +496,8 @@ def publish(
     hf_token: SecretStr | None = None,
     hf_endpoint: str | None = None,
     s3: S3Target | None = None,
+    follow_links: bool = False,
+    reconnect: ReconnectPolicy | None = None,
 ) -> PublishReport:
     """The ``publish`` stage: run :func:`publish_task` for ``target``, with the asset named
     ``hf://ORG/REPO`` (its page on the Hub as the asset's URL) or the S3 URI, and the S3
@@ -470,7 +510,9 @@ def publish(
         run_id: the flow run id (the default S3 prefix, the asset's description).
         tools_dir: the pod tools folder.
         python: the env stage's ``publish_python`` (``python3`` when None).
-        hf_token / hf_endpoint / s3: as for :func:`publish_on_pod`.
+        hf_token / hf_endpoint / s3 / follow_links: as for :func:`publish_on_pod`.
+        reconnect: the run's reconnect policy, for opening the console (a publish that
+            dropped mid-way is retried by the task, files already there not sent again).
 
     Returns:
         The verified :class:`PublishReport`.
@@ -501,4 +543,6 @@ def publish(
         hf_endpoint=hf_endpoint,
         s3=s3,
         key_prefix=prefix,
+        follow_links=follow_links,
+        reconnect=reconnect,
     )

@@ -51,6 +51,17 @@ def manifest(tmp_path: Path) -> Manifest:
 
 
 class TestVerifyPublished:
+    def test_directories_and_links_are_not_published(self, tmp_path: Path) -> None:
+        root = make_outputs(tmp_path / "o", lfs_bytes=10)
+        (root / "empty").mkdir()
+        (root / "latest.json").symlink_to("config.json")
+        tree = Manifest.compute(root)
+        assert {e.kind for e in tree.entries} == {"file", "dir", "link"}
+        records = _hub_records(Manifest(root=tree.root, entries=tree.files), set())
+        files, problems = verify_published(tree, records, "hf")
+        assert problems == []
+        assert {f.path for f in files} == {"config.json", "eval.jsonl", "weights/model.safetensors"}
+
     def test_lfs_by_sha256_and_regular_by_git_blob_id(self, manifest: Manifest) -> None:
         files, problems = verify_published(
             manifest, _hub_records(manifest, {"weights/model.safetensors"}), "hf"

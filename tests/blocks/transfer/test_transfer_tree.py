@@ -325,3 +325,42 @@ def test_links_that_cannot_travel_are_refused_before_any_byte_moves(
     with pytest.raises(SpecError, match=r"key \(absolute link to /etc/hostname"):
         download_dir(console, handle, "outputs-with-escape", tmp_path / "back", **kw)
     assert not any(p.is_file() for p in (tmp_path / "back").rglob("*"))
+
+
+@pytest.mark.slow
+def test_publish_sends_the_files_and_keeps_the_link_rule(
+    tmp_path: Path, local_pod, publish_hub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Hub holds files only: in-tree links and empty directories are named and not
+    published; a link leaving the outputs is refused unless ``follow_links``."""
+    from tests.fixtures.publish import publish_through
+
+    _, handle, keypair = local_pod
+    outputs = make_link_tree(Path(handle.workdir) / "outputs")
+    token = publish_hub.tokens["write"].get_secret_value()
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        with caplog.at_level("WARNING", logger="prefect_runpod.publish"):
+            report = publish_through(
+                console, handle, outputs, "hf:demo/tree", token, publish_hub.endpoint
+            )
+        assert report.verified
+        assert {f.path for f in report.files} == {"ckpt/weights.bin", "notes.txt"}
+        assert set(publish_hub.stored("demo/tree")) == {"ckpt/weights.bin", "notes.txt"}
+        assert "ckpt/latest.bin -> weights.bin" in caplog.text
+        assert "current -> ckpt" in caplog.text and "ckpt/empty/ (empty)" in caplog.text
+        (tmp_path / "outside.txt").write_text("kept outside\n")
+        (outputs / "outside").symlink_to(tmp_path / "outside.txt")
+        with pytest.raises(SpecError, match=r"outside \(absolute link"):
+            publish_through(console, handle, outputs, "hf:demo/escape", token, publish_hub.endpoint)
+        assert ("model", "demo/escape") not in publish_hub.hub.repos
+        report = publish_through(
+            console,
+            handle,
+            outputs,
+            "hf:demo/escape",
+            token,
+            publish_hub.endpoint,
+            follow_links=True,
+        )
+        assert "outside" in {f.path for f in report.files}
+        assert publish_hub.stored("demo/escape")["outside"] is not None
