@@ -167,17 +167,7 @@ class TestManifest:
         (bundle / "bundle.toml").write_text('[job]\ntrain = "{python} train.py"\n')
         (bundle / "train.py").write_text("print('hi')\n")
         (bundle / "passwd").symlink_to("/etc/passwd")
-        settings = {
-            "bundle": bundle,
-            "provider": "local",
-            "model_id": None,
-            "transfer_method": "auto",
-            "max_cost_usd": None,
-            "max_runtime_seconds": 60.0,
-            "name_prefix": "prft",
-            "output_dir": tmp_path / "out",
-            "parity_tolerance": 0.02,
-        }
+        settings = {"bundle": bundle, "output_dir": tmp_path / "out"}
         with pytest.raises(SpecError, match=r"passwd \(absolute link to /etc/passwd"):
             validate_settings(**settings)
         assert validate_settings(**settings, follow_links=True).bundle.root == str(bundle)
