@@ -8,7 +8,7 @@ The hierarchy, so a caller can pick what to catch::
     │   ├── CapacityError               no GPU of the requested types/clouds is free
     │   ├── ProviderAuthError           the API key was refused (HTTP 401); never retried
     │   ├── ProviderTransientError      5xx / "Something went wrong" / network; retried with backoff
-    │   ├── PodGoneError                the provider says the pod no longer lives (reconnecting is futile)
+    │   ├── PodGoneError                the pod is gone under the run (terminated outside, exited, host lost)
     │   └── TerminateError              terminate could not be confirmed: the pod may still bill
     ├── PodTimeoutError                 a bounded wait on a pod ran out
     ├── ConsoleError                    the PTY console failed
@@ -50,6 +50,7 @@ __all__ = [
     "GATEWAY_PTY_ERROR",
     "HFAuthError",
     "PodGoneError",
+    "PodLostError",
     "PodTimeoutError",
     "ProviderAuthError",
     "ProviderError",
@@ -107,10 +108,25 @@ class ProviderTransientError(ProviderError):
 
 
 class PodGoneError(ProviderError):
-    """Raised when a stage waiting for a pod's SSH to come back learns from the
-    provider that the pod no longer lives (terminated from outside, stopped, its host
-    lost): waiting longer would only spend time. The message names the pod and what
-    the provider said."""
+    """Raised when the provider says the run's pod no longer lives while the run still
+    needs it — terminated from outside, exited, or its host lost — so waiting (for a
+    reconnect, a training poll) would only spend time. The run stops at once; the
+    message is one sentence naming the pod and what the provider said.
+
+    Attributes:
+        cause: ``terminated_outside``, ``exited`` or ``host_lost`` (empty when not known).
+        seen_at: when the loss was observed (UTC), or None.
+    """
+
+    def __init__(
+        self, message: str, *, cause: str = "", seen_at: object = None, **kw: object
+    ) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.cause = cause
+        self.seen_at = seen_at
+
+
+PodLostError = PodGoneError
 
 
 class TerminateError(ProviderError):

@@ -46,7 +46,8 @@ class PodHandle(BaseModel):
     """A pod that exists (or existed) at a provider.
 
     Attributes:
-        pod_id: the provider's id (RunPod's ``id``; ``lp-…`` for a local pod).
+        pod_id: the provider's id: lowercase letters and digits (RunPod's ``id``; local
+            pods get ids of the same shape).
         name: ``<prefix>-<flow_run_id>``; hooks and the reaper find pods by it.
         provider: ``runpod`` or ``local``.
         gpu_type: the GPU type id rented (``NVIDIA GeForce RTX 3090``), ``cpu`` locally.
@@ -56,6 +57,11 @@ class PodHandle(BaseModel):
         direct_ssh: a direct-TCP endpoint when the pod exposes 22/tcp on a public IP.
         workdir: the pod's workspace directory (``/workspace`` on RunPod).
         pod_host_id: RunPod's ``machine.podHostId`` (only create/resume return it).
+        lifetime_seconds: the dead-man lifetime the pod was created with (recorded on
+            the pod, so the reaper's default TTL can follow it), or None when unknown.
+        terminate_after: when the provider itself ends the pod (RunPod's
+            ``terminateAfter``, the local pod's daemon), UTC; None when that layer is
+            absent or unknown.
     """
 
     pod_id: str
@@ -68,6 +74,8 @@ class PodHandle(BaseModel):
     direct_ssh: SSHEndpoint | None = None
     workdir: str = "/workspace"
     pod_host_id: str | None = None
+    lifetime_seconds: float | None = None
+    terminate_after: datetime | None = None
 
     def ssh_command(self, key_path: str = "KEY") -> str:
         """The ``ssh -tt …`` command a person types to get into this pod, or a note that

@@ -22,6 +22,7 @@ import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -46,20 +47,25 @@ __all__ = [
     "TokenShape",
     "check_block_name",
     "check_env_name",
+    "check_flow_run_id",
     "check_limit_name",
     "check_name_prefix",
     "check_number",
     "check_output_dir",
+    "check_pod_id",
     "check_provider_options",
     "check_repo_id",
     "check_url",
+    "check_utc_timestamp",
     "constrained",
     "find_token_shape",
+    "is_env_name",
     "label",
     "load_block",
     "pydantic_reason",
     "refuse_secret_values",
     "saved_block_names",
+    "utc_timestamp",
 ]
 
 B = TypeVar("B", bound="Block")
@@ -83,6 +89,9 @@ OPTIONS: dict[str, str] = {
     "gpu_type_ids": "--gpu-type", "allow_secret_files": "--allow-secret-file",
     "ttl_seconds": "--ttl-seconds", "publish": "--publish",
     "publish_public": "--publish-public", "download": "--download",
+    "pod_poll_seconds": "--pod-poll-seconds",
+    "terminate_timeout_seconds": "--terminate-timeout-seconds", "run_id": "RUN_ID",
+    "pod_id": "POD_ID",
 }  # fmt: skip
 """Each run parameter and the ``prefect-runpod`` option that sets it, so a message names
 both: a CLI user and a deployment's caller each recognise their own spelling."""
@@ -165,7 +174,9 @@ NUMBER_RULES: dict[str, NumberRule] = _rules(
     NumberRule("pod_lifetime_seconds", "s", "the hard cap on the pod's life", "21600", gt=0, le=30 * _DAY_SECONDS),
     NumberRule("check_interval_seconds", "s", "how often the pod-side watchdog looks", "30", gt=0, le=_DAY_SECONDS),
     NumberRule("reconnect_budget_seconds", "s", "how long a stage waits for the pod's SSH to come back", "120", gt=0, le=_DAY_SECONDS),
-    NumberRule("ttl_seconds", "s", "the age after which the reaper ends any pod", "43200", gt=0, le=365 * _DAY_SECONDS),
+    NumberRule("ttl_seconds", "s", "the age after which the reaper ends any pod (default: the pod's recorded lifetime plus a grace)", "22200", gt=0, le=365 * _DAY_SECONDS),
+    NumberRule("pod_poll_seconds", "s", "how often the run asks the provider whether its pod still lives", "10", gt=0, le=3600),
+    NumberRule("terminate_timeout_seconds", "s", "how long terminate waits for the provider to confirm the pod gone", "120", gt=0, le=3600),
     NumberRule("stale_running_seconds", "s", "the silence after which a running flow counts as dead", "900", gt=0, le=365 * _DAY_SECONDS),
     NumberRule("grace_seconds", "s", "how long a pod of an unknown run is spared", "60", ge=0, le=_DAY_SECONDS),
     NumberRule("max_usd_per_hour", "USD/h", "the highest price per hour to rent at", "0.5", ge=0, le=1000),
@@ -231,6 +242,11 @@ _BLOCK_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _LIMIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_POD_ID = re.compile(r"[a-z0-9]{1,64}")
+"""A pod id as RunPod shapes it (``50qynxzilsxoey``): lowercase letters and digits, no
+hyphen; local pods are given ids of the same shape."""
+_FLOW_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UTC_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 
 
 def _whole(pattern: re.Pattern[str], value: Any, name: str, problem: str) -> str:
@@ -308,6 +324,77 @@ def check_env_name(env_name: Any, name: str = "hf_token_env") -> str:
         "is not an environment variable name: use letters, digits and '_', not starting "
         "with a digit, e.g. HF_TOKEN.",
     )
+
+
+def is_env_name(value: Any) -> bool:
+    """True when ``value`` is a whole environment variable name (POSIX: letters, digits,
+    ``_``, not a digit first); a trailing newline does not pass."""
+    return isinstance(value, str) and _ENV_NAME.fullmatch(value) is not None
+
+
+def check_pod_id(pod_id: Any, name: str = "pod_id") -> str:
+    """A pod id as RunPod shapes it: lowercase letters and digits only, whole string.
+
+    The ``runpod`` SDK pastes the id into GraphQL text unescaped, so anything else (a
+    trailing newline, a quote, a hyphen) is refused before a request is sent.
+
+    Raises:
+        SpecError: otherwise, with the way to list the real ids.
+    """
+    return _whole(
+        _POD_ID,
+        pod_id,
+        name,
+        "is not a pod id: pod ids are lowercase letters and digits (e.g. 50qynxzilsxoey); "
+        "`prefect-runpod pods` lists the live ones.",
+    )
+
+
+def check_flow_run_id(run_id: Any, name: str = "run_id") -> str:
+    """A Prefect flow run id: a UUID in its usual lowercase form, whole string.
+
+    Returns:
+        The id in lowercase.
+
+    Raises:
+        SpecError: otherwise.
+    """
+    text = run_id.lower() if isinstance(run_id, str) else run_id
+    return _whole(
+        _FLOW_RUN_ID,
+        text,
+        name,
+        "is not a flow run id: give the run's UUID as the Prefect UI or `prefect-runpod "
+        "cost` shows it (e.g. 3f1b2c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d).",
+    )
+
+
+def utc_timestamp(moment: datetime) -> str:
+    """``2026-04-15T00:00:00Z``: an aware datetime as the ISO-8601 UTC text RunPod's
+    ``terminateAfter`` takes (runpodctl 2.x sends this form), to the second.
+
+    Raises:
+        ValueError: a naive datetime (its zone would be a guess).
+    """
+    if moment.tzinfo is None:
+        raise ValueError(f"timestamp {moment.isoformat()} has no timezone; use UTC-aware times")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_utc_timestamp(value: Any, name: str) -> str:
+    """An ISO-8601 UTC timestamp to the second (``2026-04-15T00:00:00Z``), whole string,
+    naming a real moment: safe to inline into GraphQL text.
+
+    Raises:
+        SpecError: otherwise.
+    """
+    problem = "is not an ISO-8601 UTC time like 2026-04-15T00:00:00Z"
+    text = _whole(_UTC_TIMESTAMP, value, name, problem + ".")
+    try:
+        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        raise SpecError(f"{label(name)} {text!r} {problem}: no such date.") from None
+    return text
 
 
 def check_limit_name(limit: Any, name: str = "concurrency_limit") -> str:

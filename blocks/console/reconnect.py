@@ -8,7 +8,9 @@ proxy restarting, a network blip). Every stage waits that out the same way:
   fix (``ConsoleConnectError.retryable``), with exponential backoff (tenacity), for at
   most ``budget_seconds``. Before each retry it asks the provider whether the pod
   still lives (``PodProvider.status``): a pod that is gone ends the wait at once with
-  ``PodGoneError``.
+  ``PodGoneError`` (one sentence: terminated outside the run, exited, host lost), and a
+  pod whose SSH stayed down for the whole budget while the provider says it runs has
+  lost its host (``PodGoneError`` too: the run then terminates it).
 - ``resuming(console)`` is a console whose ``run`` runs a command again after the
   connection dropped under it (the console opens a fresh session by itself, under its
   policy). Stages give it only commands that are safe to repeat, so a stage resumes
@@ -25,8 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
-from prefect_runpod.blocks.exceptions import ConsoleConnectError, PodGoneError, SpecError
-from prefect_runpod.blocks.provider import PodStatus
+from prefect_runpod.blocks.exceptions import ConsoleConnectError, SpecError
+from prefect_runpod.blocks.provider import PodCause, PodStatus, host_lost, lost_error
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
@@ -88,7 +90,8 @@ class ReconnectPolicy:
             What ``attempt`` returned.
 
         Raises:
-            PodGoneError: the provider said the pod no longer lives.
+            PodGoneError: the provider said the pod no longer lives, or that it runs
+                while its SSH stayed down for the whole budget (host lost).
             ConsoleConnectError: not retryable, or still failing after ``budget_seconds``
                 (the message says how long it waited).
         """
@@ -108,13 +111,8 @@ class ReconnectPolicy:
                     exc,
                     self.budget_seconds,
                 )
-            if self.status is not None and self.status() is PodStatus.GONE:
-                raise PodGoneError(
-                    f"pod {pod_id} is gone (its provider no longer runs it) while waiting "
-                    f"for {what} ({exc}); nothing more can run on it: the run ends and "
-                    "records it",
-                    pod_id=pod_id,
-                ) from exc
+            if self.status is not None and (seen := self.status()).gone:
+                raise lost_error(seen) from exc
 
         backoff = wait_exponential(
             multiplier=self.initial_delay_seconds,
@@ -140,6 +138,11 @@ class ReconnectPolicy:
             waited = self.clock() - started
             if not exc.retryable or waited < self.initial_delay_seconds:
                 raise
+            seen: PodStatus | None = self.status() if self.status is not None else None
+            if seen is not None and (seen.gone or seen.cause is PodCause.ALIVE):
+                # gone meanwhile, or the provider says it runs while its SSH stayed down
+                # for the whole budget: its host is lost either way
+                raise lost_error(seen if seen.gone else host_lost(seen, waited)) from exc
             raise ConsoleConnectError(
                 f"{exc} (gave up after waiting {waited:.0f} s of a "
                 f"{self.budget_seconds:g} s reconnect budget)",

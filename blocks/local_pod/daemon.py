@@ -19,6 +19,12 @@ A PTY session gets a real bash on a real kernel pseudo-terminal (canonical line
 limit 4096 bytes, ``stty raw -echo`` works), bridged byte for byte to the channel.
 On SIGTERM the daemon ends the pod: it kills every process carrying
 ``RUNPOD_POD_ID=<pod_id>``, removes the pod directory and the registry entry, exits.
+When ``pod.json`` holds ``terminate_after`` the daemon ends the pod by itself at that
+moment: the local pod's lease, like RunPod's ``terminateAfter``, which covers a pod
+whose flow died before its dead-man switch was armed. Before the directory goes, it
+leaves a tombstone (``registry.write_tombstone``) saying when and how the pod ended
+(``ending.json``, written by whoever asked: the ``runpodctl`` stand-in, the provider's
+terminate), with the dead-man's recorded attempts.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import sys
 import termios
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +52,17 @@ import asyncssh
 
 from prefect_runpod.blocks.exceptions import GATEWAY_PTY_ERROR  # imports nothing: stays light
 from prefect_runpod.blocks.local_pod.registry import (
+    ENDING_FILE,
+    INIT_PID_VAR,
     MARKER_VAR,
     PodPaths,
     PodRecord,
+    PodTombstone,
     kill_marked,
+    read_deadman_attempts,
     remove_record,
     write_record,
+    write_tombstone,
 )
 
 __all__ = ["PodConfig", "build_pod_env", "main"]
@@ -81,6 +93,8 @@ class PodConfig:
     env: dict[str, str] = field(default_factory=dict)
     image: str = "plain"
     path_first: list[str] = field(default_factory=list)
+    lifetime_seconds: float | None = None
+    terminate_after: str | None = None
 
     @classmethod
     def load(cls, path: Path) -> PodConfig:
@@ -124,6 +138,9 @@ def build_pod_env(
         env["RUNPOD_TCP_PORT_22"] = str(port)
     env.update(config.env)
     env[MARKER_VAR] = config.pod_id
+    # The daemon is the pod's PID 1: a dead-man's last resort stops every process of the
+    # pod but this one, as on a container it spares PID 1.
+    env[INIT_PID_VAR] = str(os.getpid())
     return env
 
 
@@ -473,7 +490,9 @@ class _PodSSHServer(asyncssh.SSHServer):
         return True
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        ok = username == self.daemon.config.user and key.public_data in self.daemon.keys
+        ok = (
+            username == self.daemon.config.user and key.public_data in self.daemon.authorized_keys()
+        )
         if not ok:
             log.info("%s: refused key for user %r", self.daemon.config.pod_id, username)
         return ok
@@ -486,13 +505,20 @@ class PodDaemon:
         self.home = home
         self.paths = PodPaths.of(home, pod_id)
         self.config = PodConfig.load(self.paths.config)
-        self.keys = {
-            k.public_data for k in asyncssh.read_public_key_list(str(self.paths.authorized_keys))
-        }
+        self.ending = {"by": "signal", "layer": "SIGTERM to the pod's daemon"}
         self.port = 0
         self.bash = shutil.which("bash") or "/bin/bash"
         self._stop = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
+
+    def authorized_keys(self) -> set[bytes]:
+        """The authorised public keys, read at each login (a gateway in front of the pod
+        may add its own key after the pod started)."""
+        try:
+            found = asyncssh.read_public_key_list(str(self.paths.authorized_keys))
+        except (OSError, ValueError):
+            return set()
+        return {k.public_data for k in found}
 
     def spawn_background(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` as a task the daemon keeps a reference to until it ends."""
@@ -505,6 +531,10 @@ class PodDaemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: None)
+        if self.config.terminate_after:
+            lease = datetime.fromisoformat(self.config.terminate_after.replace("Z", "+00:00"))
+            delay = max(0.0, (lease - datetime.now(UTC)).total_seconds())
+            loop.call_later(delay, self._lease_ends)
         host_key = asyncssh.read_private_key(str(self.paths.host_key))
         server = await asyncssh.listen(
             "127.0.0.1",
@@ -538,6 +568,8 @@ class PodDaemon:
                 cost_per_hr=self.config.cost_per_hr,
                 gpu_type=self.config.gpu_type,
                 created_at=self.config.created_at,
+                lifetime_seconds=self.config.lifetime_seconds,
+                terminate_after=self.config.terminate_after,
             ),
         )
         log.info(
@@ -553,12 +585,41 @@ class PodDaemon:
     async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
         await _Session(self, process).run()
 
+    def _lease_ends(self) -> None:
+        log.info("%s: terminate_after %s reached", self.config.pod_id, self.config.terminate_after)
+        self.ending = {"by": "lease", "layer": "terminateAfter"}
+        with contextlib.suppress(OSError):
+            (self.paths.root / ENDING_FILE).unlink()
+        self._stop.set()
+
+    def _read_ending(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads((self.paths.root / ENDING_FILE).read_text())
+            if isinstance(data, dict) and data.get("by"):
+                self.ending = {"by": str(data["by"]), "layer": str(data.get("layer") or "")}
+
     def end_pod(self) -> None:
-        """Kill every process of the pod (the caller of ``runpodctl remove pod`` too),
-        remove the pod directory and the registry entry."""
+        """Kill every process of the pod (the caller of ``runpodctl pod delete`` too),
+        leave the tombstone, remove the pod directory and the registry entry."""
+        self._read_ending()
+        attempts = read_deadman_attempts(self.paths.workspace)
         leftovers = kill_marked(self.config.pod_id, timeout_seconds=10.0)
         if leftovers:
             log.error("%s: processes survived SIGKILL: %s", self.config.pod_id, leftovers)
+        attempts = read_deadman_attempts(self.paths.workspace) or attempts
+        with contextlib.suppress(OSError):
+            write_tombstone(
+                self.home,
+                PodTombstone(
+                    pod_id=self.config.pod_id,
+                    name=self.config.name,
+                    created_at=self.config.created_at,
+                    ended_at=datetime.now(UTC).isoformat(),
+                    by=self.ending["by"],
+                    layer=self.ending["layer"],
+                    attempts=attempts,
+                ),
+            )
         shutil.rmtree(self.paths.root, ignore_errors=True)
         remove_record(self.home, self.config.pod_id)
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import contextlib
 import json
 import os
-import re
-import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -41,10 +40,13 @@ from prefect_runpod.blocks.local_pod.images import (
     prepare_image,
     profile_names,
 )
+from prefect_runpod.blocks.local_pod.pod_files import runpodctl_script
 from prefect_runpod.blocks.local_pod.registry import (
+    ENDING_FILE,
     LockBusyError,
     PodPaths,
     PodRecord,
+    PodTombstone,
     daemon_alive,
     default_home,
     find_marked_pids,
@@ -54,17 +56,20 @@ from prefect_runpod.blocks.local_pod.registry import (
     new_pod_host_id,
     new_pod_id,
     pid_alive,
+    read_deadman_attempts,
     read_record,
+    read_tombstone,
     remove_record,
+    write_tombstone,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
-from prefect_runpod.blocks.provider import PodRequest, PodStatus, TerminateResult
+from prefect_runpod.blocks.provider import PodCause, PodRequest, PodStatus, TerminateResult
+from prefect_runpod.blocks.validation import is_env_name
 
 __all__ = ["LocalPod", "LocalPodProvider", "base_python", "default_home"]
 
 _POLL_SECONDS = 0.02
 _BANNER_PREFIX = b"SSH-2.0-"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KEY_TYPES = ("ssh-", "ecdsa-sha2-", "sk-")
 
 # Daemons this process started: kept so their exit is reaped (no zombies).
@@ -97,49 +102,12 @@ def _check_request(request: PodRequest) -> str:
             "(`ssh-ed25519 AAAA… comment`); pass KeyPair.public_key from generate_keypair()"
         )
     for key, value in request.env.items():
-        if not _ENV_NAME.match(key) or "\0" in value:
+        if not is_env_name(key) or "\0" in value:
             raise SpecError(
                 f"pod env variable {key!r} is not a valid name=value pair; use letters, "
                 "digits and underscores for names and no NUL bytes in values"
             )
     return line
-
-
-def _runpodctl_script(pod_id: str, pid_file: Path, bin_dir: Path) -> str:
-    """The pod's ``runpodctl`` stand-in: ``remove pod <id>`` / ``stop pod <id>`` end the
-    pod (RunPod docs: ``runpodctl remove pod $RUNPOD_POD_ID`` from inside a pod)."""
-    return f"""#!/bin/sh
-# runpodctl for local pod {pod_id}: `runpodctl remove pod <id>` (or `stop pod <id>`)
-# asks the pod's daemon to end the pod; the daemon then ends every process of the
-# pod, this one included.
-POD_ID={shlex.quote(pod_id)}
-PID_FILE={shlex.quote(str(pid_file))}
-BIN_DIR={shlex.quote(str(bin_dir))}
-case "$1" in
-  remove|stop)
-    if [ "$2" != pod ] && [ "$2" != pods ]; then
-      echo "Error: unknown resource \\"$2\\"; usage: runpodctl $1 pod $POD_ID" >&2; exit 1
-    fi
-    id="${{3:-$RUNPOD_POD_ID}}"
-    if [ "$id" != "$POD_ID" ]; then
-      echo "Error: pod \\"$id\\" not found (this is local pod $POD_ID)" >&2; exit 1
-    fi
-    pid=$(cat "$PID_FILE" 2>/dev/null)
-    if [ -z "$pid" ]; then echo "Error: pod $POD_ID has no daemon" >&2; exit 1; fi
-    echo "pod \\"$POD_ID\\" $1 requested"
-    kill -TERM "$pid" || exit 1
-    sleep 60
-    exit 0 ;;
-  *)
-    # Anything else (send, receive, ...) goes to a real runpodctl further down PATH.
-    IFS=:
-    for dir in $PATH; do
-      if [ "$dir" != "$BIN_DIR" ] && [ -x "$dir/runpodctl" ]; then exec "$dir/runpodctl" "$@"; fi
-    done
-    echo "Error: runpodctl $1 is not available on local pod $POD_ID; supported: remove pod <id>, stop pod <id>" >&2
-    exit 1 ;;
-esac
-"""
 
 
 def _port_accepts(port: int, *, banner: bool, timeout_seconds: float = 1.0) -> bool:
@@ -306,12 +274,6 @@ class LocalPodProvider:
         record = read_record(self.home, pod_id)
         return self._to_handle(record) if record else None
 
-    def status(self, pod_id: str) -> PodStatus:
-        """``ALIVE`` while the pod is registered and its daemon runs, else ``GONE`` (a
-        local pod's records are on this machine: never ``UNKNOWN``)."""
-        record = read_record(self.home, pod_id)
-        return PodStatus.ALIVE if record is not None and daemon_alive(record) else PodStatus.GONE
-
     def terminate(self, pod_id: str, timeout_seconds: float = 30.0) -> TerminateResult:
         """End pod ``pod_id``: SIGTERM its daemon (which ends the pod itself), SIGKILL
         after a grace period, SIGKILL every process still carrying
@@ -331,7 +293,13 @@ class LocalPodProvider:
         record = read_record(self.home, pod_id)
         if record is None and not paths.root.exists() and not find_marked_pids(pod_id):
             self._reap(pod_id)
-            return TerminateResult(pod_id=pod_id, confirmed_at=datetime.now(UTC), already_gone=True)
+            tomb = read_tombstone(self.home, pod_id)
+            ended = datetime.fromisoformat(tomb.ended_at) if tomb else datetime.now(UTC)
+            return TerminateResult(pod_id=pod_id, confirmed_at=ended, already_gone=True)
+        if paths.root.is_dir() and not (paths.root / ENDING_FILE).exists():
+            with contextlib.suppress(OSError):
+                (paths.root / ENDING_FILE).write_text('{"by": "terminate", "layer": "terminate"}\n')
+        attempts = read_deadman_attempts(paths.workspace)
         if record is not None and daemon_alive(record):
             self._stop_daemon(record.pid, grace_seconds=min(10.0, timeout_seconds / 2))
         problem = ""
@@ -342,7 +310,10 @@ class LocalPodProvider:
             self._reap(pod_id)
             port_open = record is not None and _port_accepts(record.port, banner=False)
             if not leftovers and not port_open and not paths.root.exists():
-                return TerminateResult(pod_id=pod_id, confirmed_at=datetime.now(UTC))
+                confirmed = datetime.now(UTC)
+                if record is not None:  # the daemon's own tombstone wins when it left one
+                    self._bury(record, confirmed, attempts)
+                return TerminateResult(pod_id=pod_id, confirmed_at=confirmed)
             problem = (
                 f"processes {leftovers} still running"
                 if leftovers
@@ -360,7 +331,70 @@ class LocalPodProvider:
                 )
             time.sleep(0.1)
 
+    def status(self, pod_id: str) -> PodStatus:
+        """What the registry and ``/proc`` say about ``pod_id`` now.
+
+        A registered pod whose daemon runs is ``alive``; one whose daemon died is
+        ``host_lost`` (its runtime is gone); a pod with a tombstone is
+        ``terminated_outside``, with when, by whom and how it ended; a pod directory
+        without a registry entry is ``starting``; nothing at all is ``terminated_outside``.
+        A local pod never reports ``exited``.
+
+        Returns:
+            The ``PodStatus``.
+        """
+        record = read_record(self.home, pod_id)
+        if record is not None:
+            if daemon_alive(record):
+                return PodStatus(
+                    pod_id=pod_id, cause=PodCause.ALIVE, provider_status="daemon running"
+                )
+            return PodStatus(
+                pod_id=pod_id,
+                cause=PodCause.HOST_LOST,
+                provider_status=f"registered, but its daemon (pid {record.pid}) is dead",
+            )
+        tomb = read_tombstone(self.home, pod_id)
+        if tomb is not None:
+            how = f"{tomb.by}, {tomb.layer}" if tomb.layer else tomb.by
+            return PodStatus(
+                pod_id=pod_id,
+                cause=PodCause.TERMINATED_OUTSIDE,
+                provider_status=f"local pod ended at {tomb.ended_at} ({how})",
+                ended_at=datetime.fromisoformat(tomb.ended_at),
+                ended_by=tomb.by,
+                ended_layer=tomb.layer,
+            )
+        if PodPaths.of(self.home, pod_id).root.is_dir():
+            return PodStatus(
+                pod_id=pod_id, cause=PodCause.STARTING, provider_status="daemon starting"
+            )
+        return PodStatus(
+            pod_id=pod_id, cause=PodCause.TERMINATED_OUTSIDE, provider_status="no such local pod"
+        )
+
+    def ended(self, pod_id: str) -> PodTombstone | None:
+        """What is left of an ended pod: when, by whom and how it ended, and the
+        dead-man's attempts (``registry.PodTombstone``); None when none is recorded."""
+        return read_tombstone(self.home, pod_id)
+
     # --- internals ----------------------------------------------------------------
+
+    def _bury(self, record: PodRecord, ended_at: datetime, attempts: builtins.list[dict]) -> None:
+        """Leave a tombstone for a pod whose daemon could not (it was dead)."""
+        with contextlib.suppress(OSError):
+            write_tombstone(
+                self.home,
+                PodTombstone(
+                    pod_id=record.pod_id,
+                    name=record.name,
+                    created_at=record.created_at,
+                    ended_at=ended_at.isoformat(),
+                    by="terminate",
+                    layer="terminate",
+                    attempts=attempts,
+                ),
+            )
 
     def _find_record(self, name: str) -> PodRecord | None:
         matches = [r for r in list_records(self.home) if r.name == name]
@@ -385,6 +419,10 @@ class LocalPodProvider:
             direct_ssh=endpoint if record.mode == "direct" else None,
             workdir=record.workdir,
             pod_host_id=record.pod_host_id,
+            lifetime_seconds=record.lifetime_seconds,
+            terminate_after=datetime.fromisoformat(record.terminate_after)
+            if record.terminate_after
+            else None,
         )
 
     def _prepare(
@@ -425,11 +463,14 @@ class LocalPodProvider:
         )
         _write(
             paths.bin / "runpodctl",
-            _runpodctl_script(pod_id, paths.pid_file, paths.bin).encode(),
+            runpodctl_script(pod_id, paths.pid_file, paths.bin, paths.root / ENDING_FILE).encode(),
             0o755,
         )
         _write(paths.home / ".bashrc", image.bashrc.encode(), 0o644)
         pod_host_id = new_pod_host_id(pod_id)
+        created = datetime.now(UTC)
+        lifetime = request.deadman.lifetime_seconds if request.deadman is not None else None
+        lease = created + timedelta(seconds=lifetime) if lifetime is not None else None
         config = {
             "pod_id": pod_id,
             "name": name,
@@ -440,10 +481,12 @@ class LocalPodProvider:
             "public_key": public_key,
             "cost_per_hr": self.cost_per_hr,
             "gpu_type": self.gpu_type,
-            "created_at": datetime.now(UTC).isoformat(),
+            "created_at": created.isoformat(),
             "env": {**image.env, **request.env},
             "image": image.profile,
             "path_first": image.path_first,
+            "lifetime_seconds": lifetime,
+            "terminate_after": lease.isoformat() if lease else None,
         }
         _write(paths.config, json.dumps(config, indent=1).encode(), 0o600)
 

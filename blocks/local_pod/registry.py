@@ -27,14 +27,17 @@ import string
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "ENDING_FILE",
+    "INIT_PID_VAR",
     "MARKER_VAR",
     "LockBusyError",
     "PodPaths",
     "PodRecord",
+    "PodTombstone",
     "default_home",
     "daemon_alive",
     "find_marked_pids",
@@ -44,16 +47,27 @@ __all__ = [
     "new_pod_host_id",
     "new_pod_id",
     "pid_alive",
+    "read_deadman_attempts",
     "read_record",
+    "read_tombstone",
     "remove_record",
     "write_record",
+    "write_tombstone",
 ]
 
 MARKER_VAR = "RUNPOD_POD_ID"
 """The environment variable that marks every process of a pod (as on RunPod)."""
+INIT_PID_VAR = "PREFECT_RUNPOD_POD_INIT_PID"
+"""The pod's own PID 1 (its daemon), which a dead-man's last resort leaves alone, as it
+spares PID 1 in a container."""
+ENDING_FILE = "ending.json"
+"""Written in the pod directory by whoever asks the daemon to end the pod
+(``{"by": …, "layer": …}``) and copied into the tombstone."""
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
-_ID_LENGTH = 10
+_ID_LENGTH = 14
+"""RunPod's ids are 14 lowercase letters and digits (``50qynxzilsxoey``); local pods
+take the same shape, so every check on a pod id holds for both providers."""
 
 
 def default_home() -> Path:
@@ -63,8 +77,9 @@ def default_home() -> Path:
 
 
 def new_pod_id() -> str:
-    """A fresh local pod id: ``lp-`` and 10 lowercase letters/digits (``lp-k3v9x0m2qa``)."""
-    return "lp-" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(_ID_LENGTH))
+    """A fresh local pod id shaped like RunPod's: 14 lowercase letters and digits
+    (``k3v9x0m2qa7c1z``), no hyphen."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(_ID_LENGTH))
 
 
 def new_pod_host_id(pod_id: str) -> str:
@@ -145,6 +160,9 @@ class PodRecord:
         cost_per_hr: the rehearsal price in USD/h.
         gpu_type: ``cpu``.
         created_at: ISO-8601 UTC time the provider made the id.
+        lifetime_seconds: the dead-man lifetime the pod was created with, or None.
+        terminate_after: ISO-8601 UTC time the daemon ends the pod by itself (the local
+            pod's lease, like RunPod's ``terminateAfter``), or None.
     """
 
     pod_id: str
@@ -159,6 +177,75 @@ class PodRecord:
     cost_per_hr: float
     gpu_type: str
     created_at: str
+    lifetime_seconds: float | None = None
+    terminate_after: str | None = None
+
+
+@dataclass
+class PodTombstone:
+    """What is left of an ended pod: ``<home>/ended/<pod_id>.json``, so whoever asks
+    later (the run, the reaper, ``prefect-runpod cost``) learns when and how it ended.
+
+    Attributes:
+        pod_id / name / created_at: the pod.
+        ended_at: ISO-8601 UTC time the pod ended (billing stops).
+        by: ``deadman`` (its watchdog ran ``runpodctl``), ``pod`` (``runpodctl`` run in
+            the pod by someone else), ``lease`` (the daemon's own deadline) or
+            ``terminate`` (a provider's terminate call).
+        layer: how (``runpodctl pod delete``, ``terminateAfter``, ``terminate``).
+        attempts: the dead-man's recorded attempts (``deadman.jsonl`` lines), if any.
+    """
+
+    pod_id: str
+    name: str
+    created_at: str
+    ended_at: str
+    by: str
+    layer: str
+    attempts: list[dict] = field(default_factory=list)
+
+
+def _tombstone_dir(home: Path) -> Path:
+    return Path(home) / "ended"
+
+
+def write_tombstone(home: Path, tombstone: PodTombstone) -> None:
+    """Record an ended pod (atomically); the first record of a pod wins."""
+    directory = _tombstone_dir(home)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{tombstone.pod_id}.json"
+    if target.exists():
+        return
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(asdict(tombstone), fh, indent=1, sort_keys=True)
+    os.replace(tmp, target)
+
+
+def read_tombstone(home: Path, pod_id: str) -> PodTombstone | None:
+    """The record of an ended pod, or None (never ended here, or unreadable)."""
+    try:
+        data = json.loads((_tombstone_dir(home) / f"{pod_id}.json").read_text())
+        return PodTombstone(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def read_deadman_attempts(workspace: Path) -> list[dict]:
+    """Every attempt the pod's dead-man switches recorded (``deadman.jsonl`` in each run
+    directory under ``workspace/prefect-runpod/``), oldest first."""
+    out: list[dict] = []
+    for path in sorted(Path(workspace).glob("prefect-runpod/*/deadman.jsonl")):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                item = json.loads(line)
+                if isinstance(item, dict):
+                    out.append(item)
+    return sorted(out, key=lambda a: str(a.get("at", "")))
 
 
 class LockBusyError(TimeoutError):
@@ -208,7 +295,7 @@ def list_records(home: Path) -> list[PodRecord]:
     if not directory.is_dir():
         return []
     records = []
-    for path in directory.glob("lp-*.json"):
+    for path in directory.glob("*.json"):  # temp files start with a dot: not matched
         record = read_record(home, path.stem)
         if record is not None:
             records.append(record)

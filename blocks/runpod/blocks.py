@@ -19,11 +19,16 @@ from prefect_runpod.blocks.validation import (
     POD_NAME_MAX_CHARS,
     SECRET_ENV_NAME,
     check_name_prefix,
+    check_pod_id,
+    check_url,
     constrained,
     find_token_shape,
 )
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
+    from prefect_runpod.blocks.runpod.billing import RunPodBill
     from prefect_runpod.blocks.runpod.client import RunPodClient
     from prefect_runpod.blocks.runpod.provider import RunPodProvider
     from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
@@ -45,7 +50,6 @@ DEFAULT_GPU_TYPE_IDS = ["NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090", "N
 
 _POD_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{POD_NAME_MAX_CHARS - 1}}}")
 """Pod names: dstack notes 60 characters work; plain characters keep GraphQL text safe."""
-_POD_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _GPU_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._/()+-]{0,99}")
 _DC_ID = re.compile(r"[A-Za-z0-9-]{1,40}")
 _CUDA = re.compile(r"\d{1,2}\.\d{1,2}")
@@ -72,12 +76,13 @@ def validate_pod_name(name: str) -> str:
 
 
 def validate_pod_id(pod_id: str) -> str:
-    """A RunPod pod id (``[A-Za-z0-9_-]``, ≤ 64).
+    """A RunPod pod id: lowercase letters and digits, whole string
+    (``validation.check_pod_id``).
 
     Raises:
-        SpecError: otherwise.
+        SpecError: otherwise (no request is sent).
     """
-    return _check(_POD_ID, pod_id, "pod id", "a RunPod pod id is letters and digits")
+    return check_pod_id(pod_id)
 
 
 def validate_gpu_type_id(gpu_type_id: str) -> str:
@@ -161,12 +166,38 @@ client = credentials.get_client()
         description="RunPod API key (console → Settings → API Keys); sent only as the "
         "Authorization header.",
     )
+    rest_base_url: str | None = Field(
+        default=None,
+        title="REST base URL",
+        description="RunPod's REST v1 base URL for billing records; empty means "
+        "$RUNPOD_REST_BASE_URL or https://rest.runpod.io/v1.",
+    )
+
+    @field_validator("rest_base_url")
+    @classmethod
+    def _check_rest_base_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_url(value, "rest_base_url")
 
     def get_client(self) -> RunPodClient:
         """A ``RunPodClient`` bound to this key (the ``runpod`` SDK underneath)."""
         from prefect_runpod.blocks.runpod.client import RunPodClient
 
         return RunPodClient(self.api_key)
+
+    def fetch_pod_bill(
+        self, pod_id: str, created_at: datetime, ended_at: datetime
+    ) -> RunPodBill | None:
+        """RunPod's own bill for ``pod_id`` over its life, from the REST billing API
+        (``runpod.billing.fetch_pod_bill``); None while RunPod has no record yet.
+
+        Raises:
+            ProviderAuthError / ProviderTransientError: as ``fetch_pod_bill``.
+        """
+        from prefect_runpod.blocks.runpod.billing import fetch_pod_bill
+
+        return fetch_pod_bill(
+            self.api_key, pod_id, created_at, ended_at, rest_base_url=self.rest_base_url
+        )
 
 
 class RunPodPodSpec(Block):

@@ -3,8 +3,11 @@
 RunPod's GraphQL API answers most failures with HTTP 200 and an ``errors`` array; the
 ``runpod`` SDK (1.12) turns that into ``runpod.error.QueryError(errors[0].message)``,
 an HTTP 401 into ``AuthenticationError``, a non-JSON body (a proxy's 5xx page) into
-``requests``' ``JSONDecodeError``, and lets network errors through raw. This module
-maps each of those, keyed on RunPod's exact strings, to one ``FailoverAction``:
+``requests``' ``JSONDecodeError``, a body with neither ``errors`` nor ``data`` into a
+``KeyError`` in its helpers, and lets network errors through raw. The SDK hides the
+HTTP status of everything but a 401 (a GraphQL validation error arrives with HTTP 400
+as a plain ``QueryError``), so this module — the one place that does it — classifies
+by exception type first and RunPod's message text second, to one ``FailoverAction``:
 
 ===============================================================  ===============
 answer                                                            action
@@ -14,7 +17,8 @@ answer                                                            action
 ``Something went wrong…`` / INTERNAL_SERVER_ERROR / 5xx / network  RETRY
 HTTP 401 (``Unauthorized request, please check your API key.``)  STOP
 ``No GPU found with the specified ID`` (the SDK, client side)     STOP
-GraphQL syntax / validation error                                 STOP
+GraphQL syntax / validation error (an invalid id, an unknown field) STOP
+a JSON answer with neither ``errors`` nor ``data`` (``KeyError``)    STOP
 ``pod not found to terminate`` / ``Cluster not found``            GONE
 anything else                                                     STOP
 ===============================================================  ===============
@@ -29,6 +33,7 @@ Pure functions: no network, no Prefect.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
@@ -54,6 +59,7 @@ __all__ = [
     "classify_exception",
     "classify_message",
     "to_provider_error",
+    "undefined_input_field",
 ]
 
 CAPACITY_MESSAGE = (
@@ -86,6 +92,7 @@ _CAPACITY_MARKERS = (
 _HOST_BUSY_MARKERS = ("not enough free gpus on the host",)
 _TRANSIENT_MARKERS = ("something went wrong", "internal server error", "try again later")
 _NOT_FOUND_MARKERS = ("pod not found", "cluster not found")
+_UNDEFINED_FIELD = re.compile(r'Field "(\w+)" is not defined by type "(\w+)"\.?')
 _INVALID_MARKERS = (
     "syntax error",
     "cannot query field",
@@ -190,25 +197,45 @@ def classify_message(
     return RunPodErrorClass(kind=kind, action=_ACTIONS[kind], message=message)
 
 
-def classify_exception(exc: BaseException) -> RunPodErrorClass:
-    """Classify an exception raised by a ``runpod`` SDK call.
+def undefined_input_field(message: str) -> tuple[str, str] | None:
+    """``(field, input type)`` when RunPod answered that a field is not defined on an
+    input type (``Field "terminateAfter" is not defined by type
+    "PodFindAndDeployOnDemandInput".``), else None. The one answer on which a create
+    may be sent again without an optional field."""
+    match = _UNDEFINED_FIELD.search(message or "")
+    return (match.group(1), match.group(2)) if match else None
 
-    Handles ``runpod.error.AuthenticationError`` (401), ``runpod.error.QueryError``
-    (GraphQL ``errors``), the SDK's ``ValueError`` for an unknown GPU id, and
-    ``requests`` errors (connection refused, timeout, a non-JSON 5xx body), which are
-    all transient.
+
+def classify_exception(exc: BaseException) -> RunPodErrorClass:
+    """Classify an exception raised by a ``runpod`` SDK call, by its type first:
+
+    - ``runpod.error.AuthenticationError``: HTTP 401 (or no key) → AUTH, stop;
+    - ``runpod.error.QueryError``: RunPod's ``errors[0].message`` → by its text;
+    - ``requests``' ``JSONDecodeError``: a non-JSON body (a proxy's 5xx page) → retry;
+    - other ``requests`` errors and ``ConnectionError``/``TimeoutError``: the network → retry;
+    - ``KeyError``: a JSON answer with neither ``errors`` nor ``data`` → stop;
+    - ``ValueError`` (the SDK's unknown GPU id) and anything else → by its text.
 
     Args:
         exc: the exception.
 
     Returns:
-        A ``RunPodErrorClass``.
+        A ``RunPodErrorClass`` whose ``message`` is RunPod's (or the SDK's) own text.
     """
     import requests
+    from runpod.error import AuthenticationError, QueryError
 
     name = type(exc).__name__
-    if name == "AuthenticationError":
+    if isinstance(exc, AuthenticationError):
         return classify_message(str(exc) or UNAUTHORIZED_MESSAGE, http_status=401)
+    if isinstance(exc, QueryError):
+        return classify_message(exc.message or str(exc))
+    if isinstance(exc, requests.exceptions.JSONDecodeError):
+        return RunPodErrorClass(
+            ErrorKind.TRANSIENT,
+            FailoverAction.RETRY,
+            f"{name}: RunPod answered with a body that is not JSON (a proxy's error page?)",
+        )
     if isinstance(exc, requests.exceptions.RequestException):
         response = getattr(exc, "response", None)
         status = getattr(response, "status_code", None)
@@ -221,6 +248,12 @@ def classify_exception(exc: BaseException) -> RunPodErrorClass:
         return RunPodErrorClass(ErrorKind.TRANSIENT, FailoverAction.RETRY, text)
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return RunPodErrorClass(ErrorKind.TRANSIENT, FailoverAction.RETRY, f"{name}: {exc}")
+    if isinstance(exc, KeyError):
+        return RunPodErrorClass(
+            ErrorKind.UNKNOWN,
+            FailoverAction.STOP,
+            f"RunPod's answer held neither data nor errors (missing {exc})",
+        )
     return classify_message(str(exc))
 
 

@@ -20,17 +20,55 @@ import paramiko
 
 from prefect_runpod.blocks.exceptions import TerminateError
 from prefect_runpod.blocks.pod_handle import SSHEndpoint
-from prefect_runpod.blocks.provider import TerminateResult
+from prefect_runpod.blocks.provider import PodCause, PodStatus, TerminateResult, end_command
 from prefect_runpod.blocks.runpod.client import RunPodClient
 from prefect_runpod.blocks.runpod.errors import ErrorKind, FailoverAction, classify_exception
 
-__all__ = ["GONE_STATUSES", "direct_endpoint", "probe_ssh_host_key", "terminate_until_gone"]
+__all__ = [
+    "GONE_STATUSES",
+    "LOST_STATUSES",
+    "direct_endpoint",
+    "probe_ssh_host_key",
+    "status_from_pod",
+    "terminate_until_gone",
+]
 
 logger = logging.getLogger("prefect_runpod.runpod")
 
 GONE_STATUSES = frozenset({"TERMINATED"})
 """``desiredStatus`` values of a pod that is gone: terminate counts one as confirmed,
 and the provider's ``find`` and ``list`` leave it out."""
+
+
+LOST_STATUSES = frozenset({"ERROR", "DEAD"})
+"""``desiredStatus`` values of a pod whose host failed it (REST v2 says ``ERROR``)."""
+
+
+def status_from_pod(pod_id: str, pod: dict[str, Any] | None) -> PodStatus:
+    """Map one ``pod(input:{podId})`` answer to a ``PodStatus``.
+
+    ``pod: null`` (RunPod forgets terminated pods) or TERMINATED → ``terminated_outside``;
+    EXITED → ``exited``; ERROR/DEAD → ``host_lost``; RUNNING with a ``runtime`` →
+    ``alive``; anything else (``runtime: null``, CREATED, RESTARTING) → ``starting``.
+    """
+    if pod is None:
+        return PodStatus(
+            pod_id=pod_id, cause=PodCause.TERMINATED_OUTSIDE, provider_status="RunPod: not found"
+        )
+    status = str(pod.get("desiredStatus") or "?")
+    runtime = "up" if pod.get("runtime") else "null"
+    said = f"RunPod: desiredStatus={status} runtime={runtime}"
+    if status in GONE_STATUSES:
+        cause = PodCause.TERMINATED_OUTSIDE
+    elif status == "EXITED":
+        cause = PodCause.EXITED
+    elif status in LOST_STATUSES:
+        cause = PodCause.HOST_LOST
+    elif status == "RUNNING" and pod.get("runtime"):
+        cause = PodCause.ALIVE
+    else:
+        cause = PodCause.STARTING
+    return PodStatus(pod_id=pod_id, cause=cause, provider_status=said)
 
 
 def direct_endpoint(pod: dict[str, Any]) -> SSHEndpoint | None:
@@ -82,7 +120,9 @@ def terminate_until_gone(
 
     Idempotent: ``pod not found to terminate`` and ``pod: null`` count as gone.
     Transient failures (``Something went wrong``, 5xx, network) are retried until
-    the deadline; the terminate call is repeated while the pod still reads back.
+    the deadline; the terminate call is repeated while the pod still reads back. An
+    answer that retrying cannot change (HTTP 401, a GraphQL validation error, an
+    unrecognised answer) stops at once with RunPod's message.
 
     Args:
         client: the bound SDK client.
@@ -96,8 +136,9 @@ def terminate_until_gone(
         A ``TerminateResult``; ``confirmed_at`` is when billing ended.
 
     Raises:
-        TerminateError: not confirmed within ``timeout_seconds`` (the pod may still
-            bill; the message says how to end it by hand). Never reports gone then.
+        TerminateError: refused for good, or not confirmed within ``timeout_seconds``
+            (the pod may still bill; the message says how to end it by hand). Never
+            reports gone then.
     """
     deadline = time.monotonic() + timeout_seconds
     calls, already_gone, send, delay = 0, False, True, initial_delay_seconds
@@ -114,13 +155,8 @@ def terminate_until_gone(
                 if classified.action is FailoverAction.GONE:
                     already_gone = calls == 1
                     send = False
-                elif classified.kind is ErrorKind.AUTH:
-                    raise TerminateError(
-                        f"pod {pod_id}: RunPod refused the API key while terminating; the "
-                        "pod may still be billing — terminate it in the RunPod console "
-                        f"or run `prefect-runpod terminate {pod_id}` with a valid key.",
-                        pod_id=pod_id,
-                    ) from exc
+                elif classified.action is not FailoverAction.RETRY:
+                    raise _refused(pod_id, classified.kind, classified.message) from exc
         if not send:
             try:
                 pod = client.get_pod(pod_id)
@@ -137,6 +173,8 @@ def terminate_until_gone(
             except Exception as exc:
                 classified = classify_exception(exc)
                 last = f"read back: {classified.message}"
+                if classified.action is FailoverAction.STOP:
+                    raise _refused(pod_id, classified.kind, classified.message) from exc
                 if classified.action is FailoverAction.GONE:
                     return TerminateResult(
                         pod_id=pod_id,
@@ -149,8 +187,20 @@ def terminate_until_gone(
             raise TerminateError(
                 f"pod {pod_id}: terminate not confirmed after {timeout_seconds:.0f} s "
                 f"({calls} calls; last: {last}). It may still be billing: run "
-                f"`prefect-runpod terminate {pod_id}` or terminate it in the RunPod console.",
+                f"`{end_command('runpod', pod_id)}` or terminate it in the RunPod console.",
                 pod_id=pod_id,
             )
         sleep(min(delay, remaining))
         delay = min(delay * 2 or poll_interval_seconds, poll_interval_seconds)
+
+
+def _refused(pod_id: str, kind: ErrorKind, message: str) -> TerminateError:
+    """The error for a terminate answer that retrying cannot change (a refused key, an
+    invalid request), with RunPod's own words and the way to end the pod by hand."""
+    why = "refused the API key" if kind is ErrorKind.AUTH else "refused the request"
+    return TerminateError(
+        f"pod {pod_id}: RunPod {why} while terminating ({message}); retrying cannot help. "
+        "It may still be billing: terminate it in the RunPod console, or fix the cause and "
+        f"run `{end_command('runpod', pod_id)}`.",
+        pod_id=pod_id,
+    )

@@ -8,8 +8,15 @@ Fills in the ``PodProvider`` protocol (``blocks/provider.py``, docs/architecture
   centers in order, keyed on RunPod's exact answers (``runpod.errors``): capacity → next
   option, ``Something went wrong``/5xx/network → backoff (tenacity) after re-checking
   for a pod of that name, 401 → stop. It returns as soon as the pod id exists.
+- Each create carries RunPod's ``terminateAfter`` (create + the dead-man lifetime), a
+  lease on RunPod's side that ends the pod even when the flow and its watchdog both
+  die; only when RunPod answers that the field is not defined on
+  ``PodFindAndDeployOnDemandInput`` is the create sent again without it (the layer is
+  then recorded absent). A stopped (EXITED) pod of the run's name is terminated and
+  replaced, never adopted.
 - ``wait_ready`` polls until ``desiredStatus == RUNNING`` with a ``runtime``, then until
   the SSH endpoint answers a key exchange; on timeout it terminates the pod.
+- ``status`` maps one read of the pod to a ``PodCause`` (``lifecycle.status_from_pod``).
 - ``terminate`` is idempotent and returns only when RunPod reads the pod back as gone
   (``pod: null``, TERMINATED, or ``pod not found``), never on a timeout.
 
@@ -35,7 +42,13 @@ from prefect_runpod.blocks.exceptions import (
     TerminateError,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import PodRequest, PodStatus, TerminateResult
+from prefect_runpod.blocks.provider import (
+    LIFETIME_ENV,
+    PodCause,
+    PodRequest,
+    PodStatus,
+    TerminateResult,
+)
 from prefect_runpod.blocks.runpod.blocks import (
     RunPodCredentials,
     RunPodPodSpec,
@@ -51,11 +64,13 @@ from prefect_runpod.blocks.runpod.errors import (
     FailoverAction,
     classify_exception,
     to_provider_error,
+    undefined_input_field,
 )
 from prefect_runpod.blocks.runpod.lifecycle import (
     GONE_STATUSES,
     direct_endpoint,
     probe_ssh_host_key,
+    status_from_pod,
     terminate_until_gone,
 )
 from prefect_runpod.blocks.runpod.ssh_key import (
@@ -63,13 +78,15 @@ from prefect_runpod.blocks.runpod.ssh_key import (
     key_in_authorized,
     normalise_public_key,
 )
+from prefect_runpod.blocks.validation import utc_timestamp
 
 __all__ = ["RunPodProvider"]
 
 logger = logging.getLogger("prefect_runpod.runpod")
 T = TypeVar("T")
 
-_DEAD_STATUSES = {"TERMINATED", "EXITED", "DEAD"}
+_LEASE_FIELD = ("terminateAfter", "PodFindAndDeployOnDemandInput")
+"""RunPod's answer naming this field and type is the one that drops the lease."""
 
 
 class _Retry(Exception):
@@ -117,6 +134,9 @@ class RunPodProvider:
         self._sleep = sleep
         self._client = credentials.get_client()
         self.attempts: list[str] = []
+        self.lease_supported = True
+        """False once RunPod answered that ``terminateAfter`` is not defined: later
+        creates go without it, and the handles record the layer as absent."""
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -148,6 +168,8 @@ class RunPodProvider:
         validate_pod_name(name)
         public_key = normalise_public_key(request.public_key or self.ssh_key.get_public_key())
         env = {**spec.env, **request.env, "PUBLIC_KEY": public_key}
+        if request.deadman is not None:
+            env[LIFETIME_ENV] = f"{request.deadman.lifetime_seconds:g}"
         validate_env(env)
         cuda = merge_cuda_versions(spec.allowed_cuda_versions, request.allowed_cuda_versions)
         for gpu in spec.gpu_type_ids:
@@ -215,10 +237,9 @@ class RunPodProvider:
             ProviderTransientError: RunPod kept failing after the retries.
         """
         fields = self._deploy_fields(request, name)
-        adopted = self.find(name)
+        lifetime = request.deadman.lifetime_seconds if request.deadman is not None else None
+        adopted = self._adopt_or_replace(name)
         if adopted is not None:
-            self.attempts.append(f"adopted {adopted.pod_id} ({name})")
-            logger.info("%s: adopted existing pod %s", adopted.pod_id, name)
             return adopted
         prices = self._gpu_prices()
         self.ensure_account_key()
@@ -232,7 +253,7 @@ class RunPodProvider:
             data_centers: list[str | None] = list(self.spec.data_center_ids) or [None]
             for dc in data_centers:
                 label = f"{gpu_id}/{cloud}" + (f"/{dc}" if dc else "")
-                handle = self._deploy_option(fields, gpu_id, dc, label, price)
+                handle = self._deploy_option(fields, gpu_id, dc, label, price, lifetime)
                 if handle is not None:
                     return handle
         raise CapacityError(
@@ -242,8 +263,34 @@ class RunPodProvider:
             attempts=self.attempts,
         )
 
+    def _adopt_or_replace(self, name: str) -> PodHandle | None:
+        """The live pod named ``name`` to adopt (a retried task never rents twice), or
+        None. A pod of that name that stopped (EXITED) or lost its host is terminated
+        (confirmed) and None returned, so the same attempt creates a fresh pod."""
+        pod = self._find_pod(name)
+        if pod is None:
+            return None
+        status = status_from_pod(pod["id"], pod)
+        if status.cause in (PodCause.EXITED, PodCause.HOST_LOST):
+            self.terminate(pod["id"])
+            self.attempts.append(f"replaced {pod['id']} ({status.provider_status}): terminated")
+            logger.info(
+                "%s: %s; terminated, creating a fresh pod", pod["id"], status.provider_status
+            )
+            return None
+        adopted = self._with_host_id(self._handle_from_pod(pod))
+        self.attempts.append(f"adopted {adopted.pod_id} ({name})")
+        logger.info("%s: adopted existing pod %s", adopted.pod_id, name)
+        return adopted
+
     def _deploy_option(
-        self, fields: dict[str, Any], gpu_id: str, dc: str | None, label: str, price: float | None
+        self,
+        fields: dict[str, Any],
+        gpu_id: str,
+        dc: str | None,
+        label: str,
+        price: float | None,
+        lifetime_seconds: float | None = None,
     ) -> PodHandle | None:
         """Deploy on one GPU type/data center; None means "no capacity, next option"."""
         name = fields["name"]
@@ -258,12 +305,27 @@ class RunPodProvider:
                     return existing
                 if existing is not None:
                     self.terminate(existing.pod_id)
+            lease = None
+            if lifetime_seconds is not None and self.lease_supported:
+                lease = datetime.now(UTC) + timedelta(seconds=lifetime_seconds)
             try:
                 created = self._client.deploy_on_demand(
-                    **fields, gpu_type_id=gpu_id, data_center_id=dc
+                    **fields,
+                    gpu_type_id=gpu_id,
+                    data_center_id=dc,
+                    terminate_after=utc_timestamp(lease) if lease else None,
                 )
             except Exception as exc:
                 classified = classify_exception(exc)
+                if lease is not None and undefined_input_field(classified.message) == _LEASE_FIELD:
+                    # Only this answer drops the lease: RunPod does not know the field.
+                    self.lease_supported = False
+                    self.attempts.append(
+                        f"{label}: terminateAfter not accepted by RunPod ({classified.message}); "
+                        "creating without it: the server-side lease layer is absent"
+                    )
+                    logger.warning("create %s: %s", name, self.attempts[-1])
+                    return once()
                 self.attempts.append(f"{label}: {classified.kind.value}")
                 logger.info("create %s on %s: %s", name, label, classified.message)
                 if classified.action is FailoverAction.NEXT_OPTION:
@@ -276,8 +338,9 @@ class RunPodProvider:
                 ) from exc
             pod_id = created["id"]
             host_id = (created.get("machine") or {}).get("podHostId")
-            self.attempts.append(f"{label}: created {pod_id}")
-            logger.info("%s: created %s on %s", pod_id, name, label)
+            lease_note = f", terminateAfter {utc_timestamp(lease)}" if lease else ", no lease"
+            self.attempts.append(f"{label}: created {pod_id}{lease_note}")
+            logger.info("%s: created %s on %s%s", pod_id, name, label, lease_note)
             return PodHandle(
                 pod_id=pod_id,
                 name=name,
@@ -287,6 +350,8 @@ class RunPodProvider:
                 ssh=self.ssh_key.gateway_endpoint(host_id) if host_id else None,
                 pod_host_id=host_id,
                 workdir=self.spec.volume_mount_path,
+                lifetime_seconds=lifetime_seconds,
+                terminate_after=lease,
             )
 
         try:
@@ -334,7 +399,13 @@ class RunPodProvider:
 
     def _handle_from_pod(self, pod: dict[str, Any]) -> PodHandle:
         uptime = pod.get("uptimeSeconds") or 0
+        env = dict(str(e).partition("=")[::2] for e in pod.get("env") or [] if "=" in str(e))
+        try:
+            lifetime: float | None = float(env[LIFETIME_ENV])
+        except (KeyError, ValueError):
+            lifetime = None
         return PodHandle(
+            lifetime_seconds=lifetime,
             pod_id=pod["id"],
             name=pod.get("name") or "",
             provider="runpod",
@@ -351,14 +422,22 @@ class RunPodProvider:
         Raises:
             SpecError: on an unsafe name. ProviderError subclasses from the API.
         """
+        pod = self._find_pod(name)
+        return self._with_host_id(self._handle_from_pod(pod)) if pod is not None else None
+
+    def _find_pod(self, name: str) -> dict[str, Any] | None:
+        """The account's pod named exactly ``name`` that is not TERMINATED, as RunPod
+        answers it, or None."""
         validate_pod_name(name)
         pods = self._call("list pods", self._client.get_pods)
         live = [
             p for p in pods if p.get("name") == name and p.get("desiredStatus") not in GONE_STATUSES
         ]
-        if not live:
-            return None
-        handle = self._handle_from_pod(live[0])
+        return live[0] if live else None
+
+    def _with_host_id(self, handle: PodHandle) -> PodHandle:
+        """``handle`` with its ``podHostId`` and gateway endpoint (one more query: the
+        SDK's pod fields do not include it)."""
         host_id = self._call(
             "read podHostId", self._client.get_pod_host_id, handle.pod_id, pod_id=handle.pod_id
         )
@@ -376,22 +455,6 @@ class RunPodProvider:
             if (p.get("name") or "").startswith(prefix)
             and p.get("desiredStatus") not in GONE_STATUSES
         ]
-
-    def status(self, pod_id: str) -> PodStatus:
-        """Whether RunPod still runs the pod: one ``get_pod`` (no retries).
-
-        Returns:
-            ``GONE`` when the pod reads back as null or ``TERMINATED``/``EXITED``/``DEAD``,
-            ``UNKNOWN`` when the API did not answer, else ``ALIVE``.
-        """
-        try:
-            pod = self._client.get_pod(pod_id)
-        except Exception as exc:  # noqa: BLE001 - any failure to ask means "cannot tell"
-            logger.info("%s: status unknown (%s)", pod_id, type(exc).__name__)
-            return PodStatus.UNKNOWN
-        if pod is None or pod.get("desiredStatus") in _DEAD_STATUSES:
-            return PodStatus.GONE
-        return PodStatus.ALIVE
 
     # -- wait -------------------------------------------------------------------------
 
@@ -420,16 +483,18 @@ class RunPodProvider:
         last = "not read yet"
         while True:
             pod = self._call("read pod", self._client.get_pod, handle.pod_id, pod_id=handle.pod_id)
-            if pod is None or pod.get("desiredStatus") in _DEAD_STATUSES:
-                status = "gone" if pod is None else pod.get("desiredStatus")
+            seen = status_from_pod(handle.pod_id, pod)
+            if seen.gone:
                 self._abort(
                     handle,
                     ProviderError(
-                        f"pod {handle.pod_id} ({handle.name}) is {status} while starting (its host "
-                        "may have lost it); it was terminated. Create a new pod.",
+                        f"pod {handle.pod_id} ({handle.name}) is gone while starting "
+                        f"({seen.provider_status}; its host may have lost it); it was "
+                        "terminated. Create a new pod.",
                         pod_id=handle.pod_id,
                     ),
                 )
+            assert pod is not None
             status, runtime = pod.get("desiredStatus"), pod.get("runtime")
             last = f"desiredStatus={status} runtime={'up' if runtime else 'null'}"
             if status == "RUNNING" and runtime:
@@ -500,6 +565,35 @@ class RunPodProvider:
         # pinned key from the block, or the key seen now recorded on first use
         handle.ssh.host_key = pinned or key
         return True
+
+    # -- status -----------------------------------------------------------------------
+
+    def status(self, pod_id: str) -> PodStatus:
+        """What RunPod says about ``pod_id`` now (one ``get_pod``), mapped by
+        ``lifecycle.status_from_pod``: ``pod: null``/TERMINATED → ``terminated_outside``,
+        EXITED → ``exited``, ERROR/DEAD → ``host_lost``. RunPod forgets a terminated pod,
+        so ``ended_at`` stays None (its billing records hold the end).
+
+        Returns:
+            The ``PodStatus``; ``unknown`` when RunPod could not be asked.
+
+        Raises:
+            SpecError: on an unsafe pod id.
+        """
+        validate_pod_id(pod_id)
+        try:
+            pod = self._client.get_pod(pod_id)
+        except Exception as exc:
+            classified = classify_exception(exc)
+            if classified.action is FailoverAction.GONE:
+                pod = None
+            else:
+                return PodStatus(
+                    pod_id=pod_id,
+                    cause=PodCause.UNKNOWN,
+                    provider_status=f"RunPod did not answer: {classified.message}",
+                )
+        return status_from_pod(pod_id, pod)
 
     # -- terminate --------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ real processes, the real registry. OpenSSH's view is in test_openssh_view.py."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -94,7 +95,9 @@ class TestCreate:
     def test_handle_describes_a_gateway_pod(self, gateway: PodFixture) -> None:
         provider, handle, _ = gateway
         assert handle.provider == "local"
-        assert handle.pod_id.startswith("lp-") and len(handle.pod_id) == 13
+        # Shaped like RunPod's ids (issue 14): lowercase letters and digits, no hyphen.
+        assert re.fullmatch(r"[a-z0-9]{14}", handle.pod_id), handle.pod_id
+        assert handle.pod_host_id and re.fullmatch(rf"{handle.pod_id}-[0-9a-f]{{8}}", handle.pod_host_id)
         assert handle.ssh is not None and handle.ssh.mode == "gateway"
         assert handle.ssh.host == "127.0.0.1"
         assert handle.ssh.user == handle.pod_host_id
@@ -383,7 +386,7 @@ class TestTerminate:
         assert provider.find(handle.name) is None
         again = provider.terminate(handle.pod_id)
         assert again.already_gone
-        assert provider.terminate("lp-doesnotexist").already_gone
+        assert provider.terminate("doesnotexist00").already_gone
 
     def test_terminate_works_after_the_daemon_was_killed(self, local_pod: PodFixture) -> None:
         provider, handle, keypair = local_pod
