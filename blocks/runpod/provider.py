@@ -338,7 +338,9 @@ class RunPodProvider:
                 ) from exc
             pod_id = created["id"]
             host_id = (created.get("machine") or {}).get("podHostId")
-            lease_note = f", terminateAfter {utc_timestamp(lease)}" if lease else ", no lease"
+            lease_note = f", terminateAfter {utc_timestamp(lease)}" if lease else ""
+            if lease is None and lifetime_seconds is not None:
+                lease_note = ", no server-side lease (terminateAfter not accepted)"
             self.attempts.append(f"{label}: created {pod_id}{lease_note}")
             logger.info("%s: created %s on %s%s", pod_id, name, label, lease_note)
             return PodHandle(

@@ -10,15 +10,30 @@ scalar, ``gpuTypes(input:{id})`` → ``[]`` for an unknown id.
 
 Each created pod is backed by a real local pod (``LocalPodProvider``): the emulator
 reports its SSH port in ``runtime.ports`` (public in ``direct`` mode) and its workspace
-as ``volumeMountPath``; the pod id and ``podHostId`` are the local pod's. RunPod's
-gateway is a raw TCP forwarder on ``gateway_port`` that routes each connection to the
-newest booted pod (the gateway's routing by user needs decryption; tests hold one pod).
+as ``volumeMountPath``; the pod id (``[a-z0-9]``, 14 characters, no hyphen) and
+``podHostId`` (``<id>-<8 hex>``) are the local pod's. RunPod's gateway is an SSH server
+of its own on ``gateway_port`` (``runpod_gateway.SSHGateway``) that routes each login to
+the pod its user names, so several emulated pods can be used at once.
+
+Like a real pod, each one gets a pod-scoped ``RUNPOD_API_KEY`` (accepted for that pod's
+``pod``, ``podStop`` and ``podTerminate`` only) and, in ``RUNPOD_API_BASE_URL``, an HTTPS
+address of this API whose certificate a throwaway CA signed: a CA bundle that trusts it
+sits where pip's ``certifi`` would (``~/.local/lib/python3.X/site-packages/certifi``),
+unless ``faults.pod_ca_bundle`` is off (an image where TLS verification fails).
+``terminateAfter`` on create is honoured on the emulator's clock (``clock``).
+
+Billing: ``emulator.ledger`` (``runpod_billing.Ledger``) bills each pod to the
+millisecond; ``GET /v1/billing/pods`` and ``GET /v2/billing/pods`` answer from it in
+RunPod's REST v1 and v2 shapes (``rest_base_url`` is the value for
+``RUNPOD_REST_BASE_URL``). The rule is the emulator's own assumption (see that module).
 
 Faults are set through ``emulator.faults`` (Python) or ``POST /admin/faults`` (JSON);
 ``GET /admin/requests`` returns the request log, in which the key is redacted.
-``emulator.ended`` records how and when each pod left: through ``podTerminate``, or
-removed from inside (its local pod ended on its own, as ``runpodctl remove pod`` does);
-``emulator.links`` lists the gateway's connections (bytes carried, cut or not).
+``emulator.ended`` records how and when each pod left: ``podTerminate`` (the account's
+key), ``podTerminate (pod key)`` (from inside, with the pod's own key),
+``removed-from-inside`` (its local pod ended on its own, as ``runpodctl pod delete``
+does), ``terminateAfter`` or ``vanished``; ``emulator.links`` lists the gateway's
+sessions (bytes relayed, cut or not).
 
 Run standalone: ``python -m tests.emulators.runpod_api --port 8911 --api-key KEY``.
 """
@@ -26,13 +41,12 @@ Run standalone: ``python -m tests.emulators.runpod_api --port 8911 --api-key KEY
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
-import socket
+import secrets
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -44,141 +58,31 @@ from graphql.language import OperationDefinitionNode
 
 from prefect_runpod.blocks.keys import generate_keypair
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+from prefect_runpod.blocks.local_pod.registry import PodPaths
 from prefect_runpod.blocks.provider import PodRequest
 from prefect_runpod.blocks.runpod.errors import (
     CAPACITY_MESSAGE,
-    HOST_GPUS_BUSY_MESSAGE,
     NOT_FOUND_TO_TERMINATE_MESSAGE,
     SOMETHING_WENT_WRONG_MESSAGE,
 )
+from tests.emulators.runpod_billing import Ledger
+from tests.emulators.runpod_gateway import GatewayLink, Route, SSHGateway
+from tests.emulators.runpod_resolvers import Root
+from tests.emulators.runpod_state import DEFAULT_GPU_TYPES, EmulatedPod, Faults, PodEnd
+from tests.emulators.tls import make_loopback_ca
 
 __all__ = ["DEFAULT_GPU_TYPES", "Faults", "GatewayLink", "PodEnd", "RunPodEmulator"]
 
-SCHEMA = build_schema((Path(__file__).with_name("runpod_schema.graphql")).read_text())
+_SDL = (Path(__file__).with_name("runpod_schema.graphql")).read_text()
+SCHEMA = build_schema(_SDL)
+SCHEMA_WITHOUT_LEASE = build_schema(
+    "\n".join(line for line in _SDL.splitlines() if "terminateAfter" not in line)
+)
+"""What an older RunPod API would answer: ``terminateAfter`` not defined on the input."""
+POD_SCOPED_OPS = frozenset({"pod", "podStop", "podTerminate"})
+"""What a pod's own ``RUNPOD_API_KEY`` may ask, and only about its pod."""
 
-DEFAULT_GPU_TYPES: dict[str, dict[str, Any]] = {
-    "NVIDIA GeForce RTX 3090": {
-        "displayName": "RTX 3090",
-        "memoryInGb": 24,
-        "securePrice": 0.22,
-        "communityPrice": 0.22,
-    },
-    "NVIDIA GeForce RTX 4090": {
-        "displayName": "RTX 4090",
-        "memoryInGb": 24,
-        "securePrice": 0.69,
-        "communityPrice": 0.34,
-    },
-    "NVIDIA RTX A5000": {
-        "displayName": "RTX A5000",
-        "memoryInGb": 24,
-        "securePrice": 0.27,
-        "communityPrice": 0.16,
-    },
-    "NVIDIA A100 80GB PCIe": {
-        "displayName": "A100 PCIe",
-        "memoryInGb": 80,
-        "securePrice": 1.64,
-        "communityPrice": 1.19,
-    },
-}
 _SECRET_IN_QUERY = re.compile(r"(api_key=)[^&\s]+")
-
-
-@dataclass
-class Faults:
-    """Faults to inject; each counter is consumed as requests arrive.
-
-    Attributes:
-        capacity_first_n: the next N creates answer RunPod's capacity error.
-        capacity_gpu_types: creates for these GPU type ids always answer it.
-        create_errors: messages the next creates answer, one each (any RunPod text).
-        something_wrong: op name (or ``*``) → N answers of ``Something went wrong…``
-            (``INTERNAL_SERVER_ERROR``, HTTP 200).
-        http_5xx: op name (or ``*``) → N answers of HTTP 502 with an HTML body.
-        slow_boot_seconds: ``runtime`` stays null this long after create.
-        terminate_fail_n: the next N ``podTerminate`` answer ``Something went wrong…``.
-        terminate_ignored: ``podTerminate`` answers OK but the pod stays (a stuck host).
-        resume_gpus_busy: ``podResume`` answers "not enough free GPUs on the host".
-        drop_next_connection_after_bytes: when > 0, the gateway cuts the first SSH
-            connection (accepted from now on) that has carried this many bytes, both
-            directions together: a dropped link at a chosen point, by volume, never by
-            time. Shorter connections (a host-key probe) pass untouched; one cut, then
-            the fault is spent (reset to 0).
-        refuse_connections_until: while ``time.monotonic()`` is before this, the
-            gateway closes every connection it accepts at once, as a restarting proxy
-            does (set it with ``RunPodEmulator.refuse_connections_for``); each one is
-            counted in ``RunPodEmulator.refused_connections``.
-    """
-
-    capacity_first_n: int = 0
-    capacity_gpu_types: set[str] = field(default_factory=set)
-    create_errors: list[str] = field(default_factory=list)
-    something_wrong: dict[str, int] = field(default_factory=dict)
-    http_5xx: dict[str, int] = field(default_factory=dict)
-    slow_boot_seconds: float = 0.0
-    terminate_fail_n: int = 0
-    terminate_ignored: bool = False
-    resume_gpus_busy: bool = False
-    drop_next_connection_after_bytes: int = 0
-    refuse_connections_until: float = 0.0
-
-    def take(self, table: dict[str, int], op: str) -> bool:
-        """Consume one count for ``op`` (or ``*``); True when a fault fires."""
-        for key in (op, "*"):
-            if table.get(key, 0) > 0:
-                table[key] -= 1
-                return True
-        return False
-
-
-@dataclass
-class _Pod:
-    pod_id: str
-    name: str
-    pod_host_id: str
-    gpu_type_id: str
-    cost_per_hr: float
-    spec: dict[str, Any]
-    env: dict[str, str]
-    created: float
-    port: int
-    workdir: str
-    status: str = "RUNNING"
-
-
-@dataclass
-class PodEnd:
-    """How a pod left the emulator.
-
-    Attributes:
-        pod_id: the pod.
-        how: ``podTerminate`` (through the API) or ``removed-from-inside`` (its local pod
-            ended on its own: ``runpodctl remove pod $RUNPOD_POD_ID`` from the pod, i.e.
-            the dead-man switch), or ``vanished`` (``vanish``).
-        at: when the emulator confirmed it, epoch seconds.
-    """
-
-    pod_id: str
-    how: str
-    at: float
-
-
-@dataclass
-class GatewayLink:
-    """One connection through the gateway (both directions).
-
-    Attributes:
-        pod_id: the pod it was routed to.
-        relayed_bytes: bytes carried so far, both directions together.
-        drop_after_bytes: the link is cut once it has carried this many bytes; 0: never.
-        dropped: True once the gateway cut it.
-    """
-
-    pod_id: str
-    relayed_bytes: int = 0
-    drop_after_bytes: int = 0
-    dropped: bool = False
 
 
 class RunPodEmulator:
@@ -210,19 +114,25 @@ class RunPodEmulator:
         self.gpu_types = dict(gpu_types or DEFAULT_GPU_TYPES)
         self.faults = Faults()
         self.requests: list[dict[str, Any]] = []
-        self.pods: dict[str, _Pod] = {}
+        self.pods: dict[str, EmulatedPod] = {}
         self.ended: dict[str, PodEnd] = {}
-        self.links: list[GatewayLink] = []
         self.refused_connections = 0
+        self.clock = time.time
+        """The emulator's clock (epoch seconds): ``terminateAfter`` and billing follow it."""
+        self.ledger = Ledger(clock=lambda: self.clock())
         self._terminating: set[str] = set()
         self.local = LocalPodProvider(home=home, mode=mode)  # type: ignore[arg-type]
         self._lock = threading.RLock()
         self._http = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
         self._http.daemon_threads = True
-        self._gw = socket.create_server(("127.0.0.1", 0))
-        self._gw.settimeout(0.1)
+        self._ca = make_loopback_ca("RunPod emulator test CA")
+        self._https = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._https.daemon_threads = True
+        self._https.socket = self._ca.server_context(Path(home) / ".tls").wrap_socket(
+            self._https.socket, server_side=True
+        )
+        self.gateway = SSHGateway(self._route, self._take_drop)
         self._threads: list[threading.Thread] = []
-        self._open: set[socket.socket] = set()
         self._closed = threading.Event()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -233,13 +143,33 @@ class RunPodEmulator:
         return f"http://127.0.0.1:{self._http.server_address[1]}"
 
     @property
+    def rest_base_url(self) -> str:
+        """The REST v1 base, the value for ``RUNPOD_REST_BASE_URL`` (``<base>/v1``)."""
+        return f"{self.base_url}/v1"
+
+    @property
+    def tls_base_url(self) -> str:
+        """This API over HTTPS (a throwaway CA's certificate): what pods are given."""
+        return f"https://127.0.0.1:{self._https.server_address[1]}"
+
+    @property
     def gateway_port(self) -> int:
         """The loopback port standing in for ``ssh.runpod.io:22``."""
-        return int(self._gw.getsockname()[1])
+        return self.gateway.port
+
+    @property
+    def links(self) -> list[GatewayLink]:
+        """The gateway's sessions so far."""
+        return self.gateway.links
 
     def start(self) -> RunPodEmulator:
-        """Serve HTTP and the gateway forwarder in background threads."""
-        for target in (lambda: self._http.serve_forever(poll_interval=0.05), self._gateway_loop):
+        """Serve HTTP, HTTPS, the gateway and the lease clock in background threads."""
+        self.gateway.start()
+        for target in (
+            lambda: self._http.serve_forever(poll_interval=0.05),
+            lambda: self._https.serve_forever(poll_interval=0.05),
+            self._lease_loop,
+        ):
             thread = threading.Thread(target=target, daemon=True, name="runpod-emulator")
             thread.start()
             self._threads.append(thread)
@@ -252,11 +182,10 @@ class RunPodEmulator:
             self.local.terminate(pod_id)
         self.pods.clear()
         self._closed.set()
-        self._http.shutdown()
-        self._http.server_close()
-        self._gw.close()
-        for sock in list(self._open):
-            _close(sock)
+        for server in (self._http, self._https):
+            server.shutdown()
+            server.server_close()
+        self.gateway.stop()
         for thread in self._threads:
             thread.join(timeout=5)
         return leftovers
@@ -278,11 +207,16 @@ class RunPodEmulator:
     def vanish(self, pod_id: str) -> None:
         """The pod disappears (its host lost it): the local pod ends, ``pod`` → null."""
         with self._lock:
-            pod = self.pods.pop(pod_id, None)
+            pod = self.pods.get(pod_id)
             if pod is not None:
-                self.ended[pod_id] = PodEnd(pod_id, "vanished", time.time())
+                self._terminating.add(pod_id)
         if pod is not None:
-            self.local.terminate(pod_id)
+            try:
+                self.local.terminate(pod_id)
+            finally:
+                with self._lock:
+                    self._terminating.discard(pod_id)
+                    self._end(pod_id, "vanished", self.clock())
 
     def live_pod_ids(self) -> list[str]:
         """Ids of pods not terminated (reconciled with the local pods)."""
@@ -294,18 +228,73 @@ class RunPodEmulator:
         """The whole request log as one string (for secret-sentinel checks)."""
         return json.dumps(self.requests)
 
+    def _end(self, pod_id: str, how: str, at: float) -> None:
+        """Record that ``pod_id`` left (billing stops at ``at``). Call with the lock held."""
+        if self.pods.pop(pod_id, None) is not None:
+            self.ended[pod_id] = PodEnd(pod_id, how, at)
+            self.ledger.close(pod_id, at)
+
     def _reconcile(self) -> None:
-        """Drop pods whose local pod ended on its own (``runpodctl remove pod``), and
-        record them as removed from inside."""
+        """Drop pods whose local pod ended on its own (``runpodctl pod delete``), and
+        record them as removed from inside, at the moment the local pod recorded."""
         for pod_id in list(self.pods):
             if pod_id not in self._terminating and self.local.get(pod_id) is None:
-                self.pods.pop(pod_id, None)
-                self.ended[pod_id] = PodEnd(pod_id, "removed-from-inside", time.time())
+                tomb = self.local.ended(pod_id)
+                at = datetime.fromisoformat(tomb.ended_at).timestamp() if tomb else self.clock()
+                self._end(pod_id, "removed-from-inside", at)
+
+    def _lease_loop(self) -> None:
+        """End every pod whose ``terminateAfter`` has passed on the emulator's clock."""
+        while not self._closed.wait(0.2):
+            with self._lock:
+                due = [
+                    p.pod_id
+                    for p in self.pods.values()
+                    if p.terminate_after is not None and self.clock() >= p.terminate_after
+                ]
+                self._terminating.update(due)
+            for pod_id in due:
+                try:
+                    self.local.terminate(pod_id)
+                finally:
+                    with self._lock:
+                        self._terminating.discard(pod_id)
+                        self._end(pod_id, "terminateAfter", self.clock())
+
+    # -- the gateway --------------------------------------------------------------------
+
+    def _route(self, user: str) -> Route | None:
+        """Where the gateway sends a login as ``user``: the running, booted pod whose
+        ``podHostId`` it is."""
+        with self._lock:
+            self._reconcile()
+            for pod in self.pods.values():
+                if pod.pod_host_id == user and self.pod_dict(pod)["runtime"]:
+                    keys = [k for k in self.pub_key.splitlines() if k.strip()]
+                    if pod.env.get("PUBLIC_KEY"):
+                        keys.append(pod.env["PUBLIC_KEY"])
+                    return Route(pod.pod_id, pod.port, pod.pod_host_id, tuple(keys))
+        return None
+
+    def _take_drop(self) -> int:
+        """The drop fault for the session starting now (consumed when it fires)."""
+        with self._lock:
+            return self.faults.drop_next_connection_after_bytes
 
     # -- GraphQL ------------------------------------------------------------------------
 
+    def _scope(self, key: str | None) -> tuple[bool, str | None]:
+        """``(accepted, pod_id)``: the account's key (pod_id None), or a pod's own key."""
+        if key == self.api_key:
+            return True, None
+        with self._lock:
+            for pod in self.pods.values():
+                if key and key == pod.pod_key:
+                    return True, pod.pod_id
+        return False, None
+
     def handle(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
-        """Answer one HTTP request: ``(status, content type, body)``."""
+        """Answer one GraphQL request: ``(status, content type, body)``."""
         url = urlparse(path)
         entry: dict[str, Any] = {
             "time": datetime.now(UTC).isoformat(),
@@ -318,7 +307,8 @@ class RunPodEmulator:
         auth = headers.get("authorization", "")
         if auth.startswith("Bearer "):
             key = auth[len("Bearer ") :]
-        if key != self.api_key:
+        accepted, scope = self._scope(key)
+        if not accepted:
             entry["status"] = 401
             return 401, "application/json", b'{"error":"Unauthorized"}'
         try:
@@ -331,26 +321,59 @@ class RunPodEmulator:
         except GraphQLError as exc:
             entry["status"] = 400
             return _json(400, {"errors": [_with_code(exc.formatted, "GRAPHQL_PARSE_FAILED")]})
-        errors = validate(SCHEMA, document)
+        schema = SCHEMA_WITHOUT_LEASE if self.faults.lease_field_unknown else SCHEMA
+        errors = validate(schema, document)
         if errors:
             entry["status"] = 400
             return _json(
                 400,
-                {"errors": [_with_code(e.formatted, "GRAPHQL_VALIDATION_FAILED") for e in errors]},
+                {
+                    "errors": [
+                        _with_code(_as_runpod_says(e.formatted), "GRAPHQL_VALIDATION_FAILED")
+                        for e in errors
+                    ]
+                },
             )
         ops = _top_fields(document)
         entry["operation"] = ",".join(ops)
+        if scope is not None and not set(ops) <= POD_SCOPED_OPS:
+            entry["status"] = 401
+            return 401, "application/json", b'{"error":"Unauthorized"}'
         with self._lock:
             fire_5xx = any(self.faults.take(self.faults.http_5xx, op) for op in ops)
+            empty = any(self.faults.take(self.faults.empty_answers, op) for op in ops)
+        if empty:
+            entry["status"] = 200
+            return _json(200, {})
         if fire_5xx:
             entry["status"] = 502
             return 502, "text/html", b"<html><body><h1>502 Bad Gateway</h1></body></html>"
-        result = execute(SCHEMA, document, root_value=_Root(self))
+        result = execute(schema, document, root_value=Root(self, scope))
         payload = result.formatted
         entry["status"] = 200
         if result.errors:
             entry["errors"] = [e["message"] for e in payload["errors"]]
         return _json(200, payload)
+
+    def handle_rest(self, path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        """Answer one REST billing request (v1 or v2 shape) from the ledger."""
+        url = urlparse(path)
+        auth = headers.get("authorization", "")
+        key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+        with self._lock:
+            self.requests.append(
+                {"time": datetime.now(UTC).isoformat(), "path": url.path, "operation": "rest"}
+            )
+            self._reconcile()
+        if key != self.api_key:
+            return _json(401, {"title": "Unauthorized", "status": 401, "detail": "invalid api key"})
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        with self._lock:
+            if url.path == "/v1/billing/pods":
+                return 200, "application/json", json.dumps(self.ledger.v1(query)).encode()
+            if url.path == "/v2/billing/pods":
+                return _json(200, self.ledger.v2(query))
+        return _json(404, {"title": "Not Found", "status": 404, "detail": url.path})
 
     def _maybe_something_wrong(self, op: str) -> None:
         with self._lock:
@@ -360,7 +383,7 @@ class RunPodEmulator:
                 SOMETHING_WENT_WRONG_MESSAGE, extensions={"code": "INTERNAL_SERVER_ERROR"}
             )
 
-    def pod_dict(self, pod: _Pod) -> dict[str, Any]:
+    def pod_dict(self, pod: EmulatedPod) -> dict[str, Any]:
         """A pod as RunPod's ``Pod`` type answers it."""
         now = time.time()
         booted = now - pod.created >= self.faults.slow_boot_seconds
@@ -422,11 +445,32 @@ class RunPodEmulator:
             raise GraphQLError(
                 SOMETHING_WENT_WRONG_MESSAGE, extensions={"code": "INTERNAL_SERVER_ERROR"}
             )
+        lease = None
+        if data.get("terminateAfter") is not None:
+            try:
+                lease = datetime.fromisoformat(data["terminateAfter"].replace("Z", "+00:00"))
+            except ValueError:
+                raise GraphQLError(
+                    f"Invalid terminateAfter: {data['terminateAfter']!r}",
+                    extensions={"code": "BAD_USER_INPUT"},
+                ) from None
         env = {e["key"]: e["value"] for e in data.get("env") or []}
         public_key = env.get("PUBLIC_KEY") or (self.pub_key.splitlines() or [""])[0]
         public_key = public_key or generate_keypair().public_key
-        handle = self.local.create(PodRequest(public_key=public_key, env=env), data["name"])
+        pod_key = f"rpa_pod_{secrets.token_hex(16)}"
+        inside = dict(env, RUNPOD_API_KEY=pod_key, RUNPOD_API_BASE_URL=self.tls_base_url)
+        if self.faults.pod_faults:
+            inside["PREFECT_RUNPOD_POD_FAULTS"] = self.faults.pod_faults
+        handle = self.local.create(PodRequest(public_key=public_key, env=inside), data["name"])
         handle = self.local.wait_ready(handle, timeout_seconds=60)
+        paths = PodPaths.of(self.local.home, handle.pod_id)
+        with open(paths.authorized_keys, "a") as fh:  # the gateway logs in with its own key
+            fh.write(self.gateway.client_public_key + "\n")
+        if self.faults.pod_ca_bundle:  # where `pip install --user certifi` would put it
+            minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+            bundle = paths.home / ".local" / "lib" / minor / "site-packages" / "certifi"
+            bundle.mkdir(parents=True, exist_ok=True)
+            (bundle / "cacert.pem").write_bytes(self._ca.ca_pem)
         gpu = self.gpu_types[gpu_id]
         price = (
             gpu["communityPrice"] if data.get("cloudType") == "COMMUNITY" else gpu["securePrice"]
@@ -443,7 +487,7 @@ class RunPodEmulator:
             "volumeInGb": float(data.get("volumeInGb") or 0),
         }
         assert handle.ssh is not None and handle.pod_host_id
-        pod = _Pod(
+        pod = EmulatedPod(
             pod_id=handle.pod_id,
             name=data["name"],
             pod_host_id=handle.pod_host_id,
@@ -451,178 +495,45 @@ class RunPodEmulator:
             cost_per_hr=round(price * count, 4),
             spec=spec,
             env=env,
-            created=time.time(),
+            created=self.clock(),
             port=handle.ssh.port,
             workdir=handle.workdir,
+            pod_key=pod_key,
+            terminate_after=lease.timestamp() if lease else None,
         )
         with self._lock:
             self.pods[pod.pod_id] = pod
+            self.ledger.open(pod.pod_id, gpu_id, pod.cost_per_hr, pod.created)
         return self.pod_dict(pod)
 
-    def terminate(self, pod_id: str) -> None:
+    def terminate(self, pod_id: str, scope: str | None = None) -> None:
         """``podTerminate``: ends the local pod, then the pod reads back as null."""
         self._maybe_something_wrong("podTerminate")
         with self._lock:
             self._reconcile()
+            if self.faults.terminate_errors:
+                raise GraphQLError(self.faults.terminate_errors.pop(0))
             if self.faults.terminate_fail_n > 0:
                 self.faults.terminate_fail_n -= 1
                 raise GraphQLError(
                     SOMETHING_WENT_WRONG_MESSAGE, extensions={"code": "INTERNAL_SERVER_ERROR"}
                 )
+            if scope is not None and scope != pod_id:
+                raise GraphQLError("Unauthorized: a pod's key acts on its own pod only")
             if pod_id not in self.pods:
                 raise GraphQLError(NOT_FOUND_TO_TERMINATE_MESSAGE)
             if self.faults.terminate_ignored:
                 return None
             self._terminating.add(pod_id)
+        how = "podTerminate (pod key)" if scope else "podTerminate"
         try:
             self.local.terminate(pod_id)
         finally:
             with self._lock:
                 self._terminating.discard(pod_id)
-                if self.local.get(pod_id) is None and self.pods.pop(pod_id, None) is not None:
-                    self.ended[pod_id] = PodEnd(pod_id, "podTerminate", time.time())
+                if self.local.get(pod_id) is None:
+                    self._end(pod_id, how, self.clock())
         return None
-
-    # -- the gateway forwarder ----------------------------------------------------------
-
-    def _gateway_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._gw.accept()
-            except TimeoutError:
-                continue  # wake up to notice stop()
-            except OSError:
-                return
-            with self._lock:
-                refusing = time.monotonic() < self.faults.refuse_connections_until
-                if refusing:
-                    self.refused_connections += 1
-            if refusing:
-                _close(client)
-                continue
-            with self._lock:
-                self._reconcile()
-                booted = [p for p in self.pods.values() if self.pod_dict(p)["runtime"]]
-                newest = max(booted, key=lambda p: p.created) if booted else None
-                link = None
-                if newest is not None:
-                    link = GatewayLink(
-                        newest.pod_id, drop_after_bytes=self.faults.drop_next_connection_after_bytes
-                    )
-                    self.links.append(link)
-            if newest is None or link is None:
-                _close(client)
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", newest.port), timeout=5)
-            except OSError:
-                _close(client)
-                continue
-            for a, b in ((client, upstream), (upstream, client)):
-                self._open.update((a, b))
-                threading.Thread(target=self._pump, args=(a, b, link), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, link: GatewayLink) -> None:
-        try:
-            src.settimeout(None)
-            while chunk := src.recv(65536):
-                with self._lock:
-                    limit = link.drop_after_bytes
-                    armed = self.faults.drop_next_connection_after_bytes > 0
-                    if armed and limit and link.relayed_bytes + len(chunk) >= limit:
-                        link.dropped = True  # one cut, then the fault is spent
-                        self.faults.drop_next_connection_after_bytes = 0
-                    if not link.dropped:
-                        link.relayed_bytes += len(chunk)
-                if link.dropped:
-                    break  # the link drops mid-stream: nothing more is relayed
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                self._open.discard(sock)
-                _close(sock)
-
-
-class _Root:
-    """Root resolvers (graphql-core calls ``root.<field>(info, **args)``)."""
-
-    def __init__(self, emu: RunPodEmulator) -> None:
-        self.emu = emu
-
-    def myself(self, info: Any) -> dict[str, Any]:
-        self.emu._maybe_something_wrong("myself")
-        with self.emu._lock:
-            self.emu._reconcile()
-            pods = [self.emu.pod_dict(p) for p in self.emu.pods.values()]
-        return {
-            "id": "user_emulated",
-            "pubKey": self.emu.pub_key,
-            "pods": pods,
-            "networkVolumes": [],
-        }
-
-    def pod(self, info: Any, input: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        self.emu._maybe_something_wrong("pod")
-        with self.emu._lock:
-            self.emu._reconcile()
-            pod = self.emu.pods.get((input or {}).get("podId", ""))
-            return self.emu.pod_dict(pod) if pod else None
-
-    def gpuTypes(self, info: Any, input: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        self.emu._maybe_something_wrong("gpuTypes")
-        wanted = (input or {}).get("id")
-        out = []
-        for gpu_id, gpu in self.emu.gpu_types.items():
-            if wanted is not None and wanted != gpu_id:
-                continue
-            low = min(gpu["securePrice"], gpu["communityPrice"])
-            out.append(
-                {
-                    **gpu,
-                    "id": gpu_id,
-                    "manufacturer": "Nvidia",
-                    "cudaCores": 0,
-                    "maxGpuCount": 8,
-                    "secureCloud": True,
-                    "communityCloud": True,
-                    "lowestPrice": lambda info, input=None, low=low: {
-                        "minimumBidPrice": round(low * 0.6, 3),
-                        "uninterruptablePrice": low,
-                    },
-                }
-            )
-        return out
-
-    def podFindAndDeployOnDemand(self, info: Any, input: dict[str, Any]) -> dict[str, Any]:
-        return self.emu.deploy(input)
-
-    def podTerminate(self, info: Any, input: dict[str, Any]) -> None:
-        return self.emu.terminate(input["podId"])
-
-    def podStop(self, info: Any, input: dict[str, Any]) -> dict[str, Any] | None:
-        with self.emu._lock:
-            pod = self.emu.pods.get(input["podId"])
-            if pod is None:
-                raise GraphQLError("pod not found")
-            pod.status = "EXITED"
-            return self.emu.pod_dict(pod)
-
-    def podResume(self, info: Any, input: dict[str, Any]) -> dict[str, Any] | None:
-        with self.emu._lock:
-            pod = self.emu.pods.get(input["podId"])
-            if pod is None:
-                raise GraphQLError("pod not found")
-            if self.emu.faults.resume_gpus_busy:
-                raise GraphQLError(HOST_GPUS_BUSY_MESSAGE)
-            pod.status = "RUNNING"
-            return self.emu.pod_dict(pod)
-
-    def updateUserSettings(self, info: Any, input: dict[str, Any]) -> dict[str, Any]:
-        with self.emu._lock:
-            self.emu.pub_key = input.get("pubKey") or ""
-            return {"id": "user_emulated", "pubKey": self.emu.pub_key}
 
 
 def _top_fields(document: Any) -> list[str]:
@@ -635,18 +546,29 @@ def _top_fields(document: Any) -> list[str]:
     ]
 
 
+_UNKNOWN_INPUT_FIELD = re.compile(
+    r"Expected value of type '(\w+)' not to include unknown field '(\w+)'"
+)
+
+
+def _as_runpod_says(error: dict[str, Any]) -> dict[str, Any]:
+    """graphql-core words an unknown input field its own way; RunPod's server (graphql-js)
+    answers ``Field "allowedCudaVersions" is not defined by type "PodResumeInput".``"""
+    match = _UNKNOWN_INPUT_FIELD.search(error.get("message", ""))
+    if match is None:
+        return error
+    return {
+        **error,
+        "message": f'Field "{match.group(2)}" is not defined by type "{match.group(1)}".',
+    }
+
+
 def _with_code(error: dict[str, Any], code: str) -> dict[str, Any]:
     return {**error, "extensions": {"code": code}}
 
 
 def _json(status: int, payload: dict[str, Any]) -> tuple[int, str, bytes]:
     return status, "application/json", json.dumps(payload).encode()
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
 
 
 def _handler_for(emu: RunPodEmulator) -> type[BaseHTTPRequestHandler]:
@@ -662,7 +584,10 @@ def _handler_for(emu: RunPodEmulator) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path.startswith("/admin/requests"):
+            if self.path.startswith(("/v1/billing/", "/v2/billing/")):
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                self._reply(*emu.handle_rest(self.path, headers))
+            elif self.path.startswith("/admin/requests"):
                 self._reply(200, "application/json", emu.log_text().encode())
             elif self.path.startswith("/admin/pods"):
                 self._reply(*_json(200, {"pods": emu.live_pod_ids()}))
@@ -702,7 +627,11 @@ def main() -> None:
     home = Path(args.home or tempfile.mkdtemp(prefix="runpod-emulator-"))
     emu = RunPodEmulator(api_key=args.api_key, home=home, mode=args.mode, port=args.port)
     emu.start()
-    print(f"RUNPOD_API_BASE_URL={emu.base_url}  gateway=127.0.0.1:{emu.gateway_port}", flush=True)
+    print(
+        f"RUNPOD_API_BASE_URL={emu.base_url}  RUNPOD_REST_BASE_URL={emu.rest_base_url}  "
+        f"gateway=127.0.0.1:{emu.gateway_port}",
+        flush=True,
+    )
     try:
         while True:
             time.sleep(3600)

@@ -3,7 +3,6 @@ auth, validation, faults and the redacted request log."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -172,8 +171,10 @@ class TestErrors:
 
 
 @pytest.mark.slow
-def test_standalone_module(tmp_path) -> None:
-    """``python -m tests.emulators.runpod_api --port P`` serves the SDK."""
+def test_standalone_module(tmp_path, monkeypatch) -> None:
+    """``python -m tests.emulators.runpod_api --port P``, driven by the real SDK, creates,
+    lists and terminates RunPod-shaped pods (ids ``[a-z0-9]``, no hyphen; podHostId
+    ``<id>-<8 hex>``), and bills them in both REST shapes (issue 14)."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen(
         [
@@ -191,18 +192,31 @@ def test_standalone_module(tmp_path) -> None:
         text=True,
         env=env,
     )
+    saved = runpod.api_key
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
-        base = line.split()[0].split("=", 1)[1]
-        answer = requests.post(
-            f"{base}/graphql",
-            json={"query": "query { gpuTypes { id } }"},
+        fields = dict(item.split("=", 1) for item in proc.stdout.readline().split())
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", fields["RUNPOD_API_BASE_URL"])
+        runpod.api_key = "k"
+        assert GPU in {g["id"] for g in runpod.get_gpus()}
+        created = [runpod.create_pod(f"prft-standalone-{n}", "img:1", GPU) for n in range(2)]
+        ids = [c["id"] for c in created]
+        for c in created:
+            assert re.fullmatch(r"[a-z0-9]{14}", c["id"]), c["id"]
+            assert re.fullmatch(rf"{c['id']}-[0-9a-f]{{8}}", c["machine"]["podHostId"])
+        assert sorted(p["id"] for p in runpod.get_pods()) == sorted(ids)
+        for pod_id in ids:
+            assert runpod.terminate_pod(pod_id) is None
+        assert runpod.get_pods() == []
+        bills = requests.get(
+            f"{fields['RUNPOD_REST_BASE_URL']}/billing/pods",
             headers={"Authorization": "Bearer k"},
             timeout=30,
-        )
-        assert GPU in json.dumps(answer.json())
+        ).json()
+        assert sorted(b["podId"] for b in bills) == sorted(ids)
+        assert all(b["amount"] > 0 and b["timeBilledMs"] > 0 for b in bills)
     finally:
+        runpod.api_key = saved
         proc.terminate()
         proc.wait(timeout=30)
 

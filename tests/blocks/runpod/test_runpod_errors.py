@@ -146,3 +146,96 @@ def test_the_real_sdk_against_a_closed_port_says_cannot_reach(monkeypatch) -> No
     )
     with pytest.raises(ProviderTransientError, match=f"cannot reach 127.0.0.1:{port}"):
         provider.list("prft")
+
+
+class TestThroughTheRealSDK:
+    """Issue 14: the SDK hides HTTP status codes, so each class of answer is classified by
+    exception type plus RunPod's text, in one place; one test per class, through the real
+    ``runpod`` SDK against the emulator."""
+
+    @pytest.fixture
+    def client(self, runpod_emulator):  # type: ignore[no-untyped-def]
+        from pydantic import SecretStr
+
+        from prefect_runpod.blocks.runpod.client import RunPodClient
+
+        return RunPodClient(SecretStr(runpod_emulator.api_key))
+
+    def _raised(self, call) -> BaseException:  # type: ignore[no-untyped-def]
+        with pytest.raises(Exception) as info:
+            call()
+        return info.value
+
+    def test_401_is_authentication_error_and_stops(self, runpod_emulator) -> None:  # type: ignore[no-untyped-def]
+        from pydantic import SecretStr
+
+        from prefect_runpod.blocks.runpod.client import RunPodClient
+
+        exc = self._raised(RunPodClient(SecretStr("rpa_" + "x" * 24)).get_pods)
+        assert isinstance(exc, AuthenticationError)
+        classified = classify_exception(exc)
+        assert (classified.kind, classified.action) == (ErrorKind.AUTH, FailoverAction.STOP)
+        assert classified.message == UNAUTHORIZED_MESSAGE
+
+    def test_graphql_validation_is_a_query_error_and_stops(self, client) -> None:  # type: ignore[no-untyped-def]
+        """HTTP 400 with ``errors``: the SDK raises the same QueryError as for HTTP 200."""
+        exc = self._raised(lambda: client.query('query { pod(input: {podId: "x"}) { nope } }'))
+        assert isinstance(exc, QueryError)
+        classified = classify_exception(exc)
+        assert (classified.kind, classified.action) == (
+            ErrorKind.INVALID_REQUEST,
+            FailoverAction.STOP,
+        )
+        assert "Cannot query field 'nope'" in classified.message
+
+    def test_a_malformed_id_inlined_by_the_sdk_is_a_syntax_error_and_stops(self, client) -> None:  # type: ignore[no-untyped-def]
+        exc = self._raised(lambda: client.terminate_pod('abc"def'))
+        assert isinstance(exc, QueryError)
+        assert classify_exception(exc).action is FailoverAction.STOP
+
+    def test_runpods_own_message_keeps_its_text(self, runpod_emulator, client) -> None:  # type: ignore[no-untyped-def]
+        exc = self._raised(lambda: client.terminate_pod("doesnotexist00"))
+        assert isinstance(exc, QueryError)
+        classified = classify_exception(exc)
+        assert classified.action is FailoverAction.GONE
+        assert classified.message == NOT_FOUND_TO_TERMINATE_MESSAGE
+
+    def test_a_non_json_body_is_retried_and_named(self, runpod_emulator, client) -> None:  # type: ignore[no-untyped-def]
+        runpod_emulator.faults.http_5xx["myself"] = 1
+        exc = self._raised(client.get_pods)
+        assert isinstance(exc, requests.exceptions.JSONDecodeError)
+        classified = classify_exception(exc)
+        assert classified.action is FailoverAction.RETRY
+        assert "not JSON" in classified.message and "cannot reach" not in classified.message
+
+    def test_an_answer_with_neither_data_nor_errors_stops(self, runpod_emulator, client) -> None:  # type: ignore[no-untyped-def]
+        runpod_emulator.faults.empty_answers["myself"] = 1
+        exc = self._raised(client.get_pods)
+        assert isinstance(exc, KeyError)
+        classified = classify_exception(exc)
+        assert (classified.kind, classified.action) == (ErrorKind.UNKNOWN, FailoverAction.STOP)
+
+    def test_the_sdks_unknown_gpu_value_error_stops(self, client) -> None:  # type: ignore[no-untyped-def]
+        exc = self._raised(lambda: client.get_gpu("NVIDIA H9000"))
+        assert isinstance(exc, ValueError)
+        assert classify_exception(exc).kind is ErrorKind.UNKNOWN_GPU
+
+    def test_a_closed_port_is_retried(self, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+        from pydantic import SecretStr
+
+        from prefect_runpod.blocks.runpod.client import RunPodClient
+        from tests.fixtures.prefect_server import free_port
+
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", f"http://127.0.0.1:{free_port()}")
+        exc = self._raised(RunPodClient(SecretStr("k")).get_pods)
+        assert isinstance(exc, requests.exceptions.ConnectionError)
+        assert classify_exception(exc).action is FailoverAction.RETRY
+
+
+def test_only_the_undefined_field_answer_names_a_field() -> None:
+    from prefect_runpod.blocks.runpod.errors import undefined_input_field
+
+    text = 'Field "terminateAfter" is not defined by type "PodFindAndDeployOnDemandInput".'
+    assert undefined_input_field(text) == ("terminateAfter", "PodFindAndDeployOnDemandInput")
+    assert undefined_input_field(CAPACITY_MESSAGE) is None
+    assert undefined_input_field('Cannot query field "terminateAfter" on type "Pod".') is None

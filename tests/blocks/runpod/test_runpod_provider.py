@@ -101,12 +101,12 @@ class TestCreateAndReady:
             assert handle.ssh is not None and handle.ssh.user == handle.pod_host_id
             assert (handle.ssh.host, handle.ssh.port) == ("127.0.0.1", runpod_emulator.gateway_port)
             assert provider.attempts == [f"{R3090}/SECURE: created {handle.pod_id}"]
-            # pin the gateway's key (the backing pod's) as a user would pin ssh.runpod.io's
+            # pin the gateway's one key, as a user would pin ssh.runpod.io's
             local = runpod_emulator.local.get(handle.pod_id)
-            ssh_key.gateway_host_key = local.ssh.host_key
+            ssh_key.gateway_host_key = runpod_emulator.gateway.host_key
             ready = provider.wait_ready(handle, timeout_seconds=60)
             assert ready.cost_per_hr == 0.22 and ready.direct_ssh is None
-            assert ready.ssh.host_key == local.ssh.host_key
+            assert ready.ssh.host_key == runpod_emulator.gateway.host_key != local.ssh.host_key
             assert ready.workdir == local.workdir
             assert "hello-42" in _shell_echo(ready, ssh_key, "hello")
         finally:

@@ -1,0 +1,134 @@
+"""The RunPod emulator's state: its GPU catalogue, the faults a test can set, the pods it
+holds and how each one left (see ``runpod_api``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DEFAULT_GPU_TYPES", "EmulatedPod", "Faults", "PodEnd"]
+
+DEFAULT_GPU_TYPES: dict[str, dict[str, Any]] = {
+    "NVIDIA GeForce RTX 3090": {
+        "displayName": "RTX 3090",
+        "memoryInGb": 24,
+        "securePrice": 0.22,
+        "communityPrice": 0.22,
+    },
+    "NVIDIA GeForce RTX 4090": {
+        "displayName": "RTX 4090",
+        "memoryInGb": 24,
+        "securePrice": 0.69,
+        "communityPrice": 0.34,
+    },
+    "NVIDIA RTX A5000": {
+        "displayName": "RTX A5000",
+        "memoryInGb": 24,
+        "securePrice": 0.27,
+        "communityPrice": 0.16,
+    },
+    "NVIDIA A100 80GB PCIe": {
+        "displayName": "A100 PCIe",
+        "memoryInGb": 80,
+        "securePrice": 1.64,
+        "communityPrice": 1.19,
+    },
+}
+
+
+@dataclass
+class Faults:
+    """Faults to inject; each counter is consumed as requests arrive.
+
+    Attributes:
+        capacity_first_n: the next N creates answer RunPod's capacity error.
+        capacity_gpu_types: creates for these GPU type ids always answer it.
+        create_errors: messages the next creates answer, one each (any RunPod text).
+        something_wrong: op name (or ``*``) → N answers of ``Something went wrong…``
+            (``INTERNAL_SERVER_ERROR``, HTTP 200).
+        http_5xx: op name (or ``*``) → N answers of HTTP 502 with an HTML body.
+        slow_boot_seconds: ``runtime`` stays null this long after create.
+        terminate_fail_n: the next N ``podTerminate`` answer ``Something went wrong…``
+            (a huge N: the terminate API is down for good).
+        terminate_errors: messages the next ``podTerminate`` calls answer, one each (a
+            GraphQL validation error, say: an answer retrying cannot change).
+        terminate_ignored: ``podTerminate`` answers OK but the pod stays (a stuck host).
+        resume_gpus_busy: ``podResume`` answers "not enough free GPUs on the host".
+        drop_next_connection_after_bytes: when > 0, the gateway cuts the first SSH
+            connection (accepted from now on) that has carried this many bytes, both
+            directions together: a dropped link at a chosen point, by volume, never by
+            time. Shorter connections (a host-key probe) pass untouched; one cut, then
+            the fault is spent (reset to 0).
+        refuse_connections_until: while ``time.monotonic()`` is before this, the
+            gateway closes every connection it accepts at once, as a restarting proxy
+            does (set it with ``RunPodEmulator.refuse_connections_for``); each one is
+            counted in ``RunPodEmulator.refused_connections``.
+        pod_faults: ``PREFECT_RUNPOD_POD_FAULTS`` inside pods created from now on
+            (``runpodctl:x509``: their ``runpodctl`` fails as without CA certificates).
+        pod_ca_bundle: pods created from now on find a CA bundle that trusts this API's
+            HTTPS address; off, their TLS verification fails (x509) whatever they try.
+        lease_field_unknown: the API's schema has no ``terminateAfter`` (as an older
+            RunPod would answer: the field is not defined on the input type).
+        empty_answers: op name (or ``*``) → N answers of HTTP 200 ``{}``: neither
+            ``data`` nor ``errors`` (the SDK's helpers then raise ``KeyError``).
+    """
+
+    capacity_first_n: int = 0
+    capacity_gpu_types: set[str] = field(default_factory=set)
+    create_errors: list[str] = field(default_factory=list)
+    something_wrong: dict[str, int] = field(default_factory=dict)
+    http_5xx: dict[str, int] = field(default_factory=dict)
+    slow_boot_seconds: float = 0.0
+    terminate_fail_n: int = 0
+    terminate_errors: list[str] = field(default_factory=list)
+    terminate_ignored: bool = False
+    resume_gpus_busy: bool = False
+    drop_next_connection_after_bytes: int = 0
+    refuse_connections_until: float = 0.0
+    pod_faults: str = ""
+    pod_ca_bundle: bool = True
+    lease_field_unknown: bool = False
+    empty_answers: dict[str, int] = field(default_factory=dict)
+
+    def take(self, table: dict[str, int], op: str) -> bool:
+        """Consume one count for ``op`` (or ``*``); True when a fault fires."""
+        for key in (op, "*"):
+            if table.get(key, 0) > 0:
+                table[key] -= 1
+                return True
+        return False
+
+
+@dataclass
+class EmulatedPod:
+    pod_id: str
+    name: str
+    pod_host_id: str
+    gpu_type_id: str
+    cost_per_hr: float
+    spec: dict[str, Any]
+    env: dict[str, str]
+    created: float
+    port: int
+    workdir: str
+    pod_key: str = ""
+    terminate_after: float | None = None
+    status: str = "RUNNING"
+
+
+@dataclass
+class PodEnd:
+    """How a pod left the emulator.
+
+    Attributes:
+        pod_id: the pod.
+        how: ``podTerminate`` (the account's key), ``podTerminate (pod key)`` (the pod's
+            own key, from inside), ``removed-from-inside`` (its local pod ended on its
+            own: ``runpodctl pod delete $RUNPOD_POD_ID`` from the pod), ``terminateAfter``
+            (the lease ran out) or ``vanished`` (``vanish``).
+        at: when the pod ended (billing stopped), epoch seconds.
+    """
+
+    pod_id: str
+    how: str
+    at: float
