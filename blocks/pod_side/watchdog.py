@@ -1,41 +1,86 @@
 #!/usr/bin/env python3
-"""The pod's dead-man switch: remove the pod when the flow stops caring for it.
+"""The pod's dead-man switch: end the pod when the flow stops caring for it, by every
+way the pod has.
 
 Runs ON the pod: Python 3.8+, standard library only. Started detached at provision
 time. Every ``--check-interval-seconds`` it looks at ``<run_dir>/heartbeat`` (the flow
-refreshes its mtime at each training poll) and removes the pod when:
+refreshes its mtime) and acts when:
 
 * the heartbeat is older than ``--heartbeat-stale-seconds`` (a missing heartbeat, or
   one older than this watchdog, counts from the watchdog's start), or
 * ``--lifetime-seconds`` have passed since the first watchdog started on this run
   directory (the origin is kept in ``watchdog.start``, so a restart never extends it).
 
-Removing runs ``--remove-command`` through ``/bin/sh -c``; by default
-``runpodctl remove pod $RUNPOD_POD_ID``, which RunPod documents for terminating a pod
-from inside it (every pod ships ``runpodctl`` with a pod-scoped API key). A failed
-removal is retried at each interval. Why it acted goes to ``<run_dir>/watchdog.log``.
-With ``--detach`` it double-forks into its own session, records ``watchdog.pid`` and
-prints ``{"pid": N}``; a second ``--detach`` while one runs prints the running one's pid.
-SIGTERM stops it (logged: the pod is then unguarded).
+It then tries, in order, until one ends the pod:
+
+1. ``runpodctl pod delete $RUNPOD_POD_ID`` (runpodctl 2.x);
+2. ``runpodctl remove pod $RUNPOD_POD_ID`` (the older verb, deprecated in 2.x; an image
+   ships whichever runpodctl it was built with);
+3. RunPod's GraphQL ``podTerminate`` with the pod's own ``RUNPOD_API_KEY``, through
+   urllib: with the system's CA store first, then with each CA bundle found on the pod
+   (certifi's, pip's vendored copy), since bare images fail TLS with ``x509: certificate
+   signed by unknown authority`` (runpodctl#149). Verification is never turned off.
+4. Last resort: stop every process of the pod but PID 1 and this one (PID 1 ignores
+   signals it has no handler for, and RunPod restarts a container whose PID 1 exits), so
+   at least the workload stops; it records ``workload stopped, pod NOT ended`` and keeps
+   trying 1-3: the pod may still be billing until the reaper or RunPod's lease ends it.
+
+A layer that reports success is given ``--settle-seconds`` for the pod to end (this
+process ends with it); still alive after that, the next layer is tried.
+``--remove-command`` replaces layers 1 and 2 with one shell command; ``--settle-seconds
+0`` trusts a command's exit status and exits 0 at once (for tests).
+
+Every attempt and its result is a JSON line in ``<run_dir>/deadman.jsonl`` (what the
+reaper and ``prefect-runpod pods`` read); ``watchdog.log`` says why in words. The
+commands run with ``PREFECT_RUNPOD_ENDED_BY=deadman`` in their environment, so a pod
+that records who ended it can say so. With ``--detach`` it double-forks into its own
+session, records ``watchdog.pid`` and prints ``{"pid": N}``; a second ``--detach`` while
+one runs prints the running one's pid. SIGTERM stops it (logged: the pod is then
+unguarded).
 """
 
 import argparse
+import contextlib
+import glob
 import json
 import os
+import re
 import select
 import shlex
 import signal
+import site
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 HEARTBEAT_FILE = "heartbeat"
 LOG_FILE = "watchdog.log"
 PID_FILE = "watchdog.pid"
 START_FILE = "watchdog.start"
+ATTEMPTS_FILE = "deadman.jsonl"
+
+DEFAULT_API_URL = "https://api.runpod.io/graphql"
+WORKLOAD_STOPPED = "workload stopped, pod NOT ended"
+INIT_PID_VAR = "PREFECT_RUNPOD_POD_INIT_PID"
+"""Set inside a local pod: its daemon's pid, the pod's own PID 1."""
 
 _REMOVE_TIMEOUT_SECONDS = 120.0
+_API_TIMEOUT_SECONDS = 30.0
 _MAX_SLEEP_SECONDS = 1.0
+_STOP_GRACE_SECONDS = 5.0
+_POD_ID = re.compile(r"[a-z0-9]{1,64}")
+_BUNDLES = ("certifi/cacert.pem", "pip/_vendor/certifi/cacert.pem")
+_SITE_GLOBS = (
+    "/usr/lib/python3*/dist-packages",
+    "/usr/lib/python3/dist-packages",
+    "/usr/local/lib/python3*/site-packages",
+    "/usr/local/lib/python3*/dist-packages",
+    "/opt/conda/lib/python3*/site-packages",
+    "/root/.local/lib/python3*/site-packages",
+)
 
 
 class _Stop(Exception):
@@ -84,9 +129,21 @@ def decide(now, started_at, lifetime_origin, heartbeat_mtime, stale_seconds, lif
     return None
 
 
-def _remove(run_dir, command):
-    """Run the remove command; return True when it exited 0."""
-    _log(run_dir, "running remove command: %s" % command)
+def _stamp(moment=None):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))
+
+
+def _record(run_dir, **fields):
+    """Append one attempt to ``deadman.jsonl`` (what the reaper and ``pods`` read)."""
+    fields = dict({"at": _stamp(), "pid": os.getpid()}, **fields)
+    with open(os.path.join(run_dir, ATTEMPTS_FILE), "a") as fh:
+        fh.write(json.dumps(fields, sort_keys=True) + "\n")
+
+
+def _run_command(run_dir, layer, command):
+    """Run one shell layer; return ``(ok, detail)``."""
+    _log(run_dir, "%s: running %s" % (layer, command))
+    env = dict(os.environ, PREFECT_RUNPOD_ENDED_BY="deadman")
     try:
         done = subprocess.run(
             ["/bin/sh", "-c", command],
@@ -94,17 +151,225 @@ def _remove(run_dir, command):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             timeout=_REMOVE_TIMEOUT_SECONDS,
+            env=env,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        _log(run_dir, "remove command failed: %s" % exc)
+        return False, "failed to run: %s" % exc
+    output = done.stdout.decode("utf-8", "replace").strip().replace("\n", " | ")[-500:]
+    return done.returncode == 0, "exited %d: %s" % (done.returncode, output)
+
+
+def ca_bundles(extra=()):
+    """CA bundles found on the pod, beside the system store: certifi's and pip's vendored
+    copy under every site directory this Python (and the image's others) knows; then
+    ``extra``. Existing files only, each once."""
+    roots = list(sys.path)
+    with contextlib.suppress(AttributeError):  # a virtualenv's old site module lacks them
+        roots += site.getsitepackages() + [site.getusersitepackages()]
+    for pattern in _SITE_GLOBS:
+        roots += sorted(glob.glob(pattern))
+    found, seen = [], set()
+    for root in roots:
+        for rel in _BUNDLES:
+            path = os.path.join(root or ".", rel)
+            real = os.path.realpath(path)
+            if real not in seen and os.path.isfile(real):
+                seen.add(real)
+                found.append(path)
+    for path in extra:
+        real = os.path.realpath(path)
+        if real not in seen and os.path.isfile(real):
+            seen.add(real)
+            found.append(path)
+    return found
+
+
+def _tls_failure(exc):
+    reason = getattr(exc, "reason", exc)
+    return isinstance(reason, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
+        reason
+    )
+
+
+def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
+    """RunPod's GraphQL ``podTerminate`` for ``pod_id`` with the pod's key, through urllib.
+
+    Tries the system CA store, then each of ``bundles``; verification stays on.
+
+    Returns:
+        ``(ok, detail)``; ``ok`` when RunPod accepted it or no longer knows the pod.
+    """
+    if not _POD_ID.fullmatch(pod_id or ""):
+        return False, "RUNPOD_POD_ID %r is not a pod id" % (pod_id,)
+    if not api_key:
+        return False, "no RUNPOD_API_KEY in the pod's environment"
+    query = 'mutation { podTerminate(input: {podId: "%s"}) }' % pod_id
+    body = json.dumps({"query": query}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer " + api_key}
+    stores = [("the system CA store", None)] + [(path, path) for path in bundles]
+    problems = []
+    for label, cafile in stores:
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        context = None
+        if url.startswith("https:"):
+            try:
+                context = ssl.create_default_context(cafile=cafile)
+            except (OSError, ssl.SSLError) as exc:
+                problems.append("%s: unusable (%s)" % (label, exc))
+                continue
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
+                data = json.loads(answer.read().decode("utf-8", "replace") or "{}")
+        except urllib.error.HTTPError as exc:
+            try:
+                data = json.loads(exc.read().decode("utf-8", "replace") or "{}")
+            except ValueError:
+                return False, "HTTP %d from %s" % (exc.code, url)
+            if exc.code in (401, 403):
+                return False, "HTTP %d: the pod's key was refused" % exc.code
+        except (urllib.error.URLError, ssl.SSLError, OSError, ValueError) as exc:
+            if _tls_failure(exc):
+                problems.append("%s: x509: %s" % (label, getattr(exc, "reason", exc)))
+                continue
+            return False, "%s (%s)" % (exc, label)
+        errors = data.get("errors") if isinstance(data, dict) else None
+        if errors:
+            message = str((errors[0] or {}).get("message", errors[0]))
+            if "not found" in message.lower():
+                return True, "RunPod no longer knows the pod (%s); TLS verified with %s" % (
+                    message,
+                    label,
+                )
+            return False, "RunPod answered: %s (%s)" % (message, label)
+        return True, "podTerminate accepted; TLS verified with %s" % label
+    return False, "; ".join(problems) or "no answer"
+
+
+def _pod_processes(pod_id, everything):
+    """Pids to stop: every process of the pod but PID 1, its init and this one. With
+    ``everything`` (a container whose PID 1 is the pod's), every visible process; else
+    only those carrying ``RUNPOD_POD_ID=<pod_id>``."""
+    spare = {1, os.getpid(), os.getppid()}
+    with contextlib.suppress(ValueError):
+        spare.add(int(os.environ.get(INIT_PID_VAR, "")))
+    marker = ("RUNPOD_POD_ID=%s" % pod_id).encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in spare:
+            continue
+        if not everything:
+            try:
+                with open("/proc/%s/environ" % name, "rb") as fh:
+                    if marker not in fh.read().split(b"\0"):
+                        continue
+            except OSError:
+                continue
+        out.append(int(name))
+    return out
+
+
+def _whole_container(pod_id):
+    """True only where PID 1 is this pod's own init (a container RunPod started, which
+    gave PID 1 its ``RUNPOD_POD_ID``) and no local pod says otherwise."""
+    if os.environ.get(INIT_PID_VAR):
         return False
-    output = done.stdout.decode("utf-8", "replace").strip().replace("\n", " | ")
-    _log(run_dir, "remove command exited %d: %s" % (done.returncode, output[-500:]))
-    return done.returncode == 0
+    try:
+        with open("/proc/1/environ", "rb") as fh:
+            return ("RUNPOD_POD_ID=%s" % pod_id).encode() in fh.read().split(b"\0")
+    except OSError:
+        return False
 
 
-def watch(run_dir, heartbeat, stale_seconds, lifetime_seconds, interval_seconds, remove_command):
-    """The loop. Returns 0 once the remove command succeeded, 0 on SIGTERM."""
+def stop_workload(pod_id):
+    """SIGTERM, then after a grace SIGKILL, every process of the pod but PID 1 (its
+    init) and this one. Returns how many were signalled."""
+    targets = _pod_processes(pod_id, _whole_container(pod_id))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        if sig == signal.SIGTERM:
+            deadline = time.time() + _STOP_GRACE_SECONDS
+            while time.time() < deadline and any(os.path.exists("/proc/%d" % p) for p in targets):
+                time.sleep(0.1)
+    return len(targets)
+
+
+class Layers:
+    """The ways this pod can end itself, tried in order (see the module docstring)."""
+
+    def __init__(self, run_dir, pod_id, commands, api_url, bundles, settle_seconds, last_resort):
+        self.run_dir = run_dir
+        self.pod_id = pod_id
+        self.commands = commands
+        self.api_url = api_url
+        self.bundles = bundles
+        self.settle_seconds = settle_seconds
+        self.last_resort = last_resort
+        self.workload_stopped = False
+
+    def _settled(self, layer, reason, detail):
+        """After a layer reported success: True when this process may exit (tests: the
+        exit status is trusted); else wait for the pod to end us, then go on."""
+        _record(self.run_dir, layer=layer, reason=reason, ok=True, detail=detail)
+        if self.settle_seconds <= 0:
+            _log(self.run_dir, "%s succeeded; exiting" % layer)
+            return True
+        _log(
+            self.run_dir,
+            "%s succeeded; waiting %.0f s for the pod to end" % (layer, self.settle_seconds),
+        )
+        deadline = time.time() + self.settle_seconds
+        while time.time() < deadline:
+            time.sleep(min(_MAX_SLEEP_SECONDS, max(0.0, deadline - time.time())))
+        _record(
+            self.run_dir,
+            layer=layer,
+            reason=reason,
+            ok=False,
+            detail="reported success, yet the pod still runs after %.0f s" % self.settle_seconds,
+        )
+        return False
+
+    def end_pod(self, reason):
+        """Try every layer once; True when one ended the pod (as far as we can tell)."""
+        for layer, command in self.commands:
+            ok, detail = _run_command(self.run_dir, layer, command)
+            _log(self.run_dir, "%s: %s" % (layer, detail))
+            if ok:
+                if self._settled(layer, reason, detail):
+                    return True
+            else:
+                _record(self.run_dir, layer=layer, reason=reason, ok=False, detail=detail)
+        if self.api_url:
+            layer = "graphql podTerminate"
+            ok, detail = api_terminate(
+                self.api_url, os.environ.get("RUNPOD_API_KEY", ""), self.pod_id, self.bundles
+            )
+            _log(self.run_dir, "%s: %s" % (layer, detail))
+            if ok:
+                if self._settled(layer, reason, detail):
+                    return True
+            else:
+                _record(self.run_dir, layer=layer, reason=reason, ok=False, detail=detail)
+        if self.last_resort and not self.workload_stopped:
+            count = stop_workload(self.pod_id)
+            self.workload_stopped = True
+            _record(
+                self.run_dir,
+                layer="stop workload",
+                reason=reason,
+                ok=False,
+                outcome=WORKLOAD_STOPPED,
+                detail="%d processes stopped; every way to end the pod failed, it may still "
+                "be billing until the reaper or RunPod's lease ends it" % count,
+            )
+            _log(self.run_dir, "%s (%d processes stopped)" % (WORKLOAD_STOPPED, count))
+        return False
+
+
+def watch(run_dir, heartbeat, stale_seconds, lifetime_seconds, interval_seconds, layers):
+    """The loop. Returns 0 once a layer ended the pod (tests), 0 on SIGTERM."""
 
     def _on_term(signum, _frame):
         raise _Stop(signal.Signals(signum).name)
@@ -116,13 +381,7 @@ def watch(run_dir, heartbeat, stale_seconds, lifetime_seconds, interval_seconds,
     _log(
         run_dir,
         "armed: heartbeat %s stale after %.0f s, lifetime %.0f s from %s, check every %.1f s"
-        % (
-            heartbeat,
-            stale_seconds,
-            lifetime_seconds,
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin)),
-            interval_seconds,
-        ),
+        % (heartbeat, stale_seconds, lifetime_seconds, _stamp(origin), interval_seconds),
     )
     try:
         while True:
@@ -136,9 +395,8 @@ def watch(run_dir, heartbeat, stale_seconds, lifetime_seconds, interval_seconds,
                 lifetime_seconds,
             )
             if reason is not None:
-                _log(run_dir, "removing the pod: %s" % reason)
-                if _remove(run_dir, remove_command):
-                    _log(run_dir, "remove command succeeded; exiting")
+                _log(run_dir, "ending the pod: %s" % reason)
+                if layers.end_pod(reason):
                     return 0
                 _log(run_dir, "will retry in %.1f s" % interval_seconds)
             deadline = time.time() + interval_seconds
@@ -216,7 +474,26 @@ def main(argv=None):
     parser.add_argument(
         "--remove-command",
         default=None,
-        help="shell command that removes this pod (default: runpodctl remove pod $RUNPOD_POD_ID)",
+        help="one shell command instead of runpodctl's two verbs",
+    )
+    parser.add_argument(
+        "--api-url",
+        default=None,
+        help="RunPod's GraphQL endpoint (default $RUNPOD_API_BASE_URL/graphql, else %s)"
+        % DEFAULT_API_URL,
+    )
+    parser.add_argument("--no-api", action="store_true", help="skip the GraphQL layer")
+    parser.add_argument(
+        "--ca-bundle", action="append", default=[], help="one more CA bundle to try"
+    )
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=30.0,
+        help="how long a layer that reported success gets to end the pod (0: trust it)",
+    )
+    parser.add_argument(
+        "--no-last-resort", action="store_true", help="never stop the pod's processes"
     )
     parser.add_argument("--detach", action="store_true", help="run in the background")
     args = parser.parse_args(argv)
@@ -225,16 +502,34 @@ def main(argv=None):
         parser.error("the stale, lifetime and interval seconds must be > 0")
     run_dir = os.path.abspath(args.run_dir)
     os.makedirs(run_dir, exist_ok=True)
-    command = args.remove_command
-    if not command:
-        pod_id = os.environ.get("RUNPOD_POD_ID", "")
-        if not pod_id:
-            sys.stderr.write(
-                "watchdog.py: RUNPOD_POD_ID is not set and no --remove-command was given; "
-                "refusing to start a dead-man switch that cannot remove the pod\n"
-            )
-            return 2
-        command = "runpodctl remove pod %s" % shlex.quote(pod_id)
+    pod_id = os.environ.get("RUNPOD_POD_ID", "")
+    if args.remove_command:
+        commands = [("remove command", args.remove_command)]
+    elif not pod_id:
+        sys.stderr.write(
+            "watchdog.py: RUNPOD_POD_ID is not set and no --remove-command was given; "
+            "refusing to start a dead-man switch that cannot remove the pod\n"
+        )
+        return 2
+    else:
+        quoted = shlex.quote(pod_id)
+        commands = [
+            ("runpodctl pod delete", "runpodctl pod delete %s" % quoted),
+            ("runpodctl remove pod", "runpodctl remove pod %s" % quoted),
+        ]
+    api_url = None
+    if not args.no_api and pod_id:
+        base = os.environ.get("RUNPOD_API_BASE_URL", "").rstrip("/")
+        api_url = args.api_url or (base + "/graphql" if base else DEFAULT_API_URL)
+    layers = Layers(
+        run_dir,
+        pod_id,
+        commands,
+        api_url,
+        ca_bundles(args.ca_bundle),
+        args.settle_seconds,
+        not args.no_last_resort,
+    )
     heartbeat = args.heartbeat_file or os.path.join(run_dir, HEARTBEAT_FILE)
 
     def run():
@@ -244,7 +539,7 @@ def main(argv=None):
             args.heartbeat_stale_seconds,
             args.lifetime_seconds,
             args.check_interval_seconds,
-            command,
+            layers,
         )
 
     if args.detach:

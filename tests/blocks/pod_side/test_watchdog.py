@@ -9,14 +9,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.train import WATCHDOG
 
+TRUST_EXIT = ("--settle-seconds", "0", "--no-api")
+"""Trust a command's exit status and skip the API layer: the watchdog's loop alone."""
+
 
 def run_watchdog(run_dir: Path, *args: str, env: dict | None = None, timeout: float = 60.0):
+    if "--settle-seconds" not in args:
+        args = (*args, *TRUST_EXIT)
     return subprocess.run(
         [sys.executable, str(WATCHDOG), "--run-dir", str(run_dir), *args],
         capture_output=True,
@@ -42,7 +48,7 @@ def wait_for(predicate, timeout_seconds: float = 30.0, what: str = "condition"):
 
 @pytest.fixture
 def pod_env() -> dict:
-    return {**os.environ, "RUNPOD_POD_ID": "pod-test-1"}
+    return {**os.environ, "RUNPOD_POD_ID": "podtest1"}
 
 
 class TestDecide:
@@ -92,7 +98,7 @@ class TestWatchdog:
             env=pod_env,
         )
         assert done.returncode == 0
-        assert marker.read_text() == "removed pod-test-1\n"
+        assert marker.read_text() == "removed podtest1\n"
         log = (tmp_path / "watchdog.log").read_text()
         assert "heartbeat stale" in log and "remove command succeeded" in log
 
@@ -104,7 +110,8 @@ class TestWatchdog:
         proc = subprocess.Popen(
             [sys.executable, str(WATCHDOG), "--run-dir", str(tmp_path),
              "--heartbeat-stale-seconds", "3600", "--lifetime-seconds", "1",
-             "--check-interval-seconds", "0.2", "--remove-command", marker_command(marker)],
+             "--check-interval-seconds", "0.2", "--remove-command", marker_command(marker),
+             *TRUST_EXIT],
             env=pod_env,
         )  # fmt: skip
         try:
@@ -117,7 +124,7 @@ class TestWatchdog:
             proc.wait(timeout=30)
         assert proc.returncode == 0
         assert "lifetime cap" in (tmp_path / "watchdog.log").read_text()
-        assert marker.read_text() == "removed pod-test-1\n"
+        assert marker.read_text() == "removed podtest1\n"
 
     def test_lifetime_counts_from_the_first_start(self, tmp_path: Path, pod_env: dict):
         """A restarted watchdog must not grant the pod a new lifetime."""
@@ -160,8 +167,18 @@ class TestWatchdog:
         assert counter.read_text().count("x") == 2
         log = (tmp_path / "watchdog.log").read_text()
         assert "exited 1: api down" in log and "will retry" in log
+        attempts = [
+            json.loads(line) for line in (tmp_path / "deadman.jsonl").read_text().splitlines()
+        ]
+        # every way failed once: the workload was stopped, and the next round worked
+        assert [(a["layer"], a["ok"]) for a in attempts] == [
+            ("remove command", False),
+            ("stop workload", False),
+            ("remove command", True),
+        ]
 
-    def test_default_command_is_runpodctl_remove_pod(self, tmp_path: Path, pod_env: dict):
+    def test_default_command_is_runpodctl_pod_delete(self, tmp_path: Path, pod_env: dict):
+        """runpodctl 2.x's verb first (``remove pod`` is deprecated there)."""
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
         shim = bin_dir / "runpodctl"
@@ -179,7 +196,7 @@ class TestWatchdog:
             env=env,
         )
         assert done.returncode == 0
-        assert (tmp_path / "runpodctl-args").read_text() == "remove pod pod-test-1\n"
+        assert (tmp_path / "runpodctl-args").read_text() == "pod delete podtest1\n"
 
     def test_refuses_to_start_without_a_way_to_remove_the_pod(self, tmp_path: Path):
         env = {k: v for k, v in os.environ.items() if k != "RUNPOD_POD_ID"}
@@ -206,3 +223,185 @@ class TestWatchdog:
         log = tmp_path / "watchdog.log"
         wait_for(lambda: "stopped by SIGTERM" in log.read_text(), what="the watchdog to stop")
         assert not marker.exists()
+
+
+# --- issue 14: a dead-man that always finds a way ---------------------------------------
+
+X509 = 'Error: Post "https://api.runpod.io/graphql?api_key=XXX": x509: certificate signed by unknown authority'
+
+
+def _runpodctl(bin_dir: Path, log: Path, fail_verbs: tuple[str, ...]) -> dict:
+    """A runpodctl stand-in on PATH: logs its arguments; the verbs in ``fail_verbs``
+    ("pod delete", "remove pod") fail as runpodctl does without CA certificates."""
+    bin_dir.mkdir(exist_ok=True)
+    cases = "".join(f'  "{verb}") echo {json.dumps(X509)} >&2; exit 1 ;;\n' for verb in fail_verbs)
+    shim = bin_dir / "runpodctl"
+    shim.write_text(
+        f'#!/bin/sh\necho "$1 $2 $3 by=$PREFECT_RUNPOD_ENDED_BY" >> {log}\n'
+        f'case "$1 $2" in\n{cases}esac\nexit 0\n'
+    )
+    shim.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+class _API:
+    """A loopback HTTPS stand-in for RunPod's GraphQL endpoint, its certificate signed by
+    a throwaway CA: a client verifies it only with that CA's bundle."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from tests.emulators.tls import make_loopback_ca
+
+        self.ca = make_loopback_ca()
+        self.calls: list[tuple[str, str]] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                api.calls.append((self.headers.get("Authorization", ""), json.loads(body)["query"]))
+                out = b'{"data": {"podTerminate": null}}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.socket = self.ca.server_context(tmp_path / "tls").wrap_socket(
+            self.server.socket, server_side=True
+        )
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/graphql"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[_API]:
+    served = _API(tmp_path)
+    try:
+        yield served
+    finally:
+        served.close()
+
+
+def _attempts(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "deadman.jsonl").read_text().splitlines()]
+
+
+def _stale(run_dir: Path, *extra: str, env: dict) -> subprocess.CompletedProcess:
+    return run_watchdog(
+        run_dir,
+        "--heartbeat-stale-seconds", "0.1", "--lifetime-seconds", "3600",
+        "--check-interval-seconds", "0.1", "--settle-seconds", "0", *extra,
+        env=env,
+    )  # fmt: skip
+
+
+class TestLayers:
+    def test_the_deprecated_verb_when_pod_delete_fails(self, tmp_path: Path, pod_env: dict) -> None:
+        log = tmp_path / "runpodctl.log"
+        env = {**pod_env, **_runpodctl(tmp_path / "bin", log, ("pod delete",))}
+        assert _stale(tmp_path, "--no-api", env=env).returncode == 0
+        assert log.read_text().splitlines() == [
+            "pod delete podtest1 by=deadman",
+            "remove pod podtest1 by=deadman",
+        ]
+        layers = [(a["layer"], a["ok"]) for a in _attempts(tmp_path)]
+        assert layers == [("runpodctl pod delete", False), ("runpodctl remove pod", True)]
+        assert "x509" in _attempts(tmp_path)[0]["detail"]
+
+    def test_the_api_with_the_pods_key_and_a_ca_bundle_found_on_the_pod(
+        self, tmp_path: Path, pod_env: dict, api: _API
+    ) -> None:
+        """runpodctl fails both ways (x509); the system store does not trust the API's
+        certificate either; certifi's bundle on the pod's Python path does."""
+        site_dir = tmp_path / "site"
+        (site_dir / "certifi").mkdir(parents=True)
+        (site_dir / "certifi" / "cacert.pem").write_bytes(api.ca.ca_pem)
+        log = tmp_path / "runpodctl.log"
+        env = {
+            **pod_env,
+            **_runpodctl(tmp_path / "bin", log, ("pod delete", "remove pod")),
+            "RUNPOD_API_KEY": "rpa_podscopedkey0000000000",
+            "PYTHONPATH": str(site_dir),
+        }
+        assert _stale(tmp_path, "--api-url", api.url, env=env).returncode == 0
+        assert api.calls == [
+            (
+                "Bearer rpa_podscopedkey0000000000",
+                'mutation { podTerminate(input: {podId: "podtest1"}) }',
+            )
+        ]
+        attempts = _attempts(tmp_path)
+        assert [(a["layer"], a["ok"]) for a in attempts] == [
+            ("runpodctl pod delete", False),
+            ("runpodctl remove pod", False),
+            ("graphql podTerminate", True),
+        ]
+        assert f"TLS verified with {site_dir}/certifi/cacert.pem" in attempts[-1]["detail"]
+
+    def test_x509_everywhere_stops_the_workload_and_says_the_pod_was_not_ended(
+        self, tmp_path: Path, pod_env: dict, api: _API
+    ) -> None:
+        """No bundle on the pod trusts the API: verification is never turned off, so the
+        last resort stops the pod's processes (never one of another pod, never PID 1)."""
+        log = tmp_path / "runpodctl.log"
+        env = {
+            **pod_env,
+            **_runpodctl(tmp_path / "bin", log, ("pod delete", "remove pod")),
+            "RUNPOD_API_KEY": "rpa_podscopedkey0000000000",
+        }
+        workload = subprocess.Popen(["sleep", "600"], env=env)
+        bystander = subprocess.Popen(["sleep", "600"], env={**env, "RUNPOD_POD_ID": "otherpod"})
+        proc = subprocess.Popen(
+            [sys.executable, str(WATCHDOG), "--run-dir", str(tmp_path),
+             "--heartbeat-stale-seconds", "0.1", "--lifetime-seconds", "3600",
+             "--check-interval-seconds", "0.5", "--settle-seconds", "0", "--api-url", api.url],
+            env=env,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: workload.poll() is not None, 60, "the workload to be stopped")
+            wait_for(lambda: any(a.get("outcome") for a in _attempts(tmp_path)), 30, "the outcome")
+            assert bystander.poll() is None and proc.poll() is None  # it keeps trying
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            bystander.kill()
+            bystander.wait()
+        assert api.calls == []  # TLS never verified, so nothing was sent
+        attempts = _attempts(tmp_path)
+        graphql = [a for a in attempts if a["layer"] == "graphql podTerminate"]
+        assert graphql and "x509" in graphql[0]["detail"]
+        assert "the system CA store" in graphql[0]["detail"]
+        stopped = [a for a in attempts if a.get("outcome")]
+        assert stopped[0]["outcome"] == "workload stopped, pod NOT ended"
+        assert stopped[0]["layer"] == "stop workload"
+
+
+def test_ca_bundles_are_found_where_pip_and_certifi_put_them(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("pod_side_watchdog", WATCHDOG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for rel in ("certifi/cacert.pem", "pip/_vendor/certifi/cacert.pem"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    saved = list(sys.path)
+    try:
+        sys.path.insert(0, str(tmp_path))
+        found = module.ca_bundles([str(tmp_path / "certifi/cacert.pem"), "/no/such/file"])
+    finally:
+        sys.path[:] = saved
+    ours = [p for p in found if p.startswith(str(tmp_path))]
+    assert ours == [
+        str(tmp_path / "certifi/cacert.pem"),
+        str(tmp_path / "pip/_vendor/certifi/cacert.pem"),
+    ]
