@@ -271,10 +271,9 @@ def lost_sentence(status: PodStatus) -> str:
     at = status.observed_at.astimezone(UTC).strftime("%H:%M:%S UTC")
     said = status.provider_status
     if status.cause is PodCause.TERMINATED_OUTSIDE:
-        by = f" by {status.ended_by}" if status.ended_by else ""
         return (
-            f"pod {status.pod_id} was terminated outside this run{by} (the provider says: "
-            f"{said}) at {at}; the run stopped waiting for it."
+            f"pod {status.pod_id} was terminated outside this run ({said}; seen at {at}); "
+            "the run stopped waiting for it."
         )
     if status.cause is PodCause.EXITED:
         return (
@@ -374,11 +373,14 @@ class PodWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_seconds):
-            self._ask()
+            self.ask()
             if self.lost is not None:
                 return
 
-    def _ask(self) -> PodStatus:
+    def ask(self) -> PodStatus:
+        """Ask the provider now and record what it says (a loss is kept, and reported
+        once to ``on_lost``); never raises: a provider that cannot be asked answers
+        ``unknown``. What a ``ReconnectPolicy`` calls before each retry."""
         try:
             status = self.provider.status(self.pod_id)
         except Exception as exc:  # a provider that cannot be asked: never "gone"
@@ -423,7 +425,7 @@ class PodWatch:
             PodGoneError: the pod is gone (this answer or an earlier one).
         """
         self.raise_if_lost()
-        status = self._ask()
+        status = self.ask()
         self.raise_if_lost()
         return status
 
@@ -431,7 +433,7 @@ class PodWatch:
         """The error for a pod whose SSH stayed down past the reconnect budget: the
         provider is asked once more; if it still says the pod runs, that is
         ``host_lost`` (the caller then terminates it)."""
-        status = self._ask()
+        status = self.ask()
         lost = status if status.gone else host_lost(status, seconds)
         with self._lock:
             if self.lost is None:

@@ -2,8 +2,9 @@
 
     prefect-runpod finetune [options]     run the fine-tune (local pod + demo bundle by default)
     prefect-runpod pods                   list live pods with our name prefix
-    prefect-runpod terminate POD_ID       terminate a pod (idempotent, confirmed)
+    prefect-runpod terminate POD_ID       terminate a pod (idempotent, confirmed, recorded)
     prefect-runpod reaper                 run the reaper flow once
+    prefect-runpod cost [RUN_ID]          what runs cost; --reconcile completes a record
 
 Secrets are never taken as arguments (they would land in shell history and
 ``/proc/*/cmdline``) nor passed on as run parameters (Prefect stores those as sent):
@@ -14,12 +15,15 @@ the Hugging Face token comes from a saved block (``--hf-credentials`` or
 Bad input is refused before Prefect starts a run or anything is rented, with one
 sentence on stderr and exit status 2 (``blocks/validation.py`` holds the rules; see
 docs/architecture.md#input-validation). A run that fails prints its summary, never a
-traceback; exit status 1.
+traceback; exit status 1. SIGTERM or Ctrl-C during a run ends it the same way: the pod
+is terminated, the temporary Prefect server (when the CLI started one) is stopped, the
+summary is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +31,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from prefect_runpod.blocks.provider import (
+    DEFAULT_POD_LIFETIME_SECONDS,
+    DEFAULT_POD_POLL_SECONDS,
+    REAPER_TTL_GRACE_SECONDS,
+)
 
 __all__ = ["EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
 
@@ -171,6 +181,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency-limit", help="Prefect global concurrency limit capping live pods"
     )
     ft.add_argument(
+        "--pod-poll-seconds",
+        type=float,
+        default=DEFAULT_POD_POLL_SECONDS,
+        help="how often the run asks the provider whether its pod still lives (default "
+        f"{DEFAULT_POD_POLL_SECONDS:g}); it also asks before every reconnect",
+    )
+    ft.add_argument(
+        "--terminate-timeout-seconds",
+        type=float,
+        default=120.0,
+        help="how long terminate waits for the provider to confirm the pod gone (default "
+        "120); unconfirmed, the run fails saying the pod may still be billing",
+    )
+    ft.add_argument(
         "--heartbeat-stale-seconds",
         type=float,
         default=900.0,
@@ -179,8 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument(
         "--pod-lifetime-seconds",
         type=float,
-        default=6 * 3600.0,
-        help="dead-man switch: hard cap on the pod's life in seconds",
+        default=DEFAULT_POD_LIFETIME_SECONDS,
+        help="hard cap on the pod's life in seconds (default "
+        f"{DEFAULT_POD_LIFETIME_SECONDS:g}): the dead-man switch's, and RunPod's "
+        "terminateAfter (create + lifetime)",
     )
     ft.add_argument(
         "--reconnect-budget-seconds",
@@ -229,8 +255,18 @@ def build_parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reaper", help="run the reaper once: terminate orphaned pods")
     _provider_args(reap)
     reap.add_argument(
-        "--ttl-seconds", type=float, default=12 * 3600.0, help="terminate any pod older than this"
+        "--ttl-seconds",
+        type=float,
+        default=None,
+        help="terminate any pod older than this, however fresh its heartbeat (default: the "
+        "pod's recorded lifetime plus "
+        f"{REAPER_TTL_GRACE_SECONDS:g} s; {DEFAULT_POD_LIFETIME_SECONDS:g} s plus that when "
+        "the pod recorded none)",
     )
+
+    from prefect_runpod.flows import cost_command
+
+    cost_command.add_parser(sub, _provider_args)
     return parser
 
 
@@ -288,6 +324,8 @@ def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
         "local_image": args.local_image,
         "output_dir": args.output_dir,
         "concurrency_limit": args.concurrency_limit,
+        "pod_poll_seconds": args.pod_poll_seconds,
+        "terminate_timeout_seconds": args.terminate_timeout_seconds,
         "heartbeat_stale_seconds": args.heartbeat_stale_seconds,
         "pod_lifetime_seconds": args.pod_lifetime_seconds,
         "reconnect_budget_seconds": args.reconnect_budget_seconds,
@@ -336,8 +374,8 @@ def _quiet_console_tracebacks() -> None:
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
-    from prefect_runpod.flows.finetune import demo_bundle, finetune
-    from prefect_runpod.flows.report import RunReport, render_summary
+    from prefect_runpod.flows.cli_session import EXIT_SIGINT, EXIT_SIGTERM, Terminated
+    from prefect_runpod.flows.finetune import demo_bundle, finetune, last_output_dir
     from prefect_runpod.flows.run_inputs import prepare_run
 
     params = _finetune_params(args)
@@ -350,7 +388,17 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     )
     # The flow's preflight checks again, for every caller that reaches it without the CLI.
     _quiet_console_tracebacks()
-    state = finetune(**params, return_state=True)
+    with _api():  # the summary is printed while the API still takes the run's last logs
+        try:
+            state = finetune(**params, return_state=True)
+        except (KeyboardInterrupt, Terminated) as signalled:
+            # The flow's finally ended the pod and wrote the report; say so, no traceback.
+            out = last_output_dir()
+            name = "SIGTERM" if isinstance(signalled, Terminated) else "Ctrl-C"
+            print(f"\nthe run was stopped by {name}", file=sys.stderr)
+            if out is not None and (out / "run-report.json").is_file():
+                _print_report(out / "run-report.json", args.json)
+            return EXIT_SIGTERM if isinstance(signalled, Terminated) else EXIT_SIGINT
     run_id = str(state.state_details.flow_run_id)
     out = (
         Path(args.output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()
@@ -362,24 +410,35 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    data = _print_report(report_file, args.json)
+    return 0 if (state.is_completed() and data.get("passed")) else EXIT_FAILED
+
+
+def _print_report(report_file: Path, as_json: bool) -> dict[str, Any]:
+    """Print the run's summary (or its report as JSON); return the report's data."""
+    from prefect_runpod.flows.report import RunReport, render_summary
+
     data = json.loads(report_file.read_text())
-    if args.json:
+    if as_json:
         print(json.dumps(data, indent=2))
     else:
         print()
         print(render_summary(RunReport.model_validate(data)))
         print(f"report       {report_file}")
-    return 0 if (state.is_completed() and data.get("passed")) else EXIT_FAILED
+    return dict(data)
 
 
 def _cmd_pods(args: argparse.Namespace) -> int:
     from prefect_runpod.flows.providers import build_provider
+    from prefect_runpod.flows.reaper import deadman_note
 
     provider, _ = build_provider(_provider_params(args), need_ssh_key=False)
     pods = provider.list(args.name_prefix)
     for h in pods:
+        lease = h.terminate_after.isoformat() if h.terminate_after else "no lease"
         print(
-            f"{h.pod_id}\t{h.name}\t{h.gpu_type}\t{h.cost_per_hr:.2f} USD/h\t{h.created_at.isoformat()}"
+            f"{h.pod_id}\t{h.name}\t{h.gpu_type}\t{h.cost_per_hr:.2f} USD/h\t"
+            f"{h.created_at.isoformat()}\tends by {lease}\tdead-man: {deadman_note(h)}"
         )
     if not pods:
         print(f"no live pods with prefix {args.name_prefix!r}", file=sys.stderr)
@@ -387,29 +446,50 @@ def _cmd_pods(args: argparse.Namespace) -> int:
 
 
 def _cmd_terminate(args: argparse.Namespace) -> int:
+    from prefect_runpod.blocks.provider import EndedBy, PodEnd
+    from prefect_runpod.blocks.validation import check_pod_id
+    from prefect_runpod.flows.cost_record import record_pod_end
     from prefect_runpod.flows.providers import build_provider
-    from prefect_runpod.tasks.terminate import terminate_by_name, terminate_pod
+    from prefect_runpod.flows.reaper import flow_run_id_from_pod_name
+    from prefect_runpod.tasks.terminate import terminate_pod
 
     if not args.pod_id and not args.name:
         print(
             "error: give a POD_ID or --name NAME (prefect-runpod pods lists them)", file=sys.stderr
         )
         return EXIT_USAGE
+    if args.pod_id:
+        check_pod_id(args.pod_id)
     provider, _ = build_provider(_provider_params(args), need_ssh_key=False)
-    if args.name:
-        result = terminate_by_name(provider, args.name)
-        if result is None:
-            print(f"no live pod named {args.name}")
-            return 0
-    else:
-        result = terminate_pod(provider, args.pod_id)
+    live = provider.list("")
+    matches = [h for h in live if (h.name == args.name if args.name else h.pod_id == args.pod_id)]
+    handle = matches[-1] if matches else None
+    if args.name and handle is None:
+        print(f"no live pod named {args.name}")
+        return 0
+    result = terminate_pod(provider, handle.pod_id if handle else args.pod_id)
     if result.already_gone:
         print(
             f"{result.pod_id}: no such pod at {args.provider} (already terminated, or the id "
             "is mistyped); nothing bills under this id — `prefect-runpod pods` lists live pods"
         )
-    else:
-        print(f"{result.pod_id} terminated (confirmed {result.confirmed_at.isoformat()})")
+        return 0
+    print(f"{result.pod_id} terminated (confirmed {result.confirmed_at.isoformat()})")
+    run_id = flow_run_id_from_pod_name(handle.name, args.name_prefix) if handle else None
+    if run_id is not None and handle is not None:
+        end = PodEnd(
+            pod_id=result.pod_id,
+            ended_by=EndedBy.CLI,
+            confirmed=True,
+            ended_at=result.confirmed_at,
+            layer="prefect-runpod terminate",
+        )
+        with _api():
+            record = record_pod_end(
+                str(run_id), end, recorded_by="cli", handle=handle, provider=provider
+            )
+        if record is not None:
+            print(f"run {run_id}: cost recorded, {record.usd:.6f} USD ({record.state_line()})")
     return 0
 
 
@@ -418,16 +498,17 @@ def _cmd_reaper(args: argparse.Namespace) -> int:
     from prefect_runpod.flows.reaper import reaper
 
     params = _provider_params(args)
-    check_number("ttl_seconds", args.ttl_seconds)
+    check_number("ttl_seconds", args.ttl_seconds, optional=True)
     _quiet_console_tracebacks()
-    result = reaper(
-        provider=args.provider,
-        name_prefix=args.name_prefix,
-        ttl_seconds=args.ttl_seconds,
-        runpod_credentials_block=params["runpod_credentials_block"],
-        runpod_spec_block=params["runpod_spec_block"],
-        ssh_key_block=params["ssh_key_block"],
-    )
+    with _api():
+        result = reaper(
+            provider=args.provider,
+            name_prefix=args.name_prefix,
+            ttl_seconds=args.ttl_seconds,
+            runpod_credentials_block=params["runpod_credentials_block"],
+            runpod_spec_block=params["runpod_spec_block"],
+            ssh_key_block=params["ssh_key_block"],
+        )
     print(json.dumps(result, indent=2, default=str))
     return 0
 
@@ -443,6 +524,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prefect.settings import get_current_settings, temporary_settings
 
     from prefect_runpod.blocks.exceptions import RunPodFlowError, SpecError
+    from prefect_runpod.flows.cli_session import (
+        EXIT_SIGINT,
+        EXIT_SIGTERM,
+        Terminated,
+        orderly_signals,
+    )
 
     # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
     # deadline is too short on a busy small machine, and it should not phone home.
@@ -456,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
         defaults["server.analytics_enabled"] = False
     try:
-        with temporary_settings(updates=defaults):
+        with orderly_signals(), temporary_settings(updates=defaults):
             return _dispatch(args)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -464,14 +551,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunPodFlowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except (KeyboardInterrupt, Terminated) as exc:
+        print(
+            f"stopped by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'}", file=sys.stderr
+        )
+        return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+
+
+def _api() -> contextlib.AbstractContextManager[str | None]:
+    """The Prefect API for a command that needs one, started only once its input passed:
+    the configured one, else a temporary server the CLI owns (``cli_session``)."""
+    from prefect.settings import get_current_settings
+
+    from prefect_runpod.flows.cli_session import temporary_server
+
+    return temporary_server(get_current_settings().server.ephemeral.startup_timeout_seconds)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    from prefect_runpod.flows import cost_command
+
     return {
         "finetune": _cmd_finetune,
         "pods": _cmd_pods,
         "terminate": _cmd_terminate,
         "reaper": _cmd_reaper,
+        "cost": lambda a: cost_command.run(a, api=_api),
     }[args.command](args)
 
 

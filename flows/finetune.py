@@ -10,14 +10,12 @@ Run it: ``prefect-runpod finetune`` or ``python -m prefect_runpod.flows.finetune
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +29,7 @@ from prefect_runpod.blocks.console.reconnect import (
     DEFAULT_RECONNECT_BUDGET_SECONDS,
     ReconnectPolicy,
 )
-from prefect_runpod.blocks.costs import budget_reason, settle
+from prefect_runpod.blocks.costs import budget_reason
 from prefect_runpod.blocks.exceptions import (
     BudgetExceededError,
     ChecksumMismatchError,
@@ -39,19 +37,37 @@ from prefect_runpod.blocks.exceptions import (
 )
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
-from prefect_runpod.flows.artifacts import publish_cost_artifact, publish_model_link
+from prefect_runpod.blocks.provider import (
+    DEFAULT_POD_LIFETIME_SECONDS,
+    DEFAULT_POD_POLL_SECONDS,
+    DeadmanConfig,
+    EndedBy,
+    PodEnd,
+    PodRequest,
+    PodWatch,
+)
+from prefect_runpod.flows.cost_record import record_pod_end
 from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
+from prefect_runpod.flows.run_end import end_run, lease_text, publish, write_report
 from prefect_runpod.flows.run_inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
 from prefect_runpod.tasks.preflight import preflight
 from prefect_runpod.tasks.provision import prepare_pod, provision
-from prefect_runpod.tasks.terminate import terminate, terminate_by_name
+from prefect_runpod.tasks.terminate import terminate_by_name
 
-__all__ = ["demo_bundle", "finetune", "pod_name_for"]
+__all__ = ["demo_bundle", "finetune", "last_output_dir", "pod_name_for"]
+
+_OUTPUT_DIRS: list[Path] = []
+"""Where this process's runs keep their reports, newest last (``last_output_dir``)."""
+
+
+def last_output_dir() -> Path | None:
+    """The output directory of the latest run this process started, or None: the CLI
+    finds the report there when a signal ended the run before it returned a state."""
+    return _OUTPUT_DIRS[-1] if _OUTPUT_DIRS else None
 
 
 def demo_bundle() -> Path:
@@ -89,16 +105,33 @@ def _terminate_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
         logger.warning("keep_pod_on_failure is set: the pod is left for inspection")
         return
     name = pod_name_for(params.get("name_prefix", "prft"), str(flow_run.id))
+    provider = None
     try:
         provider, _ = build_provider(params, need_ssh_key=False)
-        terminate_by_name(provider, name, logger)
+        handle = provider.find(name)
+        result = terminate_by_name(provider, name, logger, handle=handle)
+        if result is not None and handle is not None:
+            record_pod_end(
+                str(flow_run.id),
+                PodEnd(
+                    pod_id=result.pod_id,
+                    ended_by=EndedBy.HOOK,
+                    confirmed=True,
+                    ended_at=result.confirmed_at,
+                    layer=f"terminate (the {state.type.value.lower() if state else '?'} hook)",
+                ),
+                recorded_by="hook",
+                handle=handle,
+                provider=provider,
+            )
     except Exception as exc:  # a hook must never raise; say what to do instead
         logger.error(
-            "could not terminate pod %s from the %s hook (%s); run `prefect-runpod "
-            "terminate --name %s` or the reaper flow",
+            "could not terminate pod %s from the %s hook (%s); it may still be billing: run "
+            "`prefect-runpod terminate --provider %s --name %s` or the reaper flow",
             name,
             state.type.value if state else "?",
             type(exc).__name__,
+            params.get("provider", "local"),
             name,
         )
 
@@ -170,8 +203,10 @@ def finetune(
     local_image: str | None = None,
     output_dir: str | None = None,
     concurrency_limit: str | None = None,
+    pod_poll_seconds: float = DEFAULT_POD_POLL_SECONDS,
+    terminate_timeout_seconds: float = 120.0,
     heartbeat_stale_seconds: float = 900.0,
-    pod_lifetime_seconds: float = 6 * 3600.0,
+    pod_lifetime_seconds: float = DEFAULT_POD_LIFETIME_SECONDS,
     reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
     runpod_credentials_block: str | None = None,
     runpod_spec_block: str | None = None,
@@ -220,11 +255,17 @@ def finetune(
             ``./prefect-runpod-runs/<flow_run_id>``).
         concurrency_limit: a Prefect global concurrency limit (e.g. ``runpod-gpu``) that
             caps how many pods live at once.
-        heartbeat_stale_seconds / pod_lifetime_seconds: the pod-side dead-man switch.
+        pod_poll_seconds: how often the run asks the provider whether its pod still lives
+            (it also asks before every reconnect); a pod gone under the run stops it at once.
+        terminate_timeout_seconds: how long terminate waits for the provider to confirm
+            the pod gone; unconfirmed, the run fails saying the pod may still be billing.
+        heartbeat_stale_seconds / pod_lifetime_seconds: the pod-side dead-man switch; the
+            lifetime is also RunPod's ``terminateAfter`` (create + lifetime).
         reconnect_budget_seconds: once the pod is ready, how long each stage waits out a
             gateway that refuses or drops connections (backoff; the provider is asked
             before each retry whether the pod still lives), the train stage and its kill
-            path included.
+            path included; SSH down for the whole budget while the provider says the pod
+            runs means its host is lost.
         runpod_credentials_block / runpod_spec_block / ssh_key_block: saved block names
             for ``provider="runpod"``.
         gpu_type_ids: RunPod GPU type ids to fall back over, in order (overrides the
@@ -246,12 +287,16 @@ def finetune(
 
     Raises:
         SpecError / HFAuthError before any pod exists; the failing stage's error otherwise
-        (after the pod is terminated); EvalParityError after download when parity fails.
+        (after the pod is terminated; ``PodLostError`` when the pod went away under the
+        run); EvalParityError after download when parity fails; TerminateError when the
+        pod's end could not be confirmed (it may still be billing: the message names the
+        command that ends it). A run whose pod may still bill never ends Completed.
     """
     params = dict(locals())  # every parameter, as the hooks see them in flow_run.parameters
     logger = get_run_logger()
     run_id = _flow_run_id()
     out = Path(output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()
+    _OUTPUT_DIRS.append(out)
     report = RunReport(
         flow_run_id=run_id,
         pod_name=pod_name_for(name_prefix, run_id),
@@ -266,7 +311,7 @@ def finetune(
     )
     pod_provider = None
     deferred: BaseException | None = None
-    keepers: list[HeartbeatKeeper] = []
+    guards = _Guards()
 
     def on_stage(name: str, state: StageState) -> None:
         logger.info("stage %-11s %s", name, state.value)
@@ -297,20 +342,59 @@ def finetune(
                 on_stage,
                 parity_warn_only=parity_warn_only,
                 key_path=ssh_key_path,
-                keepers=keepers,
+                guards=guards,
             )
         except BaseException as exc:
             report.error = report.error or f"{type(exc).__name__}: {str(exc).strip()[:400]}"
+            in_flight: BaseException | None = exc
             raise
+        else:
+            in_flight = None
         finally:
-            for keeper in keepers:
-                keeper.stop()
-            _finish(report, pod_provider, budget, keep_pod_on_failure, on_stage)
+            guards.stop()
+            unconfirmed = end_run(
+                report,
+                pod_provider,
+                guards.watch,
+                keep_pod_on_failure=keep_pod_on_failure,
+                terminate_timeout_seconds=_terminate_timeout(params),
+                on_stage=on_stage,
+            )
+            # A pod that may still bill fails the run, whatever happened before: the
+            # state names the pod and the command (signals and cancellations keep their
+            # own state, which is never Completed either).
+            if unconfirmed is not None and (in_flight is None or isinstance(in_flight, Exception)):
+                raise unconfirmed from in_flight
     if deferred is not None:
         report.error = f"{type(deferred).__name__}: {deferred}"
-        _write_report(report)
+        write_report(report)
         raise deferred
     return report.to_json_dict()
+
+
+class _Guards:
+    """What watches the pod while the run uses it: the heartbeat keepers (the dead-man's
+    sign of life) and the liveness watch (the provider's word that the pod still lives)."""
+
+    def __init__(self) -> None:
+        self.keepers: list[HeartbeatKeeper] = []
+        self.watch: PodWatch | None = None
+
+    def stop(self) -> None:
+        for keeper in self.keepers:
+            keeper.stop()
+        if self.watch is not None:
+            self.watch.stop()
+
+
+def _terminate_timeout(params: dict[str, Any]) -> float:
+    """The validated terminate deadline; preflight refused anything else before renting."""
+    from prefect_runpod.blocks.validation import check_number
+
+    try:
+        return check_number("terminate_timeout_seconds", params.get("terminate_timeout_seconds"))  # type: ignore[return-value]
+    except Exception:
+        return 120.0
 
 
 def _run_on_pod(
@@ -321,7 +405,7 @@ def _run_on_pod(
     *,
     parity_warn_only: bool,
     key_path: str | None,
-    keepers: list[HeartbeatKeeper],
+    guards: _Guards,
 ) -> BaseException | None:
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
     from prefect_runpod.tasks.checksum import checksum, verification_records
@@ -352,9 +436,13 @@ def _run_on_pod(
         report.pod_id = handle.pod_id
         report.pod = handle
         report.cost.cost_per_hr = handle.cost_per_hr
+        report.lease = lease_text(handle, asked=deadman is not None)
         budget.handle = handle
         if first:
-            _write_report(report)  # the pod is on record before any wait
+            # The pod is on record before any wait: the run's finetune-costs record (it
+            # may still be billing) and run-report.json, for whoever completes them.
+            publish(report, pod_provider, final=False)
+            write_report(report)
             fault_point("provision")
 
     with run_stage(report, "provision", on_stage):
@@ -371,16 +459,18 @@ def _run_on_pod(
         finally:
             report.provision_attempts = list(getattr(pod_provider, "attempts", []) or [])
         record(handle)
-        # From here on every stage waits out SSH outages, asking the provider about the pod.
+        # From here on the provider is asked whether the pod lives, every pod_poll_seconds
+        # and before every reconnect (every stage waits out SSH outages through one
+        # policy that asks the watch): a pod gone under the run stops it at once.
+        guards.watch = PodWatch(pod_provider, handle.pod_id, settings.pod_poll_seconds).start()
         reconnect = ReconnectPolicy(
-            budget_seconds=settings.reconnect_budget_seconds,
-            status=partial(pod_provider.status, handle.pod_id),
+            budget_seconds=settings.reconnect_budget_seconds, status=guards.watch.ask
         )
         report.ssh_command = handle.ssh_command(key_path or _save_local_key(handle, key, out))
         run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
         tools_dir = prepare_pod(handle, key, run_dir, deadman)
         if deadman is not None:
-            keepers.append(
+            guards.keepers.append(
                 HeartbeatKeeper(
                     handle,
                     key,
@@ -393,7 +483,7 @@ def _run_on_pod(
         check_upload_method(handle, key, settings.transfer_method, s3=s3, reconnect=reconnect)
     remote_bundle = f"{run_dir}/bundle"
 
-    with run_stage(report, "env", on_stage):
+    with run_stage(report, "env", on_stage, watch=guards.watch):
         budget.check()
         plan = env_stage(
             handle,
@@ -406,7 +496,7 @@ def _run_on_pod(
         report.env = plan
     python = report.env.python if report.env and report.env.python else "python3"
 
-    with run_stage(report, "hf_auth", on_stage):
+    with run_stage(report, "hf_auth", on_stage, watch=guards.watch):
         if settings.model_id is None:
             raise StageSkipped("no model id: the bundle downloads nothing from the Hub")
         diagnosis = hf_auth(
@@ -422,7 +512,7 @@ def _run_on_pod(
         if isinstance(diagnosis, HFDiagnosis):
             report.hf.append(diagnosis)
 
-    with run_stage(report, "upload", on_stage):
+    with run_stage(report, "upload", on_stage, watch=guards.watch):
         budget.check()
         report.upload = upload(
             handle,
@@ -436,7 +526,7 @@ def _run_on_pod(
             reconnect=reconnect,
         )
 
-    with run_stage(report, "train", on_stage):
+    with run_stage(report, "train", on_stage, watch=guards.watch):
         budget.check()
         report.train = train(
             handle,
@@ -454,7 +544,7 @@ def _run_on_pod(
         )
 
     deferred: BaseException | None = None
-    with run_stage(report, "eval_parity", on_stage):
+    with run_stage(report, "eval_parity", on_stage, watch=guards.watch):
         if not bundle.eval:
             raise StageSkipped("the bundle declares no standalone eval command")
         try:
@@ -483,7 +573,7 @@ def _run_on_pod(
         report.stage("eval_parity").reason = f"EvalParityError: {deferred}"[:500]
 
     remote_outputs = f"{remote_bundle}/{bundle.outputs}"
-    with run_stage(report, "publish", on_stage):
+    with run_stage(report, "publish", on_stage, watch=guards.watch):
         target = settings.publish
         if target is None:
             raise StageSkipped(
@@ -510,7 +600,7 @@ def _run_on_pod(
             reconnect=reconnect,
         )
 
-    with run_stage(report, "download", on_stage):
+    with run_stage(report, "download", on_stage, watch=guards.watch):
         if settings.download == "none":
             where = report.model_location
             raise StageSkipped(
@@ -535,7 +625,7 @@ def _run_on_pod(
             reconnect=reconnect,
         )
 
-    with run_stage(report, "checksum", on_stage):
+    with run_stage(report, "checksum", on_stage, watch=guards.watch):
         if report.download is None and report.publish is None:
             raise StageSkipped("nothing was downloaded or published")
         if report.download is not None and report.download.source_manifest is None:
@@ -571,61 +661,6 @@ def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(key.get_secret_value())
     return str(path)
-
-
-def _finish(
-    report: RunReport, pod_provider: Any, budget: _Budget, keep_pod_on_failure: bool, on_stage: Any
-) -> None:
-    """Terminate (unless kept), compute the cost, publish artifacts, write the report."""
-    logger = get_run_logger()
-    failed = any(s.state in (StageState.FAILED, StageState.CANCELLED) for s in report.stages)
-    confirmed_at: datetime | None = None
-    if report.pod_id and pod_provider is not None:
-        if keep_pod_on_failure and failed:
-            report.stage("terminate").state = StageState.SKIPPED
-            report.stage("terminate").reason = (
-                f"kept for inspection (keep_pod_on_failure); billing until "
-                f"`prefect-runpod terminate {report.pod_id}` or the dead-man switch ends it"
-            )
-        else:
-            try:
-                with run_stage(report, "terminate", on_stage):
-                    result = terminate(pod_provider, report.pod_id)
-                    report.terminated = True
-                    confirmed_at = result.confirmed_at
-            except BaseException as exc:  # never mask the run's own error
-                logger.error("%s: terminate failed: %s", report.pod_id, exc)
-                report.error = report.error or f"terminate failed: {exc}"
-    elif report.pod_id is None:
-        report.stage("terminate").state = StageState.SKIPPED
-        report.stage("terminate").reason = "no pod was created"
-    if report.pod is not None:
-        # Billed from create to the confirmed end; a pod that may still be billing (kept
-        # or unconfirmed) is counted until now.
-        ended_at = confirmed_at if confirmed_at is not None else datetime.now(UTC)
-        bill = settle(report.cost.cost_per_hr, report.pod.created_at, ended_at)
-        report.cost.billed_seconds, report.cost.usd = bill.billed_seconds, bill.usd
-    try:
-        publish_cost_artifact(report)
-        publish_model_link(report)
-    except Exception as exc:
-        logger.warning("could not publish the finetune-costs artifact: %s", exc)
-    _write_report(report)
-
-
-def _write_report(report: RunReport) -> None:
-    if not report.output_dir:
-        return
-    path = Path(report.output_dir)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "run-report.json").write_text(json.dumps(report.to_json_dict(), indent=2))
-    except OSError as exc:  # preflight refuses such a dir; never mask the run's own error
-        get_run_logger().warning(
-            "could not write %s (%s); the report is still the flow's result",
-            path / "run-report.json",
-            exc.strerror or exc,
-        )
 
 
 if __name__ == "__main__":

@@ -10,16 +10,22 @@ no live run stands behind:
   from it for ``stale_running_seconds``: no state change and no
   ``prefect.flow-run.heartbeat`` event. A SIGKILLed script run stays Running forever on
   a self-hosted server, so the state alone is not proof of life;
-- the pod is older than ``ttl_seconds``, whatever its run says.
+- the pod is older than its TTL, whatever its run says, a fresh heartbeat included: by
+  default the pod's recorded lifetime (the dead-man's, which is also RunPod's
+  ``terminateAfter``) plus ``REAPER_TTL_GRACE_SECONDS``, so the reaper acts after those
+  two layers, never before.
 
 The decision is the pure function ``decide_reap``; the flow only gathers facts, asks it,
-terminates, and records a ``reaper-report`` table artifact.
+terminates, records each end in the run's own ``finetune-costs`` record (who: the
+reaper; with what the pod's dead-man had tried, when that can be read from here), and
+writes a ``reaper-report`` table artifact.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Literal
 from uuid import UUID
 
@@ -37,7 +43,9 @@ from pydantic import BaseModel
 
 from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import EndedBy, PodEnd, reaper_ttl_seconds
 from prefect_runpod.blocks.validation import check_name_prefix, check_number
+from prefect_runpod.flows.cost_record import record_pod_end
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.tasks.terminate import terminate_pod
 
@@ -46,6 +54,8 @@ __all__ = [
     "HEARTBEAT_EVENT",
     "ReapDecision",
     "RunSnapshot",
+    "deadman_attempts",
+    "deadman_note",
     "decide_reap",
     "flow_run_id_from_pod_name",
     "read_run_snapshot",
@@ -117,13 +127,38 @@ def flow_run_id_from_pod_name(name: str, name_prefix: str) -> UUID | None:
     return UUID(rest)
 
 
+def deadman_attempts(pod: PodHandle) -> list[dict] | None:
+    """What the pod's dead-man switch recorded (``deadman.jsonl`` in each run directory),
+    when it can be read from here: a local pod's workspace is on this disk. None for a
+    pod elsewhere (RunPod: the file is on the pod, ``<workdir>/prefect-runpod/*/``)."""
+    if pod.provider != "local":
+        return None
+    from prefect_runpod.blocks.local_pod.registry import read_deadman_attempts
+
+    return read_deadman_attempts(Path(pod.workdir))
+
+
+def deadman_note(pod: PodHandle) -> str:
+    """One line on the pod's dead-man switch: its last attempt and outcome, ``quiet``
+    when it has not acted, or where to read it when it cannot be read from here."""
+    attempts = deadman_attempts(pod)
+    if attempts is None:
+        return f"on the pod: {pod.workdir}/prefect-runpod/*/deadman.jsonl"
+    if not attempts:
+        return "quiet (has not acted)"
+    last = attempts[-1]
+    ok = "ok" if last.get("ok") else "failed"
+    outcome = f"; {last['outcome']}" if last.get("outcome") else ""
+    return f"{last.get('layer', '?')} {ok} at {last.get('at', '?')}{outcome}"
+
+
 def decide_reap(
     pod: PodHandle,
     run: RunSnapshot | None,
     now: datetime,
     *,
     name_prefix: str = "prft",
-    ttl_seconds: float | None = 24 * 3600.0,
+    ttl_seconds: float | None = None,
     stale_running_seconds: float = 900.0,
     grace_seconds: float = 60.0,
 ) -> tuple[bool, str]:
@@ -131,7 +166,8 @@ def decide_reap(
 
     Rules, first match wins:
 
-    1. older than ``ttl_seconds`` (None: no TTL) → reap;
+    1. older than its TTL (``ttl_seconds``, or by default the pod's recorded lifetime
+       plus ``REAPER_TTL_GRACE_SECONDS``) → reap, however fresh its heartbeat;
     2. the name carries no flow run id → keep (not a run's pod; only the TTL applies);
     3. no such run (``run`` is None) → reap, unless younger than ``grace_seconds``;
     4. run finished (Completed/Failed/Crashed/Cancelled) → reap;
@@ -144,7 +180,8 @@ def decide_reap(
         run: the pod's flow run, or None when the API does not know it.
         now: the current time (UTC).
         name_prefix: the prefix pods are named with.
-        ttl_seconds: the hard maximum pod age in seconds, or None for none.
+        ttl_seconds: the hard maximum pod age in seconds; None for the default
+            (``provider.reaper_ttl_seconds``: the pod's lifetime plus a grace).
         stale_running_seconds: silence after which an unfinished run counts as dead; keep
             it well above the heartbeat interval (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``).
         grace_seconds: how long a pod whose run is unknown is spared.
@@ -153,8 +190,9 @@ def decide_reap(
         ``(reap, reason)`` with a one-line reason.
     """
     age = (now - pod.created_at).total_seconds()
-    if ttl_seconds is not None and age > ttl_seconds:
-        return True, f"pod is {age:.0f} s old, past the TTL of {ttl_seconds:.0f} s"
+    ttl = reaper_ttl_seconds(pod, ttl_seconds)
+    if age > ttl:
+        return True, f"pod is {age:.0f} s old, past the TTL of {ttl:.0f} s"
     if flow_run_id_from_pod_name(pod.name, name_prefix) is None:
         return False, "name carries no flow run id; only the TTL applies"
     if run is None:
@@ -212,7 +250,7 @@ def _utc(value: datetime) -> datetime:
 def reaper(
     provider: Literal["local", "runpod"] = "local",
     name_prefix: str = "prft",
-    ttl_seconds: float | None = 24 * 3600.0,
+    ttl_seconds: float | None = None,
     stale_running_seconds: float = 900.0,
     grace_seconds: float = 60.0,
     dry_run: bool = False,
@@ -225,7 +263,10 @@ def reaper(
     Args:
         provider: ``local`` or ``runpod``.
         name_prefix: only pods named ``<name_prefix>-…`` are considered.
-        ttl_seconds: hard maximum pod age in seconds; None for none.
+        ttl_seconds: hard maximum pod age in seconds, applied whatever the run says;
+            None (the default) for each pod's recorded lifetime plus
+            ``REAPER_TTL_GRACE_SECONDS`` (``DEFAULT_POD_LIFETIME_SECONDS`` plus that for a
+            pod that recorded none). Must be above 0.
         stale_running_seconds: silence (no state change, no heartbeat) after which an
             unfinished run counts as dead. Keep it above 2× the heartbeat interval
             (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, 180 s by default).
@@ -285,6 +326,7 @@ def reaper(
                     reason=reason,
                 )
             )
+    by_id = {pod.pod_id: pod for pod in pods}
     for decision in decisions:
         if not decision.reap:
             logger.info("keep %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason)
@@ -295,12 +337,30 @@ def reaper(
             )
             continue
         logger.warning("reaping %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason)
+        pod = by_id[decision.pod_id]
+        tried = deadman_note(pod)  # read before the pod (and its files) are gone
         try:
-            terminate_pod(prov, decision.pod_id)
+            result = terminate_pod(prov, decision.pod_id)
             decision.terminated = True
         except ProviderError as exc:
             decision.error = str(exc)
             logger.error("%s: terminate not confirmed: %s", decision.pod_id, exc)
+            continue
+        if decision.flow_run_id:
+            record_pod_end(
+                decision.flow_run_id,
+                PodEnd(
+                    pod_id=decision.pod_id,
+                    ended_by=EndedBy.REAPER,
+                    confirmed=True,
+                    ended_at=result.confirmed_at,
+                    layer="terminate (the reaper)",
+                    detail=f"{decision.reason}; dead-man: {tried}"[:300],
+                ),
+                recorded_by="reaper",
+                handle=pod,
+                provider=prov,
+            )
     rows = [d.model_dump() for d in decisions]
     create_table_artifact(
         table=rows

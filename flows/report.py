@@ -6,11 +6,12 @@ reads it through ``run_deployment(...).state.result()`` without our classes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import PodEnd, end_command
 from prefect_runpod.tasks.models import (
     STAGES,
     CostReport,
@@ -24,6 +25,9 @@ from prefect_runpod.tasks.models import (
     TransferReport,
     VerificationRecord,
 )
+
+if TYPE_CHECKING:
+    from prefect_runpod.flows.cost_record import CostRecord
 
 __all__ = ["RunReport", "render_summary"]
 
@@ -46,6 +50,10 @@ class RunReport(BaseModel):
         verified: each place the outputs were verified (local download, Hub, S3).
         download_choice: ``all``, ``eval`` or ``none`` (``--download``).
         terminated: True only when the provider confirmed the pod gone.
+        pod_end: who ended the pod, when, how, and whether the provider confirmed it
+            (the same as the run's ``finetune-costs`` record).
+        lease: the server-side lease asked at create (``terminateAfter …``), ``absent``
+            when the provider did not take it, ``-`` when none was asked.
         output_dir: where the downloaded outputs and this report lie locally.
         error: the first failure, one line, when the run failed.
     """
@@ -72,6 +80,8 @@ class RunReport(BaseModel):
     download_choice: str = "all"
     pod: PodHandle | None = None
     terminated: bool = False
+    pod_end: PodEnd | None = None
+    lease: str = "-"
     output_dir: str | None = None
     error: str | None = None
 
@@ -109,6 +119,41 @@ class RunReport(BaseModel):
         data["model_location"] = self.model_location
         return data
 
+    def apply_cost_record(self, record: CostRecord) -> None:
+        """Take the pod's end and the cost from the run's ``finetune-costs`` record (the
+        record of truth), so report and record agree."""
+        self.pod_end = record.end
+        self.terminated = bool(record.end and record.end.confirmed)
+        self.lease = record.lease
+        c = self.cost
+        c.cost_per_hr, c.billed_seconds, c.usd = (
+            record.cost_per_hr,
+            record.billed_seconds,
+            record.usd,
+        )
+        c.runpod_usd, c.runpod_billed_seconds = record.runpod_usd, record.runpod_billed_seconds
+        c.difference_usd, c.billing_note = record.difference_usd, record.billing_note
+
+    def end_line(self) -> str:
+        """What happened to the pod, in one line: confirmed gone (by whom, when, how), or
+        ``NO: may still be billing`` with the command that ends it."""
+        if self.pod_id is None:
+            return "no pod was created"
+        end = self.pod_end
+        if not self.terminated or end is None or not end.confirmed:
+            return (
+                f"NO: may still be billing; end it with `{end_command(self.provider, self.pod_id)}`"
+            )
+        at = end.ended_at.strftime("%H:%M:%S UTC") if end.ended_at else "?"
+        cause = {
+            "terminated_outside": "terminated outside this run",
+            "exited": "exited",
+            "host_lost": "host lost",
+        }.get(end.cause or "", "")
+        lead = f"gone: {cause}, " if cause else "yes, "
+        how = f" ({end.layer})" if end.layer else ""
+        return f"{lead}ended by {end.ended_by.value}{how} at {at}, confirmed"
+
 
 def _fmt_bytes(n: int) -> str:
     size = float(n)
@@ -128,12 +173,7 @@ def render_summary(report: RunReport) -> str:
         lines.append(f"{s.name:<12} {s.state.value:<10} {s.seconds:>8.2f}  {note}")
     lines.append("")
     lines.append(f"pod          {report.pod_id or '-'} ({report.provider}, {report.pod_name})")
-    if report.pod_id is None:
-        lines.append("terminated   no pod was created")
-    else:
-        lines.append(
-            f"terminated   {'yes, confirmed' if report.terminated else 'NO - still billing?'}"
-        )
+    lines.append(f"terminated   {report.end_line()}")
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
     lines.append(f"bytes moved  {_fmt_bytes(moved)} through the gateway")
     if report.publish is not None:
@@ -166,9 +206,17 @@ def render_summary(report: RunReport) -> str:
             f"{p.accuracy_eval:.3f}, gap {p.accuracy_gap:.3f}, tolerance {p.tolerance})"
         )
     c = report.cost
+    until = "confirmed end" if report.terminated else "now, may still be billing"
     lines.append(
-        f"cost         {c.usd:.6f} USD ({c.cost_per_hr:.2f} USD/h x {c.billed_seconds:.1f} s billed)"
+        f"cost         {c.usd:.6f} USD ({c.cost_per_hr:.2f} USD/h x {c.billed_seconds:.1f} s "
+        f"billed, create -> {until})"
     )
+    if report.provider == "runpod" and report.pod_id:
+        if c.runpod_usd is not None:
+            diff = c.difference_usd if c.difference_usd is not None else 0.0
+            lines.append(f"runpod bill  {c.runpod_usd:.6f} USD (ours - RunPod's: {diff:+.6f})")
+        else:
+            lines.append(f"runpod bill  not known yet: {c.billing_note or 'not asked'}")
     if report.output_dir:
         lines.append(f"outputs      {report.output_dir}")
     if report.error:

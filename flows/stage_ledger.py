@@ -8,7 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
+from prefect_runpod.blocks.exceptions import (
+    ConsoleError,
+    PodLostError,
+    TrainingError,
+    TransferError,
+)
 from prefect_runpod.blocks.faults import fault_point
+from prefect_runpod.blocks.provider import PodWatch
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.tasks.models import StageState
 
@@ -19,15 +26,27 @@ class StageSkipped(Exception):
     """Raised inside ``run_stage`` to mark the stage Skipped; the message is the reason."""
 
 
+_POD_ERRORS = (ConsoleError, TransferError, TrainingError)
+"""Failures that may only mean the pod went away: the provider is asked before they stand."""
+
+
 @contextmanager
-def run_stage(report: RunReport, name: str, on_change=None) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def run_stage(  # type: ignore[no-untyped-def]
+    report: RunReport, name: str, on_change=None, *, watch: PodWatch | None = None
+) -> Iterator[None]:
     """Record stage ``name`` around the block: Running, then Completed, Skipped (when the
     block raises ``StageSkipped``) or Failed/Cancelled (re-raising the error).
+
+    With the pod's liveness ``watch``, a pod already gone fails the stage before it
+    starts, and a console, transfer or training failure is checked against the provider
+    first: when the pod is gone, the stage fails with that one sentence
+    (``PodLostError``) instead.
 
     Args:
         report: the run's report, updated in place.
         name: one of ``preflight`` and ``STAGES``.
         on_change: called with ``(name, state)`` at each change (live terminal output).
+        watch: the pod's liveness watch, once the pod is ready.
     """
     record = report.stage(name)
     record.state = StageState.RUNNING
@@ -38,7 +57,14 @@ def run_stage(report: RunReport, name: str, on_change=None) -> Iterator[None]:  
     try:
         if name != "provision":  # provision's point fires once the pod id exists
             fault_point(name)
-        yield
+        if watch is not None:
+            watch.raise_if_lost()
+        try:
+            yield
+        except _POD_ERRORS as exc:
+            if watch is not None and not isinstance(exc, PodLostError):
+                watch.check_now()  # raises PodLostError when the pod is gone
+            raise
     except StageSkipped as skip:
         record.state = StageState.SKIPPED
         record.reason = str(skip) or "skipped"
@@ -68,4 +94,6 @@ def skip_stage(report: RunReport, name: str, reason: str) -> None:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
+    if not first and type(exc).__name__ in ("TerminationSignal", "KeyboardInterrupt"):
+        first = "stopped by a signal (SIGTERM or Ctrl-C); the pod is terminated next"
     return f"{type(exc).__name__}: {first}"[:500]

@@ -304,6 +304,10 @@ class CostReport(BaseModel):
             ``settle`` computes both).
         max_cost_usd: the budget cap, if any.
         stage_seconds: seconds per stage.
+        runpod_usd / runpod_billed_seconds: RunPod's own bill (REST billing), once its
+            records appear; None before (or for a local pod).
+        difference_usd: ``usd - runpod_usd`` once RunPod's bill is known.
+        billing_note: where RunPod's bill came from, or why it is missing.
     """
 
     cost_per_hr: float = 0.0
@@ -311,6 +315,10 @@ class CostReport(BaseModel):
     usd: float = 0.0
     max_cost_usd: float | None = None
     stage_seconds: dict[str, float] = Field(default_factory=dict)
+    runpod_usd: float | None = None
+    runpod_billed_seconds: float | None = None
+    difference_usd: float | None = None
+    billing_note: str = ""
 
 
 class PublishTarget(BaseModel):

@@ -25,6 +25,7 @@ from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SEC
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.local_pod.images import profile_names
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import DEFAULT_POD_LIFETIME_SECONDS, DEFAULT_POD_POLL_SECONDS
 from prefect_runpod.blocks.transfer.dispatch import check_tree
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
 from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_bundle_files
@@ -75,6 +76,8 @@ class RunSettings(BaseModel):
         output_dir: local directory for downloads and the run report (absolute).
         parity_tolerance: the allowed accuracy gap (a fraction).
         heartbeat_stale_seconds / pod_lifetime_seconds: the dead-man switch, in seconds.
+        pod_poll_seconds: how often the run asks the provider whether its pod lives, s.
+        terminate_timeout_seconds: how long terminate waits for confirmation, s.
         hf_endpoint: the Hub URL given, or None (the block's, else huggingface.co).
         upload: the bundle files the upload sends, with their total bytes.
         publish: where the pod publishes the outputs, or None.
@@ -95,7 +98,9 @@ class RunSettings(BaseModel):
     output_dir: str
     parity_tolerance: float = 0.02
     heartbeat_stale_seconds: float = 900.0
-    pod_lifetime_seconds: float = 6 * 3600.0
+    pod_lifetime_seconds: float = DEFAULT_POD_LIFETIME_SECONDS
+    pod_poll_seconds: float = DEFAULT_POD_POLL_SECONDS
+    terminate_timeout_seconds: float = 120.0
     hf_endpoint: str | None = None
     upload: BundleFiles | None = None
     publish: PublishTarget | None = None
@@ -117,7 +122,9 @@ def validate_settings(
     parity_tolerance: float = 0.02,
     s3_target_block: str | None = None,
     heartbeat_stale_seconds: float = 900.0,
-    pod_lifetime_seconds: float = 6 * 3600.0,
+    pod_lifetime_seconds: float = DEFAULT_POD_LIFETIME_SECONDS,
+    pod_poll_seconds: float = DEFAULT_POD_POLL_SECONDS,
+    terminate_timeout_seconds: float = 120.0,
     hf_endpoint: str | None = None,
     hf_credentials_block: str | None = None,
     hf_token_secret: str | None = None,
@@ -193,8 +200,10 @@ def validate_settings(
     stale = v.check_number("heartbeat_stale_seconds", heartbeat_stale_seconds)
     lifetime = v.check_number("pod_lifetime_seconds", pod_lifetime_seconds)
     reconnect_budget = v.check_number("reconnect_budget_seconds", reconnect_budget_seconds)
+    poll = v.check_number("pod_poll_seconds", pod_poll_seconds)
+    terminate_timeout = v.check_number("terminate_timeout_seconds", terminate_timeout_seconds)
     assert runtime is not None and tolerance is not None and stale is not None and lifetime
-    assert reconnect_budget is not None
+    assert reconnect_budget is not None and poll is not None and terminate_timeout is not None
     if runtime > lifetime:
         raise SpecError(
             f"{v.label('max_runtime_seconds')} {runtime:g} s is longer than "
@@ -237,6 +246,8 @@ def validate_settings(
         parity_tolerance=tolerance,
         heartbeat_stale_seconds=stale,
         pod_lifetime_seconds=lifetime,
+        pod_poll_seconds=poll,
+        terminate_timeout_seconds=terminate_timeout,
         hf_endpoint=hf_endpoint,
         upload=files,
         publish=target,

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from prefect_runpod.blocks.exceptions import ConsoleConnectError
+from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
 
@@ -54,7 +55,20 @@ def provision(
     logger.info(
         "%s: created (%s, %s, %.2f USD/h)", handle.pod_id, name, handle.gpu_type, handle.cost_per_hr
     )
+    if handle.terminate_after is not None:
+        logger.info(
+            "%s: the provider ends it by itself at %s whatever happens here (its lease)",
+            handle.pod_id,
+            handle.terminate_after.isoformat(),
+        )
+    elif request.deadman is not None:
+        logger.warning(
+            "%s: no server-side lease: until its dead-man switch is armed, only the flow, "
+            "its hooks and the reaper can end it",
+            handle.pod_id,
+        )
     try:
+        fault_point("wait_ready")
         handle = provider.wait_ready(handle, ready_timeout_seconds)
     except BaseException:
         logger.warning("%s: not ready; terminating it before giving up", handle.pod_id)
@@ -64,11 +78,27 @@ def provision(
     return handle
 
 
-def arm_deadman(console: ConsoleLike, tools_dir: str, run_dir: str, deadman: DeadmanConfig) -> None:
+def arm_deadman(
+    console: ConsoleLike,
+    tools_dir: str,
+    run_dir: str,
+    deadman: DeadmanConfig,
+    *,
+    use_api: bool = True,
+) -> None:
     """Start the pod-side dead-man switch (``watchdog.py``) detached, with a fresh
     heartbeat file in ``run_dir``. The flow refreshes the heartbeat; when it goes stale for
-    ``heartbeat_stale_seconds``, or ``lifetime_seconds`` pass, the pod removes itself
-    (``runpodctl remove pod $RUNPOD_POD_ID``, RunPod docs).
+    ``heartbeat_stale_seconds``, or ``lifetime_seconds`` pass, the pod ends itself by every
+    way it has (``runpodctl pod delete``, ``runpodctl remove pod``, RunPod's API with the
+    pod's own key; else it stops the workload and records that the pod was NOT ended).
+
+    Args:
+        console: the pod's console.
+        tools_dir: where ``watchdog.py`` is on the pod.
+        run_dir: the run directory (heartbeat, ``deadman.jsonl``).
+        deadman: the limits.
+        use_api: try RunPod's GraphQL API from the pod (off for a local pod, which has
+            no RunPod key).
 
     Raises:
         ConsoleError: when the watchdog cannot be started.
@@ -82,7 +112,8 @@ def arm_deadman(console: ConsoleLike, tools_dir: str, run_dir: str, deadman: Dea
         f"python3 {q(watchdog)} --detach --run-dir {q(run_dir)} "
         f"--heartbeat-stale-seconds {deadman.heartbeat_stale_seconds:g} "
         f"--lifetime-seconds {deadman.lifetime_seconds:g} "
-        f"--check-interval-seconds {deadman.check_interval_seconds:g}",
+        f"--check-interval-seconds {deadman.check_interval_seconds:g}"
+        + ("" if use_api else " --no-api"),
         check=True,
     )
 
@@ -113,5 +144,5 @@ def prepare_pod(
     with PodConsole.for_pod(handle, private_key) as console:
         tools_dir = bootstrap_pod_tools(console, handle)
         if deadman is not None:
-            arm_deadman(console, tools_dir, run_dir, deadman)
+            arm_deadman(console, tools_dir, run_dir, deadman, use_api=handle.provider == "runpod")
     return tools_dir

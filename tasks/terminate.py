@@ -8,6 +8,7 @@ import logging
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import PodProvider, TerminateResult
 
 __all__ = ["terminate", "terminate_by_name", "terminate_pod"]
@@ -28,14 +29,27 @@ def terminate_pod(
 
 
 def terminate_by_name(
-    provider: PodProvider, name: str, logger: logging.Logger | logging.LoggerAdapter | None = None
+    provider: PodProvider,
+    name: str,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+    *,
+    handle: PodHandle | None = None,
 ) -> TerminateResult | None:
     """Find the pod named ``name`` and terminate it; None when no such pod lives.
 
     Used by hooks that run in another process with nothing but the flow run: the pod's
     name is ``<prefix>-<flow_run_id>``.
+
+    Args:
+        provider: the pod's provider.
+        name: ``<prefix>-<flow_run_id>``.
+        logger: where to say what happened.
+        handle: the pod, when the caller found it already (saves a second lookup).
+
+    Raises:
+        TerminateError: found but not confirmed gone (it may still bill).
     """
-    handle = provider.find(name)
+    handle = handle or provider.find(name)
     if handle is None:
         if logger:
             logger.info("no live pod named %s: nothing to terminate", name)
@@ -48,9 +62,12 @@ def terminate_by_name(
     return result
 
 
-@task(name="terminate", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+@task(name="terminate", cache_policy=NO_CACHE, retries=0)
 def terminate(
     provider: PodProvider, pod_id: str, timeout_seconds: float = 120.0
 ) -> TerminateResult:
-    """The ``terminate`` stage: see ``terminate_pod``. Retried twice on failure."""
+    """The ``terminate`` stage: see ``terminate_pod``. One deadline in all: the provider
+    repeats transient failures within it and stops at once on answers retrying cannot
+    change, so the task itself is not retried (a retried task would only triple the wait
+    for a pod that may still be billing)."""
     return terminate_pod(provider, pod_id, timeout_seconds)

@@ -33,7 +33,9 @@ from prefect_runpod.blocks.console.reconnect import (
     ReconnectPolicy,
 )
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
+from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import watch_for
 from prefect_runpod.blocks.transfer import pod_tools
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
@@ -249,7 +251,11 @@ def follow_training(
 
 
 def _kill_quietly(follower: LogFollower, grace_seconds: float) -> dict[str, Any] | None:
-    """Kill the remote run; never raises (the caller is already failing)."""
+    """Kill the remote run; never raises (the caller is already failing). Nothing to
+    kill on a pod that is gone: no reconnect window is waited out for it."""
+    watch = watch_for(follower.pod_id)
+    if watch is not None and watch.lost is not None:
+        return None
     try:
         if follower.in_command:  # interrupted mid-command: the shell is in an unknown state
             follower.console.reconnect()
@@ -447,6 +453,7 @@ def train(
         logger.info(
             "%s: training started (pid %s) in %s: %s", pod, started["pid"], run_dir, command
         )
+        fault_point("train_running")  # tests: the job runs, its log not yet followed
         report = follow_training(
             live, run_dir, tools, command=command, python=python,
             max_runtime_seconds=max_runtime_seconds, should_stop=should_stop,

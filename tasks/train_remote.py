@@ -19,6 +19,7 @@ from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
 from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import ConsoleError, TrainingError
+from prefect_runpod.blocks.provider import watch_for
 from prefect_runpod.tasks.train_log import strip_ansi
 
 __all__ = [
@@ -147,16 +148,25 @@ class LogFollower:
 
         Reconnects after a ``ConsoleError`` (backoff up to 5 s) until
         ``reconnect_budget_seconds`` pass (the command asks only for state, so asking
-        again is safe).
+        again is safe). When this process watches the pod's liveness
+        (``provider.watch_for``), the provider is asked first, after each failure and
+        before each reconnect: a pod that is gone stops the wait at once, and one whose
+        SSH stayed down for the whole budget while the provider says it runs has lost
+        its host.
 
         Raises:
-            TrainingError: the pod stayed unreachable, or ``launcher.py`` gave no
-                JSON answer three times in a row.
+            PodLostError: the provider says the pod is gone (terminated outside, exited,
+                host lost).
+            TrainingError: the pod stayed unreachable (without a liveness watch), or
+                ``launcher.py`` gave no JSON answer three times in a row.
         """
         first_failure: float | None = None
         garbled = 0
         delay = 0.5
+        watch = watch_for(self.pod_id)
         while True:
+            if watch is not None:
+                watch.raise_if_lost()
             try:
                 self.in_command = True
                 result = self.console.run(
@@ -165,14 +175,18 @@ class LogFollower:
                 self.in_command = False
             except ConsoleError as exc:
                 self.in_command = False
+                if watch is not None:
+                    watch.check_now()  # a pod that is gone: no reconnect window at all
                 now = self.clock()
                 first_failure = now if first_failure is None else first_failure
                 if now - first_failure >= self.reconnect_budget_seconds:
+                    if watch is not None:
+                        raise watch.gateway_dead(now - first_failure) from exc
                     raise TrainingError(
                         f"pod {self.pod_id}: the console stayed down for "
                         f"{now - first_failure:.0f} s ({exc}); training may still run on the "
-                        "pod until its dead-man switch removes it; terminate the pod or "
-                        "reconnect and read the log in " + self.run_dir,
+                        "pod until its dead-man switch removes it; terminate the pod, or open "
+                        f"a shell on it and read the log in {self.run_dir}",
                         pod_id=self.pod_id,
                         stage="train",
                     ) from exc

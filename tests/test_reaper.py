@@ -69,9 +69,35 @@ def test_decide_reap_table(pod: PodHandle, run: RunSnapshot | None, reap: bool, 
     assert reason_has in reason
 
 
-def test_decide_reap_without_ttl_keeps_an_old_pod_of_a_live_run():
-    got, _ = decide_reap(_pod(10**7), _run("RUNNING", "Running", 1), NOW, ttl_seconds=None)
-    assert got is False
+def test_the_default_ttl_is_the_pods_lifetime_plus_a_grace_even_with_a_fresh_heartbeat():
+    """Issue 14: the TTL is a hard cap whatever the heartbeat says; by default the pod's
+    recorded lifetime plus REAPER_TTL_GRACE_SECONDS (the dead-man and the lease act
+    first); a fresh heartbeat still protects a younger pod."""
+    from prefect_runpod.blocks.provider import (
+        DEFAULT_POD_LIFETIME_SECONDS,
+        REAPER_TTL_GRACE_SECONDS,
+    )
+
+    live = _run("RUNNING", "Running", 1)
+    young = _pod(3000).model_copy(update={"lifetime_seconds": 3600.0})
+    old = _pod(3600 + REAPER_TTL_GRACE_SECONDS + 1).model_copy(update={"lifetime_seconds": 3600.0})
+    assert decide_reap(young, live, NOW, ttl_seconds=None)[0] is False
+    reap, reason = decide_reap(old, live, NOW, ttl_seconds=None)
+    assert reap is True and "TTL" in reason
+    unrecorded = DEFAULT_POD_LIFETIME_SECONDS + REAPER_TTL_GRACE_SECONDS
+    assert decide_reap(_pod(unrecorded - 10), live, NOW)[0] is False
+    assert decide_reap(_pod(unrecorded + 10), live, NOW)[0] is True
+
+
+def test_the_reaper_refuses_a_ttl_that_is_not_positive(capsys):
+    """Issue 14: ``reaper --ttl-seconds -1`` ended a healthy run's pod."""
+    from prefect_runpod.flows.cli import EXIT_USAGE, main
+
+    for bad in ("-1", "0"):
+        assert main(["reaper", "--ttl-seconds", bad]) == EXIT_USAGE
+        assert "ttl_seconds (--ttl-seconds) must be a finite number of seconds above 0" in (
+            capsys.readouterr().err
+        )
 
 
 def test_flow_run_id_from_pod_name():

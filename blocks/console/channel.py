@@ -98,8 +98,8 @@ class ChannelIO:
                 if time.monotonic() - stalled_since > timeout_seconds:
                     raise ConsoleError(
                         f"the pod's shell accepted no input for {timeout_seconds:g} s; the "
-                        "command is not reading what is sent. Next: check the command, "
-                        "or reconnect()"
+                        "command is not reading what is sent. Next: check the command; the "
+                        "next command opens a fresh session"
                     ) from None
                 continue
             except (OSError, EOFError, paramiko.SSHException) as exc:

@@ -68,6 +68,7 @@ from prefect_runpod.blocks.exceptions import (
     SpecError,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
+from prefect_runpod.blocks.provider import watch_for
 
 __all__ = ["CommandResult", "PodConsole", "PtyStream", "run_remote"]
 
@@ -258,9 +259,16 @@ class PodConsole:
         """Open a fresh session (after a drop) and export again every variable given
         to ``set_secret_env``. Commands that were running are not re-run.
 
+        Before each attempt the pod's liveness watch, when this process runs one
+        (``provider.watch_for``), asks the provider whether the pod still lives, so no
+        reconnect waits on a pod that is gone.
+
         Raises:
             ConsoleConnectError, PodGoneError: as ``connect``.
         """
+        watch = watch_for(self._pod_id)
+        if watch is not None:
+            watch.check_now()
         self.close()
         self.connect()
         assert self._shell is not None
@@ -446,7 +454,7 @@ class PodConsole:
         """
         if self._client is None:
             raise ConsoleConnectError(
-                f"{self._where()}: the console is not connected; call connect()",
+                f"{self._where()}: the console is not connected yet (open it first)",
                 pod_id=self._pod_id,
             )
         started = time.monotonic()
@@ -526,8 +534,8 @@ class PodConsole:
         shell = self._shell
         if shell is None:
             raise ConsoleConnectError(
-                f"{self._where()}: the console is not connected (it was closed); call "
-                "connect() or reconnect()",
+                f"{self._where()}: the console is not connected (closed, or the pod never "
+                f"answered); open a new one, or check the pod with `{self._endpoint.ssh_command()}`",
                 pod_id=self._pod_id,
                 retryable=False,
             )
@@ -589,7 +597,7 @@ class PodConsole:
                 shell.interrupt()
             raise ConsoleError(
                 f"{self._where()}: setting {name} failed (exit {code}): "
-                f"{tail(chr(10).join(lines))}. Next: reconnect() and try again",
+                f"{tail(chr(10).join(lines))}. Next: try again in a fresh session",
                 pod_id=self._pod_id,
             )
 

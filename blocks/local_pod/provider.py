@@ -128,6 +128,15 @@ def _port_accepts(port: int, *, banner: bool, timeout_seconds: float = 1.0) -> b
         return False
 
 
+_TOMBSTONE_WORDS = {
+    "deadman": "by its dead-man switch",
+    "lease": "by its lease",
+    "terminate": "by a terminate call",
+    "pod": "from inside the pod",
+    "signal": "by a signal to its daemon",
+}
+
+
 class LocalPodProvider:
     """The ``PodProvider`` for local pods (see ``prefect_runpod.blocks.provider``).
 
@@ -356,11 +365,13 @@ class LocalPodProvider:
             )
         tomb = read_tombstone(self.home, pod_id)
         if tomb is not None:
-            how = f"{tomb.by}, {tomb.layer}" if tomb.layer else tomb.by
+            how = _TOMBSTONE_WORDS.get(tomb.by, tomb.by)
+            at = datetime.fromisoformat(tomb.ended_at).strftime("%H:%M:%S UTC")
             return PodStatus(
                 pod_id=pod_id,
                 cause=PodCause.TERMINATED_OUTSIDE,
-                provider_status=f"local pod ended at {tomb.ended_at} ({how})",
+                provider_status=f"the local pod ended at {at} {how}"
+                + (f" ({tomb.layer})" if tomb.layer and tomb.layer != tomb.by else ""),
                 ended_at=datetime.fromisoformat(tomb.ended_at),
                 ended_by=tomb.by,
                 ended_layer=tomb.layer,

@@ -53,7 +53,9 @@ def status_from_pod(pod_id: str, pod: dict[str, Any] | None) -> PodStatus:
     """
     if pod is None:
         return PodStatus(
-            pod_id=pod_id, cause=PodCause.TERMINATED_OUTSIDE, provider_status="RunPod: not found"
+            pod_id=pod_id,
+            cause=PodCause.TERMINATED_OUTSIDE,
+            provider_status="RunPod no longer knows it",
         )
     status = str(pod.get("desiredStatus") or "?")
     runtime = "up" if pod.get("runtime") else "null"

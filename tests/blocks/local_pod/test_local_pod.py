@@ -97,7 +97,9 @@ class TestCreate:
         assert handle.provider == "local"
         # Shaped like RunPod's ids (issue 14): lowercase letters and digits, no hyphen.
         assert re.fullmatch(r"[a-z0-9]{14}", handle.pod_id), handle.pod_id
-        assert handle.pod_host_id and re.fullmatch(rf"{handle.pod_id}-[0-9a-f]{{8}}", handle.pod_host_id)
+        assert handle.pod_host_id and re.fullmatch(
+            rf"{handle.pod_id}-[0-9a-f]{{8}}", handle.pod_host_id
+        )
         assert handle.ssh is not None and handle.ssh.mode == "gateway"
         assert handle.ssh.host == "127.0.0.1"
         assert handle.ssh.user == handle.pod_host_id

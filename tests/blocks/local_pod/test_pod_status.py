@@ -53,7 +53,9 @@ def test_runpodctl_pod_delete_ends_the_pod_and_leaves_a_tombstone(local_pod: Pod
     provider, handle, _ = local_pod
     before = datetime.now(UTC)
     _type(local_pod, b"PREFECT_RUNPOD_ENDED_BY=deadman runpodctl pod delete $RUNPOD_POD_ID\n")
-    assert _wait_for(lambda: provider.get(handle.pod_id) is None and not find_marked_pids(handle.pod_id))
+    assert _wait_for(
+        lambda: provider.get(handle.pod_id) is None and not find_marked_pids(handle.pod_id)
+    )
     status = provider.status(handle.pod_id)
     assert status.cause is PodCause.TERMINATED_OUTSIDE and status.gone
     assert (status.ended_by, status.ended_layer) == ("deadman", "runpodctl pod delete")
@@ -65,10 +67,12 @@ def test_runpodctl_pod_delete_ends_the_pod_and_leaves_a_tombstone(local_pod: Pod
 
 def test_the_deprecated_remove_verb_still_works_and_says_so(local_pod: PodFixture) -> None:
     provider, handle, _ = local_pod
-    out = _type(local_pod, b"runpodctl remove pod $RUNPOD_POD_ID\n")
-    assert b"deprecated" in out
+    out = _type(local_pod, b"runpodctl remove pod someotherpod; echo RC=$?-$((40+2))\n", b"RC=1-42")
+    assert b"deprecated" in out and b"not found" in out  # says so, and acts on its own pod only
+    _type(local_pod, b"runpodctl remove pod $RUNPOD_POD_ID\n")
     assert _wait_for(lambda: provider.status(handle.pod_id).gone)
-    assert provider.status(handle.pod_id).ended_by == "pod"
+    status = provider.status(handle.pod_id)
+    assert (status.ended_by, status.ended_layer) == ("pod", "runpodctl remove pod")
 
 
 def test_a_dead_daemon_is_a_lost_host(local_provider: LocalPodProvider) -> None:
@@ -96,14 +100,17 @@ def test_the_daemon_ends_the_pod_at_its_lease(local_provider: LocalPodProvider) 
     lifetime, kept by the daemon itself, so a pod whose flow dies before the watchdog is
     armed still ends."""
     keypair = generate_keypair("lease")
-    request = PodRequest(
-        public_key=keypair.public_key, deadman=DeadmanConfig(lifetime_seconds=2.0)
-    )
+    request = PodRequest(public_key=keypair.public_key, deadman=DeadmanConfig(lifetime_seconds=2.0))
     handle = local_provider.create(request, f"test-lease-{os.getpid()}")
     assert handle.lifetime_seconds == 2.0
     assert handle.terminate_after is not None
     try:
-        status = _wait_for(lambda: local_provider.status(handle.pod_id).gone and local_provider.status(handle.pod_id), 60.0)
+        status = _wait_for(
+            lambda: (
+                local_provider.status(handle.pod_id).gone and local_provider.status(handle.pod_id)
+            ),
+            60.0,
+        )
         assert status and (status.ended_by, status.ended_layer) == ("lease", "terminateAfter")
         assert status.ended_at is not None and status.ended_at >= handle.terminate_after
     finally:
@@ -112,9 +119,7 @@ def test_the_daemon_ends_the_pod_at_its_lease(local_provider: LocalPodProvider) 
 
 def test_the_x509_fault_breaks_runpodctl(local_provider: LocalPodProvider) -> None:
     """An image whose runpodctl cannot verify RunPod's certificate (runpodctl#149)."""
-    handle, keypair = start_pod(
-        local_provider, env={"PREFECT_RUNPOD_POD_FAULTS": "runpodctl:x509"}
-    )
+    handle, keypair = start_pod(local_provider, env={"PREFECT_RUNPOD_POD_FAULTS": "runpodctl:x509"})
     try:
         out = _type(
             (local_provider, handle, keypair),

@@ -60,7 +60,10 @@ class TestStatus:
             assert provider.status(handle.pod_id).cause is PodCause.HOST_LOST
             runpod_emulator.vanish(handle.pod_id)
             gone = provider.status(handle.pod_id)
-            assert gone.cause is PodCause.TERMINATED_OUTSIDE and "not found" in gone.provider_status
+            assert (
+                gone.cause is PodCause.TERMINATED_OUTSIDE
+                and "no longer knows" in gone.provider_status
+            )
         finally:
             provider.terminate(handle.pod_id)
 
