@@ -52,8 +52,13 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def orderly_signals() -> Iterator[None]:
     """Within the block, SIGTERM raises ``Terminated`` in the main thread (Ctrl-C already
-    raises ``KeyboardInterrupt``); the previous handler comes back afterwards."""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    raises ``KeyboardInterrupt``); the previous handler comes back afterwards. Outside
+    the main thread (the CLI called from a thread) signals are left as they are."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: Python delivers signals there only
+        yield
+        return
     try:
         yield
     finally:

@@ -294,7 +294,7 @@ def test_listing_and_terminating_need_no_ssh_key(
     monkeypatch.setenv("RUNPOD_SSH_KEY_PATH", str(tmp_path / "no-such-key"))
     assert main(["pods", "--provider", "runpod"]) == 0
     assert "no live pods" in capsys.readouterr().err
-    assert main(["terminate", "lp-doesnotexist", "--provider", "runpod"]) == 0
+    assert main(["terminate", "doesnotexist00", "--provider", "runpod"]) == 0
     assert "no such pod" in capsys.readouterr().out
     # The fine-tune itself does need the key, and says how to make one (bad usage: 2).
     assert main(["finetune", "--provider", "runpod", "--output-dir", str(tmp_path)]) == 2

@@ -119,7 +119,12 @@ def test_watchdog_removes_the_pod_when_the_heartbeat_goes_stale(local_pod, tmp_p
         assert json.loads(answer.output.strip().splitlines()[-1])["pid"] > 0
     _wait_until(lambda: provider.get(handle.pod_id) is None, 60, "the pod to remove itself")
     log = (watch_dir / "watchdog.log").read_text()
-    assert "heartbeat stale" in log and f"runpodctl remove pod {handle.pod_id}" in log
+    assert "heartbeat stale" in log and f"runpodctl pod delete {handle.pod_id}" in log
+    # The pod records who ended it and how, beyond its own directory (issue 14).
+    status = provider.status(handle.pod_id)
+    assert (status.ended_by, status.ended_layer) == ("deadman", "runpodctl pod delete")
+    attempts = [json.loads(line) for line in (watch_dir / "deadman.jsonl").read_text().splitlines()]
+    assert (attempts[-1]["layer"], attempts[-1]["ok"]) == ("runpodctl pod delete", None)
 
 
 def test_watchdog_lifetime_cap_removes_a_cared_for_pod(local_pod, tmp_path) -> None:

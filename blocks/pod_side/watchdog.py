@@ -30,8 +30,10 @@ process ends with it); still alive after that, the next layer is tried.
 ``--remove-command`` replaces layers 1 and 2 with one shell command; ``--settle-seconds
 0`` trusts a command's exit status and exits 0 at once (for tests).
 
-Every attempt and its result is a JSON line in ``<run_dir>/deadman.jsonl`` (what the
-reaper and ``prefect-runpod pods`` read); ``watchdog.log`` says why in words. The
+Every attempt is a JSON line in ``<run_dir>/deadman.jsonl`` (what the reaper and
+``prefect-runpod pods`` read): ``ok: null`` when it starts (a layer that works ends the
+pod, and this process with it, before it can say so), then its result;
+``watchdog.log`` says why in words. The
 commands run with ``PREFECT_RUNPOD_ENDED_BY=deadman`` in their environment, so a pod
 that records who ended it can say so. With ``--detach`` it double-forks into its own
 session, records ``watchdog.pid`` and prints ``{"pid": N}``; a second ``--detach`` while
@@ -334,6 +336,8 @@ class Layers:
     def end_pod(self, reason):
         """Try every layer once; True when one ended the pod (as far as we can tell)."""
         for layer, command in self.commands:
+            # Recorded first: a layer that works ends the pod, and this process with it.
+            _record(self.run_dir, layer=layer, reason=reason, ok=None, detail="trying")
             ok, detail = _run_command(self.run_dir, layer, command)
             _log(self.run_dir, "%s: %s" % (layer, detail))
             if ok:
@@ -343,6 +347,7 @@ class Layers:
                 _record(self.run_dir, layer=layer, reason=reason, ok=False, detail=detail)
         if self.api_url:
             layer = "graphql podTerminate"
+            _record(self.run_dir, layer=layer, reason=reason, ok=None, detail="trying")
             ok, detail = api_terminate(
                 self.api_url, os.environ.get("RUNPOD_API_KEY", ""), self.pod_id, self.bundles
             )

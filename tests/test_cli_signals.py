@@ -1,0 +1,99 @@
+"""SIGTERM or Ctrl-C to ``prefect-runpod finetune`` (issue 14): the run ends its pod, the
+CLI prints the summary without a traceback, and the temporary Prefect server it started
+is gone too — it used to be left running, orphaned (reparented to init)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+from tests.fixtures.fault_matrix import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _pids_with(needle: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if needle.encode() in fh.read().replace(b"\0", b" "):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(
+    ("how", "expected_rc", "said"),
+    [("sigterm-to-the-cli", 143, "SIGTERM"), ("ctrl-c-to-the-group", 130, "Ctrl-C")],
+)
+def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
+    tmp_path: Path, how: str, expected_rc: int, said: str
+) -> None:
+    faults, out = tmp_path / "faults", tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_RUNPOD_FAULTS="train_running:pause",
+        PREFECT_RUNPOD_FAULT_DIR=str(faults),
+    )
+    log = tmp_path / "cli.log"
+    with open(log, "wb") as sink:
+        cli = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "prefect_runpod.flows.cli",
+                "finetune",
+                "--output-dir",
+                str(out),
+            ],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, as a terminal's foreground job
+        )
+    try:
+        wait_until(
+            "the run to reach train_running",
+            lambda: (faults / "train_running.reached").exists() or cli.poll() is not None,
+            300.0,
+        )
+        assert cli.poll() is None, log.read_text(errors="replace")[-3000:]
+        port = re.search(r"Starting temporary server on http://127\.0\.0\.1:(\d+)", log.read_text())
+        assert port, log.read_text(errors="replace")[-3000:]
+        servers = _pids_with(f"--port {port.group(1)}")
+        assert servers, "the temporary server is not running"
+        if how == "sigterm-to-the-cli":
+            os.kill(cli.pid, signal.SIGTERM)
+        else:
+            os.killpg(cli.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        cli.wait(timeout=240)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+            cli.wait()
+    text = log.read_text(errors="replace")
+    assert cli.returncode == expected_rc, text[-3000:]
+    assert f"the run was stopped by {said}" in text
+    assert "result       FAILED" in text and "terminated   yes" in text
+    assert "Traceback" not in text
+    deadline = time.monotonic() + 30  # a process may take a moment to be reaped
+    while any(os.path.exists(f"/proc/{pid}") for pid in servers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in servers if os.path.exists(f"/proc/{pid}")], "server orphaned"
+    pod_id = json.loads((out / "run-report.json").read_text())["pod_id"]
+    assert pod_id and LocalPodProvider().get(pod_id) is None
