@@ -475,7 +475,7 @@ def _cmd_terminate(args: argparse.Namespace) -> int:
         )
         return 0
     print(f"{result.pod_id} terminated (confirmed {result.confirmed_at.isoformat()})")
-    run_id = flow_run_id_from_pod_name(handle.name, args.name_prefix) if handle else None
+    run_id = flow_run_id_from_pod_name(handle.name, None) if handle else None
     if run_id is not None and handle is not None:
         end = PodEnd(
             pod_id=result.pod_id,

@@ -115,9 +115,15 @@ class ReapDecision(BaseModel):
     error: str | None = None
 
 
-def flow_run_id_from_pod_name(name: str, name_prefix: str) -> UUID | None:
+def flow_run_id_from_pod_name(name: str, name_prefix: str | None) -> UUID | None:
     """The flow run id in a pod name ``<name_prefix>-<flow_run_id>``, or None when the
-    name has another prefix or its rest is not a UUID."""
+    name has another prefix or its rest is not a UUID. With ``name_prefix`` None, any
+    prefix (a pod found by its id, whatever prefix its run used)."""
+    if name_prefix is None:
+        head, dash, rest = name[:-36], name[-37:-36], name[-36:].lower()
+        if not head or dash != "-" or not _UUID_RE.fullmatch(rest):
+            return None
+        return UUID(rest)
     head = f"{name_prefix}-"
     if not name.startswith(head):
         return None

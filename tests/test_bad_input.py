@@ -163,6 +163,16 @@ CASES = [
     Case("reaper-ttl-nan", ["reaper", "--ttl-seconds", "nan"], "ttl_seconds (--ttl-seconds)"),
     Case("reaper-ttl-zero", ["reaper", "--ttl-seconds", "0"], "above 0"),
     Case("reaper-bad-prefix", ["reaper", "--name-prefix", "X"], "must be 1-23 lowercase letters"),
+    Case("reaper-ttl-negative", ["reaper", "--ttl-seconds", "-1"], "above 0"),
+    # --- issue 14: liveness, terminate deadline, ids, the cost command ---
+    Case("pod-poll-zero", ft("--pod-poll-seconds", "0"), "pod_poll_seconds (--pod-poll-seconds)"),
+    Case("pod-poll-inf", ft("--pod-poll-seconds", "inf"), "pod_poll_seconds (--pod-poll-seconds)"),
+    Case("terminate-timeout-negative", ft("--terminate-timeout-seconds", "-5"), "terminate_timeout_seconds (--terminate-timeout-seconds)"),
+    Case("terminate-id-newline", ["terminate", "abcdefgh\n"], "is not a pod id"),
+    Case("terminate-id-hyphen", ["terminate", "lp-abc"], "is not a pod id"),
+    Case("terminate-id-quote", ["terminate", '"abc'], "is not a pod id"),
+    Case("cost-run-id-garbage", ["cost", "not-a-run"], "is not a flow run id"),
+    Case("cost-run-id-newline", ["cost", "3f1b2c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d\n"], "is not a flow run id"),
 ]  # fmt: skip
 
 # Saved blocks are looked up on the Prefect API: these need a server (slow).

@@ -22,6 +22,16 @@ barrier at the start of the stage (``prefect_runpod.blocks.faults``), never by t
 One more cell runs SIGKILL under the served runner: the runner marks the run Crashed
 and its ``on_crashed`` hook, in the runner's process, finds the pod by name and ends it.
 
+Issue 14 adds the cells about the truth of a run: the pod terminated from outside
+(``prefect-runpod terminate`` from "another shell" while the run waits at a stage: one
+stage by default, every stage under the full matrix), the terminate API down for good,
+the pod's ``runpodctl`` failing with x509 (the dead-man's GraphQL layer ends it), a
+SIGKILL during ``wait_ready`` (RunPod's ``terminateAfter`` lease ends it), and two runs
+at once on emulated RunPod. Every cell asserts no pod left, the run's final Prefect
+state, and that the run's recorded cost (its ``finetune-costs`` record, completed by
+``prefect-runpod cost --reconcile`` where no layer of the run could write it) equals the
+emulator's ledger within 1 %.
+
 All cells share one Prefect server, one served runner and one RunPod emulator (pods
 backed by real local pods, reached through the emulator's gateway), one cell at a time.
 The default run is a representative subset covering every stage, every fault and every
@@ -53,9 +63,11 @@ from prefect_runpod.blocks.faults import (
     release_marker,
     run_fault_dir,
 )
+from prefect_runpod.flows.cost_record import CostRecord, latest_record
 from tests.fixtures.fault_matrix import FaultLab, wait_until
 
 STAGES = ("provision", "env", "upload", "train", "download")
+"""Every stage the matrix fires faults in."""
 FAULTS = ("raise", "sigterm", "sigkill", "cancel", "drop", "refuse")
 REFUSE_STAGES = ("env", "upload", "download")
 REFUSE_SECONDS = 10.0
@@ -198,6 +210,40 @@ def _pods_gone(lab: FaultLab, prefix: str, timeout_seconds: float) -> None:
     )
 
 
+CLOCK_SKEW_SECONDS = 0.1
+"""Our create and end times are read on this side of the API, a few ms from the
+emulator's: for a pod that lived under 10 s (a cell failing in provision) 1 % of its
+cost is less than that, so the check allows this much billing time instead."""
+
+
+def _cost_matches_ledger(lab: FaultLab, run_id: uuid.UUID | str, pod_id: str) -> CostRecord:
+    """The run's recorded cost equals the emulator's ledger within 1 % (ours), and RunPod's
+    bill in the record equals it (the emulator's billing rule, see runpod_billing)."""
+    record = latest_record(str(run_id))
+    assert record is not None, f"run {run_id} has no finetune-costs record"
+    assert record.end is not None and record.end.confirmed, record.state_line()
+    ledger = lab.emulator.ledger.usd(pod_id)
+    assert ledger > 0
+    skew = record.cost_per_hr * CLOCK_SKEW_SECONDS / 3600
+    assert record.usd == pytest.approx(ledger, rel=0.01, abs=skew), (
+        record.usd,
+        ledger,
+        record.end,
+    )
+    assert record.runpod_usd == pytest.approx(ledger, rel=1e-6), record.billing_note
+    return record
+
+
+def _reconcile(run_id: uuid.UUID | str) -> CostRecord:
+    """``prefect-runpod cost RUN_ID --reconcile``, as a person runs it after a crash."""
+    from prefect_runpod.flows.cli import main
+
+    main(["cost", str(run_id), "--reconcile", "--provider", "runpod"])
+    record = latest_record(str(run_id))
+    assert record is not None and record.recorded_by == "cost --reconcile"
+    return record
+
+
 def _hook_log(lab: FaultLab, run_id: uuid.UUID) -> str:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -209,15 +255,17 @@ def _hook_log(lab: FaultLab, run_id: uuid.UUID) -> str:
 
 def _layer_of(lab: FaultLab, report: dict[str, Any], run_id: uuid.UUID) -> str:
     """Which layer ended the pod: the emulator says whether it was removed from inside
-    (dead-man) or through the API; the report says whether the flow's ``finally``
-    confirmed it; else the hook's log line must say it did."""
+    (dead-man); otherwise the run's record says who (issue 14: whoever ends a pod records
+    it), and for a hook its log line must say so too."""
     end = lab.emulator.ended[report["pod_id"]]
     if end.how == "removed-from-inside":
         return "3 dead-man"
-    if report.get("terminated"):
-        return "1 finally"
-    wait_until("the hook's 'terminated' log line", lambda: _hook_log(lab, run_id), 30.0, 1.0)
-    return "2 hook"
+    record = latest_record(str(run_id))
+    by = record.end.ended_by.value if record and record.end else "unknown"
+    if by == "hook":
+        wait_until("the hook's 'terminated' log line", lambda: _hook_log(lab, run_id), 30.0, 1.0)
+        return "2 hook"
+    return {"flow": "1 finally", "reaper": "4 reaper", "lease": "5 lease"}.get(by, by)
 
 
 def _served_cell(lab: FaultLab, stage: str, fault: str, cell: Path) -> Cell:
@@ -294,6 +342,7 @@ def _served_cell(lab: FaultLab, stage: str, fault: str, cell: Path) -> Cell:
         message = f"survived: the gateway refused {refused} connections for {REFUSE_SECONDS:g} s"
     if fault != "sigkill-served":
         assert layer == "1 finally", (layer, report.get("error"))
+    _cost_matches_ledger(lab, run_id, report["pod_id"])
     end = lab.emulator.ended[report["pod_id"]]
     return Cell(stage, fault, layer, round(end.at - t0, 1), state, message[:160], 0)
 
@@ -324,6 +373,9 @@ def _script_cell(lab: FaultLab, stage: str, cell: Path) -> Cell:
         _pods_gone(lab, prefix, 150.0)
         end = lab.emulator.ended[report["pod_id"]]
         assert end.how == "removed-from-inside", end
+        # No layer of the run could write the end: the record is completed afterwards.
+        record = _reconcile(run_id)
+        assert record.end is not None and record.end.ended_by.value == "deadman"
         layer, message = "3 dead-man", "run left Running; the pod removed itself"
     else:
         assert lab.pods_named(prefix) == [report["pod_id"]], "no other layer may act first"
@@ -346,7 +398,9 @@ def _script_cell(lab: FaultLab, stage: str, cell: Path) -> Cell:
         _pods_gone(lab, prefix, 30.0)
         end = lab.emulator.ended[report["pod_id"]]
         assert end.how == "podTerminate", end
+        assert latest_record(str(run_id)).end.ended_by.value == "reaper"  # type: ignore[union-attr]
         layer, message = "4 reaper", f"run left Running; reaper: {rows[0]['reason']}"
+    _cost_matches_ledger(lab, run_id, report["pod_id"])
     return Cell(stage, "sigkill", layer, round(end.at - t0, 1), "RUNNING", message[:160], 0)
 
 
@@ -362,13 +416,20 @@ def matrix_table(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-u
     print("\n" + render_table(_RESULTS) + f"\n(JSON: {path})")
 
 
+TRUTH_CELLS = ("outside", "api-down", "runpodctl-x509", "sigkill-wait_ready", "concurrent")
+"""Issue 14's cells (see the module docstring)."""
+
+
 def render_table(cells: list[Cell]) -> str:
     """Stage rows × fault columns, each ``<layer> <seconds> s``."""
-    columns = [f for f in (*FAULTS, "sigkill-served") if any(c.fault == f for c in cells)]
+    columns = [
+        f for f in (*FAULTS, "sigkill-served", *TRUTH_CELLS) if any(c.fault == f for c in cells)
+    ]
     grid = {(c.stage, c.fault): f"{c.layer} {c.seconds:5.1f}s" for c in cells}
     width = max([len(v) for v in grid.values()] + [len(c) for c in columns]) + 2
     lines = ["stage".ljust(11) + "".join(c.ljust(width) for c in columns)]
-    for stage in STAGES:
+    extra = [c.stage for c in cells if c.stage not in STAGES]
+    for stage in (*STAGES, *dict.fromkeys(extra)):
         lines.append(
             stage.ljust(11) + "".join(grid.get((stage, f), "-").ljust(width) for f in columns)
         )
@@ -399,3 +460,213 @@ def test_sigkill_under_the_runner_is_ended_by_the_crash_hook(fault_lab: FaultLab
     result.pods_left = len(fault_lab.leftover_pods())
     matrix_table.append(result)
     assert result.pods_left == 0, fault_lab.leftover_pods()
+
+
+# --- issue 14: the truth about pods and money ------------------------------------------
+
+OUTSIDE_STAGES = STAGES if FULL else ("train",)
+
+
+def _pause_run(lab: FaultLab, params: dict[str, Any], point: str) -> tuple[uuid.UUID, Path]:
+    """Submit a served run that pauses at ``point``; return it once it waits there."""
+    run_id = lab.submit(params, f"{point}:pause")
+    own = run_fault_dir(lab.fault_dir, str(run_id))
+
+    def reached() -> bool:
+        run = lab.read_run(run_id)
+        assert not (run.state and run.state.is_final()), (
+            f"run ended {run.state.name} before {point}: {run.state.message}\n{lab.runner_tail()}"
+        )
+        return (own / f"{point}.reached").exists()
+
+    wait_until(f"run {run_id} to reach {point}", reached, 240.0, 0.3)
+    return run_id, own
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+@pytest.mark.parametrize("stage", OUTSIDE_STAGES)
+def test_pod_terminated_from_outside(fault_lab: FaultLab, matrix_table, stage: str):
+    """``prefect-runpod terminate POD`` from another shell while the run is at ``stage``:
+    the run stops at once with one sentence, its record says the CLI ended the pod, and
+    the pod is billed until then (train: the job is running when the pod goes)."""
+    from prefect_runpod.flows.cli import main
+
+    lab = fault_lab
+    cell = _cell_dir(lab, stage, "outside")
+    prefix = f"fm{uuid.uuid4().hex[:8]}"
+    params = {"provider": "runpod", "name_prefix": prefix, "output_dir": str(cell / "out"),
+              "pod_poll_seconds": 2.0}  # fmt: skip
+    point = "train_running" if stage == "train" else stage
+    run_id, own = _pause_run(lab, params, point)
+    pod_id = lab.pods_named(prefix)[0]
+    assert main(["terminate", "--provider", "runpod", pod_id]) == 0
+    gone_at = lab.emulator.ended[pod_id].at
+    release_marker(own, point)
+    released = time.time()
+    run = lab.wait_final(run_id, 300.0)
+    state, message = run.state.type.value, run.state.message or ""
+    assert state == "FAILED", (state, message)
+    assert f"pod {pod_id} was terminated outside this run" in message
+    assert "reconnect()" not in message and "may still" not in message
+    report = _report(cell / "out")
+    assert report["terminated"] and report["pod_end"]["ended_by"] == "cli"
+    record = _cost_matches_ledger(lab, run_id, pod_id)
+    assert record.end.ended_by.value == "cli"  # type: ignore[union-attr]
+    stopped = run.state.timestamp.timestamp()
+    result = Cell(
+        stage, "outside", "cli", round(stopped - released, 1), state,
+        f"pod gone at +0.0 s, run resumed at +{released - gone_at:.1f} s, stopped "
+        f"{stopped - released:.1f} s later: {message[:80]}", len(lab.leftover_pods()),
+    )  # fmt: skip
+    matrix_table.append(result)
+    assert result.pods_left == 0, lab.leftover_pods()
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_terminate_api_down_for_good(fault_lab: FaultLab, matrix_table):
+    """RunPod refuses every call from the first podTerminate on: the run ends Failed,
+    naming the pod, "may still be billing" and the command, which later ends it."""
+    from prefect_runpod.flows.cli import main
+
+    lab = fault_lab
+    cell = _cell_dir(lab, "terminate", "api-down")
+    prefix = f"fm{uuid.uuid4().hex[:8]}"
+    params = {"provider": "runpod", "name_prefix": prefix, "output_dir": str(cell / "out"),
+              "terminate_timeout_seconds": 5.0}  # fmt: skip
+    run_id, own = _pause_run(lab, params, "download")
+    pod_id = lab.pods_named(prefix)[0]
+    lab.emulator.faults.terminate_fail_n = 10**6
+    try:
+        release_marker(own, "download")
+        run = lab.wait_final(run_id, 300.0)
+    finally:
+        lab.emulator.faults.terminate_fail_n = 0
+    state, message = run.state.type.value, run.state.message or ""
+    command = f"prefect-runpod terminate --provider runpod {pod_id}"
+    assert state == "FAILED", (state, message)
+    assert f"pod {pod_id} may still be billing" in message and command in message
+    assert lab.pods_named(prefix) == [pod_id]
+    report = _report(cell / "out")
+    assert not report["terminated"] and not report["passed"]
+    assert latest_record(str(run_id)).may_still_bill  # type: ignore[union-attr]
+    assert main(command.split()[1:]) == 0
+    t0 = time.time()
+    _pods_gone(lab, prefix, 30.0)
+    _cost_matches_ledger(lab, run_id, pod_id)
+    result = Cell("terminate", "api-down", "cli", round(time.time() - t0, 1), state,
+                  message[:160], len(lab.leftover_pods()))  # fmt: skip
+    matrix_table.append(result)
+    assert result.pods_left == 0, lab.leftover_pods()
+
+
+def _script_run(
+    lab: FaultLab, cell: Path, prefix: str, faults: str, *extra: str
+) -> tuple[Any, dict]:
+    args = [
+        "--provider",
+        "runpod",
+        "--name-prefix",
+        prefix,
+        "--output-dir",
+        str(cell / "out"),
+        *extra,
+    ]
+    proc = lab.start_script(args, faults, cell / "faults")
+    wait_until(f"the {faults} script run to die", lambda: proc.poll() is not None, 240.0, 0.3)
+    log = (cell / "script.log").read_text(errors="replace")[-3000:]
+    assert proc.returncode == -9, f"exit {proc.returncode}\n{log}"
+    return proc, _report(cell / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_the_watchdogs_runpodctl_fails(fault_lab: FaultLab, matrix_table):
+    """A pod image whose runpodctl fails with x509 (runpodctl#149); the run's process is
+    SIGKILLed while training: the dead-man's GraphQL layer, with the pod's own key and the
+    CA bundle found on the pod, ends it; ``cost --reconcile`` completes the record that
+    used to keep ``usd 0.0, terminated False`` forever."""
+    lab = fault_lab
+    cell = _cell_dir(lab, "train", "runpodctl-x509")
+    prefix = f"fm{uuid.uuid4().hex[:8]}"
+    lab.emulator.faults.pod_faults = "runpodctl:x509"
+    try:
+        _, report = _script_run(lab, cell, prefix, "train:sigkill",
+                                "--heartbeat-stale-seconds", str(DEADMAN_STALE_SECONDS))  # fmt: skip
+    finally:
+        lab.emulator.faults.pod_faults = ""
+    t0 = _fired_at(cell / "faults", "train")
+    _pods_gone(lab, prefix, 150.0)
+    end = lab.emulator.ended[report["pod_id"]]
+    assert end.how == "podTerminate (pod key)", end  # the API layer, from inside the pod
+    run_id = uuid.UUID(report["flow_run_id"])
+    assert lab.read_run(run_id).state.type.value == "RUNNING"  # SIGKILL: no one else acted
+    assert report["cost"]["usd"] == 0.0 and not report["terminated"]  # as it was left
+    record = _reconcile(run_id)
+    assert record.end.ended_by.value == "deadman" and record.end.inferred  # type: ignore[union-attr]
+    _cost_matches_ledger(lab, run_id, report["pod_id"])
+    healed = _report(cell / "out")
+    assert healed["terminated"] and healed["cost"]["usd"] == record.usd > 0
+    assert healed["pod_end"]["ended_by"] == "deadman"
+    result = Cell("train", "runpodctl-x509", "3 dead-man (API)", round(end.at - t0, 1),
+                  "RUNNING", "runpodctl x509 both verbs; podTerminate with the pod key",
+                  len(lab.leftover_pods()))  # fmt: skip
+    matrix_table.append(result)
+    assert result.pods_left == 0, lab.leftover_pods()
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_sigkill_during_wait_ready(fault_lab: FaultLab, matrix_table):
+    """The flow dies after create, before its dead-man could be armed: RunPod's lease
+    (terminateAfter = create + the pod lifetime) ends the pod without any of our layers."""
+    lab = fault_lab
+    cell = _cell_dir(lab, "provision", "sigkill-wait_ready")
+    prefix = f"fm{uuid.uuid4().hex[:8]}"
+    _, report = _script_run(lab, cell, prefix, "wait_ready:sigkill",
+                            "--pod-lifetime-seconds", "15", "--max-runtime-seconds", "10")  # fmt: skip
+    assert report["lease"].startswith("terminateAfter ")
+    t0 = _fired_at(cell / "faults", "wait_ready")
+    _pods_gone(lab, prefix, 90.0)
+    end = lab.emulator.ended[report["pod_id"]]
+    assert end.how == "terminateAfter", end
+    run_id = uuid.UUID(report["flow_run_id"])
+    assert lab.read_run(run_id).state.type.value == "RUNNING"
+    record = _reconcile(run_id)
+    assert record.end.ended_by.value == "lease"  # type: ignore[union-attr]
+    _cost_matches_ledger(lab, run_id, report["pod_id"])
+    result = Cell("provision", "sigkill-wait_ready", "5 lease", round(end.at - t0, 1),
+                  "RUNNING", "terminateAfter ended the pod", len(lab.leftover_pods()))  # fmt: skip
+    matrix_table.append(result)
+    assert result.pods_left == 0, lab.leftover_pods()
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_two_runs_at_once_on_emulated_runpod(fault_lab: FaultLab, matrix_table):
+    """The gateway routes each login to the pod its user names: two runs, two pods,
+    both complete, each billed as the ledger says."""
+    lab = fault_lab
+    cells = [_cell_dir(lab, "all", f"concurrent-{n}") for n in range(2)]
+    prefixes = [f"fm{uuid.uuid4().hex[:8]}" for _ in cells]
+    t0 = time.time()
+    runs = [
+        lab.submit({"provider": "runpod", "name_prefix": p, "output_dir": str(c / "out")}, "")
+        for p, c in zip(prefixes, cells, strict=True)
+    ]
+    finals = [lab.wait_final(r, 400.0) for r in runs]
+    assert [f.state.type.value for f in finals] == ["COMPLETED", "COMPLETED"], [
+        f.state.message for f in finals
+    ]
+    pods = [_report(c / "out")["pod_id"] for c in cells]
+    assert len(set(pods)) == 2
+    for prefix in prefixes:
+        _pods_gone(lab, prefix, 60.0)
+    for run_id, pod_id in zip(runs, pods, strict=True):
+        _cost_matches_ledger(lab, run_id, pod_id)
+    assert {link.pod_id for link in lab.emulator.links} >= set(pods)
+    result = Cell("all", "concurrent", "1 finally", round(time.time() - t0, 1), "COMPLETED",
+                  "two runs, two pods, each reached by its own podHostId", len(lab.leftover_pods()))  # fmt: skip
+    matrix_table.append(result)
+    assert result.pods_left == 0, lab.leftover_pods()

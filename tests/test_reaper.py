@@ -256,3 +256,13 @@ def test_reaper_ends_the_pod_of_a_sigkilled_flow_process(prefect_api, runpod_hom
             proc.wait(timeout=10)
         for left in provider.list(prefix):
             provider.terminate(left.pod_id)
+
+
+def test_a_pod_found_by_its_id_names_its_run_whatever_its_prefix():
+    """``prefect-runpod terminate POD_ID`` records the end in the pod's run, found from
+    the name alone, whichever prefix the run used."""
+    assert flow_run_id_from_pod_name(f"fm1a2b-{RUN_ID}", None) == uuid.UUID(RUN_ID)
+    assert flow_run_id_from_pod_name(f"prft-{RUN_ID}", None) == uuid.UUID(RUN_ID)
+    assert flow_run_id_from_pod_name(RUN_ID, None) is None  # no prefix at all
+    assert flow_run_id_from_pod_name(f"prft_{RUN_ID}", None) is None
+    assert flow_run_id_from_pod_name("prft-debug-box", None) is None

@@ -65,7 +65,7 @@ from prefect_runpod.blocks.local_pod.registry import (
     write_tombstone,
 )
 
-__all__ = ["PodConfig", "build_pod_env", "main"]
+__all__ = ["PodConfig", "PublicKeyLogins", "build_pod_env", "main"]
 
 _READ_CHUNK_BYTES = 65536
 _BATCH_BYTES = 256 * 1024
@@ -471,11 +471,9 @@ class _Session:
             await _wait_pid(pid)
 
 
-class _PodSSHServer(asyncssh.SSHServer):
-    """Public-key auth only, for the pod's user and its authorized keys."""
-
-    def __init__(self, daemon: PodDaemon) -> None:
-        self.daemon = daemon
+class PublicKeyLogins(asyncssh.SSHServer):
+    """An asyncssh server that takes public-key logins only (no password, no keyboard
+    interactive); ``validate_public_key`` says which. RunPod's gateway takes keys only."""
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -488,6 +486,13 @@ class _PodSSHServer(asyncssh.SSHServer):
 
     def public_key_auth_supported(self) -> bool:
         return True
+
+
+class _PodSSHServer(PublicKeyLogins):
+    """Public-key auth only, for the pod's user and its authorized keys."""
+
+    def __init__(self, daemon: PodDaemon) -> None:
+        self.daemon = daemon
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         ok = (

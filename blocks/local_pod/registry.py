@@ -148,7 +148,7 @@ class PodRecord:
     """One registry entry, ``<home>/registry/<pod_id>.json``.
 
     Attributes:
-        pod_id: ``lp-…``.
+        pod_id: 14 lowercase letters and digits, as RunPod shapes its ids.
         name: the pod's name (``<prefix>-<flow_run_id>``).
         pid: the daemon's process id.
         port: the loopback TCP port the daemon's SSH server listens on.

@@ -333,30 +333,34 @@ class Layers:
         )
         return False
 
+    def _try(self, layer, reason, attempt, *args):
+        """One layer: record that it starts, run ``attempt(*args)`` → ``(ok, detail)``,
+        record the result; True when this process may exit (see ``_settled``)."""
+        # Recorded first: a layer that works ends the pod, and this process with it.
+        _record(self.run_dir, layer=layer, reason=reason, ok=None, detail="trying")
+        ok, detail = attempt(*args)
+        _log(self.run_dir, "%s: %s" % (layer, detail))
+        if ok:
+            return self._settled(layer, reason, detail)
+        _record(self.run_dir, layer=layer, reason=reason, ok=False, detail=detail)
+        return False
+
     def end_pod(self, reason):
         """Try every layer once; True when one ended the pod (as far as we can tell)."""
         for layer, command in self.commands:
-            # Recorded first: a layer that works ends the pod, and this process with it.
-            _record(self.run_dir, layer=layer, reason=reason, ok=None, detail="trying")
-            ok, detail = _run_command(self.run_dir, layer, command)
-            _log(self.run_dir, "%s: %s" % (layer, detail))
-            if ok:
-                if self._settled(layer, reason, detail):
-                    return True
-            else:
-                _record(self.run_dir, layer=layer, reason=reason, ok=False, detail=detail)
-        if self.api_url:
-            layer = "graphql podTerminate"
-            _record(self.run_dir, layer=layer, reason=reason, ok=None, detail="trying")
-            ok, detail = api_terminate(
-                self.api_url, os.environ.get("RUNPOD_API_KEY", ""), self.pod_id, self.bundles
-            )
-            _log(self.run_dir, "%s: %s" % (layer, detail))
-            if ok:
-                if self._settled(layer, reason, detail):
-                    return True
-            else:
-                _record(self.run_dir, layer=layer, reason=reason, ok=False, detail=detail)
+            if self._try(layer, reason, _run_command, self.run_dir, layer, command):
+                return True
+        key = os.environ.get("RUNPOD_API_KEY", "")
+        if self.api_url and self._try(
+            "graphql podTerminate",
+            reason,
+            api_terminate,
+            self.api_url,
+            key,
+            self.pod_id,
+            self.bundles,
+        ):
+            return True
         if self.last_resort and not self.workload_stopped:
             count = stop_workload(self.pod_id)
             self.workload_stopped = True

@@ -131,7 +131,7 @@ class RunPodEmulator:
         self._https.socket = self._ca.server_context(Path(home) / ".tls").wrap_socket(
             self._https.socket, server_side=True
         )
-        self.gateway = SSHGateway(self._route, self._take_drop)
+        self.gateway = SSHGateway(self._route, self._take_drop, self._drop_spent)
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
 
@@ -207,16 +207,20 @@ class RunPodEmulator:
     def vanish(self, pod_id: str) -> None:
         """The pod disappears (its host lost it): the local pod ends, ``pod`` → null."""
         with self._lock:
-            pod = self.pods.get(pod_id)
-            if pod is not None:
+            known = pod_id in self.pods
+            if known:
                 self._terminating.add(pod_id)
-        if pod is not None:
-            try:
-                self.local.terminate(pod_id)
-            finally:
-                with self._lock:
-                    self._terminating.discard(pod_id)
-                    self._end(pod_id, "vanished", self.clock())
+        if known:
+            self._end_local(pod_id, "vanished")
+
+    def _end_local(self, pod_id: str, how: str) -> None:
+        """End the pod's local pod, then record how (the pod is marked terminating)."""
+        try:
+            self.local.terminate(pod_id)
+        finally:
+            with self._lock:
+                self._terminating.discard(pod_id)
+                self._end(pod_id, how, self.clock())
 
     def live_pod_ids(self) -> list[str]:
         """Ids of pods not terminated (reconciled with the local pods)."""
@@ -254,12 +258,7 @@ class RunPodEmulator:
                 ]
                 self._terminating.update(due)
             for pod_id in due:
-                try:
-                    self.local.terminate(pod_id)
-                finally:
-                    with self._lock:
-                        self._terminating.discard(pod_id)
-                        self._end(pod_id, "terminateAfter", self.clock())
+                self._end_local(pod_id, "terminateAfter")
 
     # -- the gateway --------------------------------------------------------------------
 
@@ -277,9 +276,13 @@ class RunPodEmulator:
         return None
 
     def _take_drop(self) -> int:
-        """The drop fault for the session starting now (consumed when it fires)."""
+        """The drop fault for the session starting now (spent when it fires)."""
         with self._lock:
             return self.faults.drop_next_connection_after_bytes
+
+    def _drop_spent(self) -> None:
+        with self._lock:
+            self.faults.drop_next_connection_after_bytes = 0
 
     # -- GraphQL ------------------------------------------------------------------------
 

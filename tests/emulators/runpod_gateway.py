@@ -10,7 +10,8 @@ exec and subsystem requests included, so a session without a PTY gets the pod's 
 each by its own user.
 
 A fault can cut one session after it has relayed a number of bytes of channel data
-(both directions): a dropped link at a chosen point, by volume, never by time.
+(both directions): a dropped link at a chosen point, by volume, never by time. One cut,
+then the fault is spent.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncssh
+
+from prefect_runpod.blocks.local_pod.daemon import PublicKeyLogins
 
 __all__ = ["GatewayLink", "Route", "SSHGateway"]
 
@@ -69,15 +72,20 @@ class SSHGateway:
 
     Args:
         route: ``podHostId`` → ``Route`` for a pod that may be reached now, else None.
-        drop_after_bytes: returns (and consumes) the byte count after which the next
-            session is cut; 0 for none.
+        drop_after_bytes: the byte count after which a session is cut while the fault is
+            armed; 0 for none.
+        drop_spent: called once a session was cut (the fault is then spent).
     """
 
     def __init__(
-        self, route: Callable[[str], Route | None], drop_after_bytes: Callable[[], int]
+        self,
+        route: Callable[[str], Route | None],
+        drop_after_bytes: Callable[[], int],
+        drop_spent: Callable[[], None],
     ) -> None:
         self._route = route
         self._drop_after = drop_after_bytes
+        self._drop_spent = drop_spent
         self.links: list[GatewayLink] = []
         self._host_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = asyncssh.generate_private_key("ssh-ed25519")
@@ -223,21 +231,22 @@ class SSHGateway:
         except (asyncssh.Error, OSError):
             return
 
-    @staticmethod
-    def _count(link: GatewayLink, conn: asyncssh.SSHServerConnection, size: int) -> bool:
+    def _count(self, link: GatewayLink, conn: asyncssh.SSHServerConnection, size: int) -> bool:
         """Count ``size`` relayed bytes; False (and the client's connection cut) once the
-        session's drop fault fires."""
+        session's drop fault fires, if it is still armed (one cut in all)."""
         if link.dropped:
             return False
-        if link.drop_after_bytes and link.relayed_bytes + size >= link.drop_after_bytes:
+        limit = link.drop_after_bytes
+        if limit and link.relayed_bytes + size >= limit and self._drop_after() > 0:
             link.dropped = True
+            self._drop_spent()
             conn.abort()  # the link drops mid-stream: nothing more is relayed
             return False
         link.relayed_bytes += size
         return True
 
 
-class _Login(asyncssh.SSHServer):
+class _Login(PublicKeyLogins):
     """Public-key logins only; the user names the pod."""
 
     def __init__(self, gateway: SSHGateway) -> None:
@@ -249,18 +258,6 @@ class _Login(asyncssh.SSHServer):
         refusing = self.gateway._refusing
         if refusing is not None and refusing():
             conn.abort()  # closed at once, before the SSH banner, as a restarting proxy does
-
-    def begin_auth(self, username: str) -> bool:
-        return True
-
-    def password_auth_supported(self) -> bool:
-        return False
-
-    def kbdint_auth_supported(self) -> bool:
-        return False
-
-    def public_key_auth_supported(self) -> bool:
-        return True
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         route = self.gateway._route(username)
