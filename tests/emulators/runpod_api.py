@@ -131,7 +131,7 @@ class RunPodEmulator:
         self._https.socket = self._ca.server_context(Path(home) / ".tls").wrap_socket(
             self._https.socket, server_side=True
         )
-        self.gateway = SSHGateway(self._route, self._take_drop, self._drop_spent)
+        self.gateway = SSHGateway(self._route, self._take_drop, self._drop_spent, self._refusing)
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
 
@@ -203,6 +203,14 @@ class RunPodEmulator:
         at once (see ``Faults.refuse_connections_until``)."""
         with self._lock:
             self.faults.refuse_connections_until = time.monotonic() + seconds
+
+    def _refusing(self) -> bool:
+        """True while ``refuse_connections_for`` is in force (each refusal counted)."""
+        with self._lock:
+            refusing = time.monotonic() < self.faults.refuse_connections_until
+            if refusing:
+                self.refused_connections += 1
+            return refusing
 
     def vanish(self, pod_id: str) -> None:
         """The pod disappears (its host lost it): the local pod ends, ``pod`` → null."""

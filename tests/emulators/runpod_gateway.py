@@ -75,6 +75,8 @@ class SSHGateway:
         drop_after_bytes: the byte count after which a session is cut while the fault is
             armed; 0 for none.
         drop_spent: called once a session was cut (the fault is then spent).
+        refusing: called for each new connection; True closes it at once, before the SSH
+            banner, as a restarting proxy does (the caller counts them). None: never.
     """
 
     def __init__(
@@ -82,8 +84,10 @@ class SSHGateway:
         route: Callable[[str], Route | None],
         drop_after_bytes: Callable[[], int],
         drop_spent: Callable[[], None],
+        refusing: Callable[[], bool] | None = None,
     ) -> None:
         self._route = route
+        self._refusing = refusing
         self._drop_after = drop_after_bytes
         self._drop_spent = drop_spent
         self.links: list[GatewayLink] = []
