@@ -50,7 +50,6 @@ __all__ = [
     "GATEWAY_PTY_ERROR",
     "HFAuthError",
     "PodGoneError",
-    "PodLostError",
     "PodTimeoutError",
     "ProviderAuthError",
     "ProviderError",
@@ -124,9 +123,6 @@ class PodGoneError(ProviderError):
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.cause = cause
         self.seen_at = seen_at
-
-
-PodLostError = PodGoneError
 
 
 class TerminateError(ProviderError):

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from prefect_runpod.blocks.exceptions import (
     ConsoleError,
-    PodLostError,
+    PodGoneError,
     TrainingError,
     TransferError,
 )
@@ -40,7 +40,7 @@ def run_stage(  # type: ignore[no-untyped-def]
     With the pod's liveness ``watch``, a pod already gone fails the stage before it
     starts, and a console, transfer or training failure is checked against the provider
     first: when the pod is gone, the stage fails with that one sentence
-    (``PodLostError``) instead.
+    (``PodGoneError``) instead.
 
     Args:
         report: the run's report, updated in place.
@@ -62,8 +62,8 @@ def run_stage(  # type: ignore[no-untyped-def]
         try:
             yield
         except _POD_ERRORS as exc:
-            if watch is not None and not isinstance(exc, PodLostError):
-                watch.check_now()  # raises PodLostError when the pod is gone
+            if watch is not None and not isinstance(exc, PodGoneError):
+                watch.check_now()  # raises PodGoneError when the pod is gone
             raise
     except StageSkipped as skip:
         record.state = StageState.SKIPPED

@@ -155,7 +155,7 @@ class LogFollower:
         its host.
 
         Raises:
-            PodLostError: the provider says the pod is gone (terminated outside, exited,
+            PodGoneError: the provider says the pod is gone (terminated outside, exited,
                 host lost).
             TrainingError: the pod stayed unreachable (without a liveness watch), or
                 ``launcher.py`` gave no JSON answer three times in a row.

@@ -64,7 +64,7 @@ def test_a_pod_terminated_from_outside_while_training_stops_the_run_in_one_sente
     assert f"pod {seen['pod_id']} was terminated outside this run" in message
     report = RunReport.model_validate_json((out / "run-report.json").read_text())
     train = report.stage("train")
-    assert train.state.value == "Failed" and train.reason.startswith("PodLostError: ")
+    assert train.state.value == "Failed" and train.reason.startswith("PodGoneError: ")
     assert len(train.reason.splitlines()) == 1
     # The pod's end: confirmed, by the CLI, billed until then — not until the run gave up.
     assert report.terminated and report.pod_end is not None and report.pod_end.confirmed

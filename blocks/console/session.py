@@ -68,7 +68,6 @@ from prefect_runpod.blocks.exceptions import (
     SpecError,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
-from prefect_runpod.blocks.provider import watch_for
 
 __all__ = ["CommandResult", "PodConsole", "PtyStream", "run_remote"]
 
@@ -259,16 +258,9 @@ class PodConsole:
         """Open a fresh session (after a drop) and export again every variable given
         to ``set_secret_env``. Commands that were running are not re-run.
 
-        Before each attempt the pod's liveness watch, when this process runs one
-        (``provider.watch_for``), asks the provider whether the pod still lives, so no
-        reconnect waits on a pod that is gone.
-
         Raises:
             ConsoleConnectError, PodGoneError: as ``connect``.
         """
-        watch = watch_for(self._pod_id)
-        if watch is not None:
-            watch.check_now()
         self.close()
         self.connect()
         assert self._shell is not None

@@ -63,7 +63,13 @@ from prefect_runpod.blocks.local_pod.registry import (
     write_tombstone,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
-from prefect_runpod.blocks.provider import PodCause, PodRequest, PodStatus, TerminateResult
+from prefect_runpod.blocks.provider import (
+    PodCause,
+    PodRequest,
+    PodStatus,
+    TerminateResult,
+    lost_error,
+)
 from prefect_runpod.blocks.validation import is_env_name
 
 __all__ = ["LocalPod", "LocalPodProvider", "base_python", "default_home"]
@@ -238,7 +244,8 @@ class LocalPodProvider:
             The handle, refreshed from the registry.
 
         Raises:
-            ProviderError: the pod is not registered or its daemon is dead.
+            PodGoneError: the pod ended meanwhile, or its daemon died (one sentence).
+            ProviderError: the pod was never registered.
             PodTimeoutError: not ready within ``timeout_seconds``.
         """
         start = time.monotonic()
@@ -246,6 +253,9 @@ class LocalPodProvider:
         while True:
             record = read_record(self.home, handle.pod_id)
             if record is None or not daemon_alive(record):
+                seen = self.status(handle.pod_id)  # ended (tombstone) or its daemon dead
+                if seen.gone:
+                    raise lost_error(seen)
                 raise ProviderError(
                     f"local pod {handle.pod_id} is gone (no registry entry or its daemon "
                     f"is dead); create a new pod",

@@ -37,7 +37,6 @@ from prefect_runpod.blocks.exceptions import (
     CapacityError,
     ConsoleConnectError,
     PodTimeoutError,
-    ProviderError,
     SpecError,
     TerminateError,
 )
@@ -48,6 +47,7 @@ from prefect_runpod.blocks.provider import (
     PodRequest,
     PodStatus,
     TerminateResult,
+    lost_error,
 )
 from prefect_runpod.blocks.runpod.blocks import (
     RunPodCredentials,
@@ -475,7 +475,8 @@ class RunPodProvider:
 
         Raises:
             PodTimeoutError: not ready within ``timeout_seconds``; the pod was terminated.
-            ProviderError: the pod vanished or stopped while starting; terminated.
+            PodGoneError: the pod vanished, stopped or lost its host while starting; it
+                was terminated (one sentence: what RunPod said).
             ConsoleConnectError: the gateway's host key differs from the pinned one.
             TerminateError: the pod could not be terminated after one of the above.
         """
@@ -486,16 +487,8 @@ class RunPodProvider:
         while True:
             pod = self._call("read pod", self._client.get_pod, handle.pod_id, pod_id=handle.pod_id)
             seen = status_from_pod(handle.pod_id, pod)
-            if seen.gone:
-                self._abort(
-                    handle,
-                    ProviderError(
-                        f"pod {handle.pod_id} ({handle.name}) is gone while starting "
-                        f"({seen.provider_status}; its host may have lost it); it was "
-                        "terminated. Create a new pod.",
-                        pod_id=handle.pod_id,
-                    ),
-                )
+            if seen.gone:  # terminated outside, exited or lost while starting: one sentence
+                self._abort(handle, lost_error(seen))
             assert pod is not None
             status, runtime = pod.get("desiredStatus"), pod.get("runtime")
             last = f"desiredStatus={status} runtime={'up' if runtime else 'null'}"

@@ -20,8 +20,9 @@ from prefect_runpod.blocks.console.reconnect import ReconnectPolicy, Resuming, r
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.exceptions import ConsoleConnectError, PodGoneError, SpecError
 from prefect_runpod.blocks.local_pod.registry import read_record
-from prefect_runpod.blocks.provider import PodRequest, PodStatus
+from prefect_runpod.blocks.provider import PodCause, PodRequest, PodStatus
 from prefect_runpod.tasks.train_remote import kill_training
+from tests.fixtures.fault_matrix import wait_until
 from tests.fixtures.local_pod import PodFixture
 
 
@@ -53,6 +54,10 @@ def _failing(times: int, error: Callable[[], Exception]) -> Callable[[], str]:
     return attempt
 
 
+def _status(cause: PodCause) -> PodStatus:
+    return PodStatus(pod_id="p", cause=cause, provider_status=f"said {cause.value}")
+
+
 def _refused() -> ConsoleConnectError:
     return ConsoleConnectError("pod p: could not connect (connection refused)", pod_id="p")
 
@@ -64,7 +69,7 @@ class TestReconnectPolicy:
 
         def status() -> PodStatus:
             asked.append("?")
-            return PodStatus.ALIVE
+            return _status(PodCause.ALIVE)
 
         policy = ReconnectPolicy(status=status, sleep=fake.sleep, clock=fake.clock)
         attempt = _failing(4, _refused)
@@ -74,17 +79,37 @@ class TestReconnectPolicy:
 
     def test_a_pod_that_is_gone_ends_the_wait_at_once(self) -> None:
         fake = FakeTime()
-        policy = ReconnectPolicy(status=lambda: PodStatus.GONE, sleep=fake.sleep, clock=fake.clock)
+        policy = ReconnectPolicy(
+            status=lambda: _status(PodCause.TERMINATED_OUTSIDE), sleep=fake.sleep, clock=fake.clock
+        )
         attempt = _failing(100, _refused)
-        with pytest.raises(PodGoneError, match="pod p is gone"):
+        with pytest.raises(PodGoneError, match="pod p was terminated outside this run") as info:
             policy.call(attempt, pod_id="p", what="SSH")
         assert attempt.calls["n"] == 1 and fake.slept == []  # type: ignore[attr-defined]
+        assert info.value.cause == "terminated_outside"
+
+    def test_ssh_down_for_the_whole_budget_while_the_provider_says_it_runs_is_a_lost_host(
+        self,
+    ) -> None:
+        """Issue 14: the gateway dead past the reconnect budget while the provider says
+        RUNNING → host_lost (the run then terminates the pod)."""
+        fake = FakeTime()
+        policy = ReconnectPolicy(
+            budget_seconds=20.0,
+            status=lambda: _status(PodCause.ALIVE),
+            sleep=fake.sleep,
+            clock=fake.clock,
+        )
+        with pytest.raises(PodGoneError, match="lost its host") as info:
+            policy.call(_failing(100, _refused), pod_id="p", what="SSH")
+        assert info.value.cause == "host_lost"
+        assert "did not answer for 20 s" in str(info.value)
 
     def test_an_unknown_status_keeps_waiting_until_the_budget(self) -> None:
         fake = FakeTime()
         policy = ReconnectPolicy(
             budget_seconds=20.0,
-            status=lambda: PodStatus.UNKNOWN,
+            status=lambda: _status(PodCause.UNKNOWN),
             sleep=fake.sleep,
             clock=fake.clock,
         )
@@ -147,13 +172,18 @@ class TestResuming:
 @pytest.mark.slow
 def test_the_local_provider_says_when_a_pod_is_gone(local_pod: PodFixture) -> None:
     provider, handle, _ = local_pod
-    assert provider.status(handle.pod_id) is PodStatus.ALIVE
+    assert provider.status(handle.pod_id).cause is PodCause.ALIVE
     record = read_record(provider.home, handle.pod_id)
     assert record is not None
     os.kill(record.pid, signal.SIGKILL)  # the daemon dies: the pod is lost
-    assert provider.status(handle.pod_id) is PodStatus.GONE
+    wait_until(  # until the kernel reaps it: a dying daemon still has its environment
+        "the dead daemon to read as a lost host",
+        lambda: provider.status(handle.pod_id).cause is PodCause.HOST_LOST,
+        timeout_seconds=30,
+        step_seconds=0.05,
+    )
     provider.terminate(handle.pod_id)
-    assert provider.status(handle.pod_id) is PodStatus.GONE
+    assert provider.status(handle.pod_id).cause is PodCause.TERMINATED_OUTSIDE
 
 
 @pytest.fixture
@@ -172,11 +202,11 @@ def emulated_pod(runpod_emulator, runpod_provider):  # type: ignore[no-untyped-d
 @pytest.mark.slow
 def test_the_runpod_provider_says_alive_unknown_and_gone(emulated_pod) -> None:  # type: ignore[no-untyped-def]
     emulator, provider, handle, _ = emulated_pod
-    assert provider.status(handle.pod_id) is PodStatus.ALIVE
+    assert provider.status(handle.pod_id).cause is PodCause.ALIVE
     emulator.faults.http_5xx["pod"] = 1
-    assert provider.status(handle.pod_id) is PodStatus.UNKNOWN
+    assert provider.status(handle.pod_id).cause is PodCause.UNKNOWN
     emulator.vanish(handle.pod_id)
-    assert provider.status(handle.pod_id) is PodStatus.GONE
+    assert provider.status(handle.pod_id).gone
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from prefect_runpod.blocks.exceptions import PodLostError, TerminateError
+from prefect_runpod.blocks.exceptions import PodGoneError, TerminateError
 from prefect_runpod.blocks.provider import DeadmanConfig, PodCause, PodRequest, PodWatch
 from prefect_runpod.blocks.runpod.lifecycle import status_from_pod
 from tests.emulators.runpod_api import RunPodEmulator
@@ -88,7 +88,7 @@ class TestStatus:
         try:
             assert watch.check_now().cause is PodCause.ALIVE
             runpod_emulator.vanish(handle.pod_id)
-            with pytest.raises(PodLostError, match="terminated outside this run") as info:
+            with pytest.raises(PodGoneError, match="terminated outside this run") as info:
                 watch.check_now()
             assert info.value.cause == "terminated_outside" and handle.pod_id in str(info.value)
             assert len(str(info.value).splitlines()) == 1
@@ -104,8 +104,8 @@ class TestStatus:
         watch = PodWatch(provider, handle.pod_id, poll_seconds=3600)
         try:
             runpod_emulator.faults.slow_boot_seconds = 10**6  # runtime: null again
-            watch._ask()
-            with pytest.raises(PodLostError, match="lost its host") as info:
+            watch.ask()
+            with pytest.raises(PodGoneError, match="lost its host") as info:
                 watch.check_now()
             assert info.value.cause == "host_lost"
         finally:
