@@ -60,6 +60,8 @@ class CostRecord(BaseModel):
         runpod_usd / runpod_billed_seconds: RunPod's own bill (REST billing), once known.
         difference_usd: ``usd - runpod_usd``, once RunPod's bill is known.
         billing_note: why RunPod's bill is missing, when it is.
+        published_bytes / published_to: what the pod published itself (bytes that did not
+            cross the gateway) and where, when the run published.
         stage_seconds: seconds per stage.
         recorded_by: who wrote this version (``flow``, ``hook``, ``reaper``, ``cli``,
             ``cost --reconcile``).
@@ -82,6 +84,8 @@ class CostRecord(BaseModel):
     runpod_billed_seconds: float | None = None
     difference_usd: float | None = None
     billing_note: str = ""
+    published_bytes: int | None = None
+    published_to: str = ""
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     recorded_by: str = "flow"
     recorded_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
@@ -162,6 +166,14 @@ class CostRecord(BaseModel):
             ),
             row("max_cost_usd", "-" if self.max_cost_usd is None else self.max_cost_usd, "USD"),
             row("lease", self.lease),
+            row(
+                "published_bytes",
+                "-" if self.published_bytes is None else self.published_bytes,
+                "bytes",
+                f"from the pod to {self.published_to} (not through the gateway)"
+                if self.published_to
+                else "",
+            ),
             row("output_dir", self.output_dir or "-"),
             row("recorded_by", self.recorded_by, "", self.recorded_at.isoformat()),
         ]
@@ -218,6 +230,10 @@ class CostRecord(BaseModel):
             usd=float(val("usd") or 0.0),
             max_cost_usd=val("max_cost_usd"),
             lease=str(val("lease") or "-"),
+            published_bytes=val("published_bytes"),
+            published_to=str((facts.get("published_bytes") or {}).get("note") or "")
+            .removeprefix("from the pod to ")
+            .removesuffix(" (not through the gateway)"),
             runpod_usd=val("runpod_usd"),
             runpod_billed_seconds=val("runpod_billed_seconds"),
             difference_usd=val("difference_usd"),

@@ -50,7 +50,7 @@ from prefect_runpod.flows.cost_record import record_pod_end
 from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
-from prefect_runpod.flows.run_end import end_run, lease_text, publish, write_report
+from prefect_runpod.flows.run_end import end_run, lease_text, record_cost, write_report
 from prefect_runpod.flows.run_inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
@@ -287,7 +287,7 @@ def finetune(
 
     Raises:
         SpecError / HFAuthError before any pod exists; the failing stage's error otherwise
-        (after the pod is terminated; ``PodLostError`` when the pod went away under the
+        (after the pod is terminated; ``PodGoneError`` when the pod went away under the
         run); EvalParityError after download when parity fails; TerminateError when the
         pod's end could not be confirmed (it may still be billing: the message names the
         command that ends it). A run whose pod may still bill never ends Completed.
@@ -441,7 +441,7 @@ def _run_on_pod(
         if first:
             # The pod is on record before any wait: the run's finetune-costs record (it
             # may still be billing) and run-report.json, for whoever completes them.
-            publish(report, pod_provider, final=False)
+            record_cost(report, pod_provider, final=False)
             write_report(report)
             fault_point("provision")
 

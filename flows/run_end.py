@@ -38,7 +38,7 @@ from prefect_runpod.flows.stage_ledger import run_stage
 from prefect_runpod.tasks.models import StageState
 from prefect_runpod.tasks.terminate import terminate
 
-__all__ = ["end_run", "flow_end", "lease_text", "publish", "record_of", "write_report"]
+__all__ = ["end_run", "flow_end", "lease_text", "record_cost", "record_of", "write_report"]
 
 _log = logging.getLogger("prefect_runpod.flows")
 
@@ -104,6 +104,8 @@ def record_of(report: RunReport, *, recorded_by: str = "flow") -> CostRecord:
         lease=report.lease,
         runpod_usd=report.cost.runpod_usd,
         runpod_billed_seconds=report.cost.runpod_billed_seconds,
+        published_bytes=report.publish.bytes if report.publish is not None else None,
+        published_to=report.publish.target if report.publish is not None else "",
         stage_seconds=dict(report.cost.stage_seconds),
         recorded_by=recorded_by,
     )
@@ -124,7 +126,7 @@ def _merge_with_api(record: CostRecord) -> None:
             record.runpod_billed_seconds = earlier.runpod_billed_seconds
 
 
-def publish(report: RunReport, provider: PodProvider | None, *, final: bool) -> None:
+def record_cost(report: RunReport, provider: PodProvider | None, *, final: bool) -> None:
     """Settle and publish the run's record; at the end (``final``) also merge what other
     writers recorded and ask RunPod's billing; then mirror it into the report."""
     record = record_of(report)
@@ -190,7 +192,7 @@ def end_run(
         report.stage("terminate").state = StageState.SKIPPED
         report.stage("terminate").reason = "no pod was created"
     if report.pod is not None:
-        publish(report, provider, final=True)
+        record_cost(report, provider, final=True)
     try:
         from prefect_runpod.flows.artifacts import publish_model_link
 
