@@ -454,7 +454,12 @@ def _run_on_pod(
         )
         try:
             handle = provision(
-                pod_provider, request, report.pod_name, _READY_TIMEOUT_SECONDS, record
+                pod_provider,
+                request,
+                report.pod_name,
+                _READY_TIMEOUT_SECONDS,
+                record,
+                settings.terminate_timeout_seconds,
             )
         finally:
             report.provision_attempts = list(getattr(pod_provider, "attempts", []) or [])

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
-from prefect_runpod.blocks.exceptions import ConsoleConnectError
+from prefect_runpod.blocks.exceptions import ConsoleConnectError, TerminateError
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
@@ -30,6 +30,7 @@ def provision(
     name: str,
     ready_timeout_seconds: float,
     on_created: Callable[[PodHandle], None],
+    terminate_timeout_seconds: float = 120.0,
 ) -> PodHandle:
     """Create the pod named ``name`` (adopting a live one of that name), hand its handle to
     ``on_created`` as soon as the id exists, then wait until SSH answers.
@@ -41,13 +42,16 @@ def provision(
         ready_timeout_seconds: the bound on the wait for RUNNING + SSH.
         on_created: called with the fresh handle before any wait (so a crash while
             waiting can still terminate the pod).
+        terminate_timeout_seconds: how long the terminate after a failed wait may wait
+            for the provider's confirmation, s (the run's ``terminate_timeout_seconds``).
 
     Returns:
         The ready handle (SSH endpoint filled in).
 
     Raises:
-        ProviderError subclasses from create; PodTimeoutError from the wait (the pod is
-        terminated first).
+        ProviderError subclasses from create; PodTimeoutError / PodGoneError from the
+        wait (the pod is terminated first); TerminateError when that end was not
+        confirmed (the pod may still be billing).
     """
     logger = get_run_logger()
     handle = provider.create(request, name)
@@ -70,9 +74,11 @@ def provision(
     try:
         fault_point("wait_ready")
         handle = provider.wait_ready(handle, ready_timeout_seconds)
+    except TerminateError:
+        raise  # the provider already tried to end it and could not confirm: the run says so
     except BaseException:
         logger.warning("%s: not ready; terminating it before giving up", handle.pod_id)
-        provider.terminate(handle.pod_id)
+        provider.terminate(handle.pod_id, terminate_timeout_seconds)
         raise
     logger.info("%s: ready; get in with: %s", handle.pod_id, handle.ssh_command())
     return handle

@@ -88,13 +88,9 @@ def test_a_pod_terminated_from_outside_while_training_stops_the_run_in_one_sente
     assert LocalPodProvider().get(seen["pod_id"]) is None
 
 
-def test_a_terminate_that_is_never_confirmed_fails_the_run_saying_may_still_be_billing(
-    prefect_server, runpod_emulator, tmp_path, monkeypatch
-):
-    """Issue 14 example 2: the RunPod API refusing every call from the first
-    ``podTerminate`` on: the flow run ended Completed with ``terminated False``."""
-    from prefect_runpod.flows.cli import main
-
+@pytest.fixture
+def runpod_env(runpod_emulator, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The CLI's and the flow's RunPod settings pointed at the emulator; yields it."""
     keypair = generate_keypair("runpod-truth")
     key_file = tmp_path / "id_ed25519_runpod"
     key_file.write_text(keypair.private_key.get_secret_value())
@@ -108,6 +104,17 @@ def test_a_terminate_that_is_never_confirmed_fails_the_run_saying_may_still_be_b
         "RUNPOD_REST_BASE_URL": runpod_emulator.rest_base_url,
     }.items():
         monkeypatch.setenv(name, value)
+    return runpod_emulator
+
+
+def test_a_terminate_that_is_never_confirmed_fails_the_run_saying_may_still_be_billing(
+    prefect_server, runpod_env, tmp_path
+):
+    """Issue 14 example 2: the RunPod API refusing every call from the first
+    ``podTerminate`` on: the flow run ended Completed with ``terminated False``."""
+    from prefect_runpod.flows.cli import main
+
+    runpod_emulator = runpod_env
     runpod_emulator.faults.terminate_fail_n = 10**6  # down for good
     out = tmp_path / "out"
     state = finetune(
@@ -136,3 +143,25 @@ def test_a_terminate_that_is_never_confirmed_fails_the_run_saying_may_still_be_b
     assert record.runpod_usd == pytest.approx(ledger, abs=1e-8)
     updated = RunReport.model_validate_json((out / "run-report.json").read_text())
     assert updated.terminated and updated.cost.usd == record.usd
+
+
+def test_a_wait_that_fails_ends_the_pod_within_the_runs_terminate_deadline(
+    prefect_server, runpod_env, tmp_path, monkeypatch
+):
+    """The terminate after a failed ``wait_ready`` waits the run's
+    ``terminate_timeout_seconds``, not a fixed 120 s, and the run says the pod may still
+    be billing when RunPod never confirms."""
+    runpod_env.faults.terminate_fail_n = 10**6  # down for good
+    monkeypatch.setenv("PREFECT_RUNPOD_FAULTS", "wait_ready:raise")
+    monkeypatch.setenv("PREFECT_RUNPOD_FAULT_DIR", str(tmp_path / "faults"))
+    out = tmp_path / "out"
+    state = finetune(
+        provider="runpod", output_dir=str(out), terminate_timeout_seconds=2, return_state=True
+    )
+    report = RunReport.model_validate_json((out / "run-report.json").read_text())
+    runpod_env.faults.terminate_fail_n = 0
+    runpod_env.terminate(report.pod_id)  # RunPod answers again: nothing left behind
+    provision = report.stage("provision")
+    assert state.is_failed() and f"pod {report.pod_id} may still be billing" in state.message
+    assert provision.state.value == "Failed"
+    assert "terminate not confirmed after 2 s" in provision.reason, provision.reason
