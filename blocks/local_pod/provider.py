@@ -68,6 +68,7 @@ from prefect_runpod.blocks.provider import (
     PodRequest,
     PodStatus,
     TerminateResult,
+    end_command,
     lost_error,
 )
 from prefect_runpod.blocks.validation import is_env_name
@@ -270,7 +271,7 @@ class LocalPodProvider:
                 raise PodTimeoutError(
                     f"local pod {handle.pod_id} not ready after {elapsed:.1f} s "
                     f"({last_status}); see {PodPaths.of(self.home, handle.pod_id).log}, "
-                    f"then terminate it with LocalPodProvider().terminate({handle.pod_id!r})",
+                    f"then end it with `{end_command('local', handle.pod_id)}`",
                     pod_id=handle.pod_id,
                     stage="provision",
                     last_status=last_status,
@@ -344,7 +345,7 @@ class LocalPodProvider:
                 raise TerminateError(
                     f"local pod {pod_id} not confirmed gone after {timeout_seconds:.0f} s: "
                     f"{problem}; kill them by hand (grep RUNPOD_POD_ID={pod_id} in "
-                    f"/proc/*/environ) and run LocalPodProvider().terminate({pod_id!r}) again",
+                    f"/proc/*/environ) and run `{end_command('local', pod_id)}` again",
                     pod_id=pod_id,
                     stage="terminate",
                 )
