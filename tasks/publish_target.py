@@ -36,8 +36,8 @@ DOWNLOAD_CHOICES = ("all", "eval", "none")
 _FORMS = "hf:ORG/REPO[@BRANCH] or s3[:PREFIX]"
 # A branch name git and the Hub both accept: no "..", no "@{", no trailing "/" or ".lock",
 # no spaces or control characters (git-check-ref-format, kept strict).
-_BRANCH_RE = re.compile(r"^(?!.*\.\.)(?!.*@\{)(?!.*//)[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
-_PREFIX_RE = re.compile(r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._/=-]{0,199}$")
+_BRANCH_RE = re.compile(r"(?!.*\.\.)(?!.*@\{)(?!.*//)[A-Za-z0-9][A-Za-z0-9._/-]{0,99}")
+_PREFIX_RE = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._/=-]{0,199}")
 
 
 def parse_publish_target(
@@ -86,7 +86,7 @@ def parse_publish_target(
     prefix = rest.strip("/") if sep else None
     if sep and not prefix:
         raise SpecError(f"{publish} {spec!r} has an empty prefix: write s3 or s3:PREFIX.")
-    if prefix is not None and not _PREFIX_RE.match(prefix):
+    if prefix is not None and not _PREFIX_RE.fullmatch(prefix):
         raise SpecError(
             f"{publish}: the S3 prefix {prefix!r} may hold letters, digits and . _ / = - "
             "(no '..'), up to 200 characters."
@@ -111,7 +111,7 @@ def _hub_target(text: str, rest: str, public: bool) -> PublishTarget:
         validate_repo_id(repo_id)  # the Hub's own rules: no '--', no '..', no '.git' end
     except HFValidationError as exc:
         raise SpecError(f"{publish} {text!r}: {exc}") from exc
-    if at and not _BRANCH_RE.match(branch):
+    if at and not _BRANCH_RE.fullmatch(branch):
         raise SpecError(
             f"{publish}: the branch {branch!r} in {text!r} is not a branch name git accepts "
             "(letters, digits, . _ / -, no '..')."
