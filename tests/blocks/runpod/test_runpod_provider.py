@@ -16,9 +16,9 @@ from prefect_runpod.blocks.costs import billed_seconds, cost_usd
 from prefect_runpod.blocks.exceptions import (
     CapacityError,
     ConsoleConnectError,
+    PodGoneError,
     PodTimeoutError,
     ProviderAuthError,
-    ProviderError,
     ProviderTransientError,
     SpecError,
     TerminateError,
@@ -184,8 +184,11 @@ class TestCreateAndReady:
         provider = runpod_provider()
         handle = provider.create(_request(runpod_blocks[2]), _name())
         runpod_emulator.vanish(handle.pod_id)
-        with pytest.raises(ProviderError, match=f"{handle.pod_id}.*is gone"):
+        with pytest.raises(
+            PodGoneError, match=f"pod {handle.pod_id} was terminated outside"
+        ) as info:
             provider.wait_ready(handle, timeout_seconds=30)
+        assert info.value.cause == "terminated_outside" and len(str(info.value).splitlines()) == 1
 
 
 class TestFailover:
