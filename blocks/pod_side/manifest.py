@@ -279,9 +279,27 @@ def _dir_entry(rel):
     return {"path": rel, "kind": KIND_DIR, "size_bytes": 0, "md5": "", "sha256": ""}
 
 
-def _file_entry(full, rel, limit_bytes=None):
+def file_signature(path):
+    """What says a file is unchanged since it was hashed: size, inode, device, mtime
+    and ctime (a rename changes the ctime, so take it after the file has its name)."""
+    st = os.stat(path)
+    return (st.st_size, st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def remember(known, path, entry):
+    """Record in ``known`` that ``path`` (just hashed from disk) has ``entry``'s hashes."""
+    if known is not None:
+        known[os.path.abspath(path)] = (file_signature(path), entry)
+
+
+def file_entry(full, rel, limit_bytes=None, known=None):
     """A file's entry: path, size_bytes, md5, sha256 and, for a whole file (no
-    ``limit_bytes``), git_sha1."""
+    ``limit_bytes``), git_sha1. With ``known`` (see :func:`compute_manifest`), a file
+    hashed from disk earlier and unchanged since is not read again."""
+    if known is not None and limit_bytes is None:
+        hit = known.get(os.path.abspath(full))
+        if hit is not None and hit[0] == file_signature(full):
+            return dict(hit[1], path=rel)
     with open(full, "rb") as fh:
         blob_size = os.fstat(fh.fileno()).st_size if limit_bytes is None else None
         size, md5, sha, blob = _hash_stream(fh, limit_bytes, blob_size)
@@ -291,7 +309,7 @@ def _file_entry(full, rel, limit_bytes=None):
     return entry
 
 
-def entry_for(root, rel_path, limit_bytes=None):
+def entry_for(root, rel_path, limit_bytes=None, known=None):
     """The manifest entry (dict) of ``rel_path`` under ``root``: a link entry for a
     symbolic link (never followed), a directory entry for a directory, else the file's
     entry (path, size_bytes, md5, sha256 and, for a whole file, git_sha1).
@@ -300,16 +318,18 @@ def entry_for(root, rel_path, limit_bytes=None):
         OSError: the path is missing or unreadable, or a file changed while it was read.
     """
     if os.path.isfile(root):
-        return _file_entry(root, rel_path, limit_bytes)
+        return file_entry(root, rel_path, limit_bytes, known)
     full = os.path.join(root, *rel_path.split("/"))
     if os.path.islink(full):
         return _link_entry(rel_path, os.readlink(full))
     if os.path.isdir(full):
         return _dir_entry(rel_path)
-    return _file_entry(full, rel_path, limit_bytes)
+    return file_entry(full, rel_path, limit_bytes, known)
 
 
-def compute_manifest(root, paths=None, limit_bytes=None, follow_links=False, select=False):
+def compute_manifest(
+    root, paths=None, limit_bytes=None, follow_links=False, select=False, known=None
+):
     """The manifest of a tree (or of one file).
 
     Args:
@@ -320,6 +340,9 @@ def compute_manifest(root, paths=None, limit_bytes=None, follow_links=False, sel
         limit_bytes: hash only each file's first N bytes (for resuming a partial copy).
         follow_links: read escaping links through (see the module docstring).
         select: ``paths`` is a source selection (see above).
+        known: ``{absolute path: (file_signature, entry)}`` of files this process
+            hashed from disk moments ago (a transfer verifying what it just wrote,
+            :func:`remember`); one whose signature still matches is not read again.
 
     Returns:
         ``{"root": str, "entries": [...]}``, entries sorted by path (a file's carries
@@ -333,7 +356,8 @@ def compute_manifest(root, paths=None, limit_bytes=None, follow_links=False, sel
     if not os.path.exists(root):
         raise FileNotFoundError("manifest root does not exist: %s" % root)
     if paths is not None and not select:
-        return {"root": root, "entries": [entry_for(root, p, limit_bytes) for p in sorted(paths)]}
+        entries = [entry_for(root, p, limit_bytes, known) for p in sorted(paths)]
+        return {"root": root, "entries": entries}
     if paths is not None:
         items, problems = select_tree(root, paths, follow_links)
     else:
@@ -348,7 +372,7 @@ def compute_manifest(root, paths=None, limit_bytes=None, follow_links=False, sel
             entries.append(_dir_entry(rel))
         else:
             full = root if os.path.isfile(root) else os.path.join(root, *rel.split("/"))
-            entries.append(_file_entry(full, rel, limit_bytes))
+            entries.append(file_entry(full, rel, limit_bytes, known))
     return {"root": root, "entries": entries}
 
 
