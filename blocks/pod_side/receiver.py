@@ -1,275 +1,77 @@
 #!/usr/bin/env python3
-"""The pod end of the ``pty`` transfer: framed, hashed, acknowledged chunks over a tty.
+"""The pod end of the ``pty`` transfer: framed, hashed, acknowledged chunks over a tty
+(docs/architecture.md#the-pty-framing).
 
-Standard library only, Python 3.8+. The flow imports the frame codec from here
-(``prefect_runpod.blocks.pod_side.receiver``) so both ends share one implementation.
+Standard library only, Python 3.8+. The frames are :mod:`frame_codec`'s, the partial
+files :mod:`part_files`' (both in this folder, shared with the flow's side).
 
-Wire format (ASCII only, so it survives any tty; every line ends in ``\\n``, a ``\\r``
-added on the way is ignored). A control line starts with ``#`` and a tag; a data
-frame is a header line followed by its base64 payload wrapped in lines of at most
-``line_chars`` characters (default 4000, under the tty's 4096-byte canonical limit
-even if raw mode were lost)::
+On start the receiver puts its tty in raw mode (every byte value passes, no signal or
+line-editing keys, no line-ending rewrites), starts ``cat`` to copy the tty into a
+pipe it reads in large pieces (a tty hands its reader at most 4 KiB per ``read``), and
+announces itself with ``#READY <version> <input>``, ``input`` being ``raw`` (a tty now
+in raw mode), ``pipe`` (not a tty) or ``cooked`` (a tty that stayed in canonical
+mode: the flow then never probes and keeps to base64 frames).
 
-    #D <fid> <epoch> <offset> <rawlen> <flag> <enclen> <digest>
-    <base64 line>...
+Commands (flow → pod) and answers (pod → flow)::
 
-``flag`` is ``r`` (raw) or ``z`` (zlib); ``digest`` is the CRC-32 hex of
-``"<fid>:<offset>:"`` followed by the chunk's raw bytes, so a garbled header or
-payload, or a payload cut short (the next ``#`` line arrives early), is caught; each
-whole file is verified by sha256 before it takes its name.
-
-Speed: a tty hands its reader at most 4 KiB per ``read``, so on a tty the receiver
-starts ``cat`` to copy its input into a pipe and reads that in large pieces (a Python
-loop on the tty itself paid a wakeup per 4 KiB and was the bottleneck of uploads).
-
-Upload (flow → pod), files kept as ``<name>.part`` plus a ``<name>.part.json`` sidecar
-(target size and sha256) until verified, so a new receiver resumes where the last
-one stopped: the ``.part`` file only ever holds verified bytes::
-
-    → #OPEN fid size sha256 path_b64     ← #O fid offset (part|done)
-    → #D fid epoch offset ...            ← #A fid epoch offset end | #N fid epoch offset expected reason
-    → #CLOSE fid                         ← #C fid size md5 sha256 | #I fid verified | #BAD fid reason
-    → #SYNC fid                          ← #S fid verified
+    #PING token                          ← #PONG token                  (round trip)
+    #PROBE token + pattern + end         ← #PROBED token ok|bad detail_b64, then a probe back
+    #FRAMING raw|base64                  (what downloads are sent in)
+    #W bytes                             (the download window)
+    #Z 0|1|auto                          (compress downloads: never, when smaller, if a sample shrinks)
+    #STAT fid size sha256 path           ← #O fid size done | #O fid 0 absent
+    #OPEN fid size sha256 path [start end index]   ← #O fid offset part|done
+    #D / #R data frames                  ← #A fid epoch offset end | #N fid epoch offset verified reason
+    #CLOSE fid                           ← #C fid size md5 sha256 | #K fid end (a segment) | #I fid verified | #BAD fid sha256 actual
+    #JOIN fid size sha256 path b1,b2,…   ← #C … | #BAD … | #I fid segment kept
+    #SYNC fid                            ← #S fid verified
+    #GET fid epoch offset path [end]     ← frames until end of file (or ``end``), then #E fid epoch offset
+    #A fid epoch offset                  (a download frame arrived: one chunk of window back)
+    M blob (JSON in a frame)             ← M blob: the manifest, or {"error", "problems"}
+    #BYE                                 ← #STATS peak_rss_kib, and the receiver exits
     any write error                      ← #X fid errno-name message_b64
 
-Download (pod → flow), windowed by the flow's acknowledgements::
-
-    → #GET fid epoch offset path_b64     ← #D fid epoch offset ... (until EOF) then #E fid epoch size
-    → #A fid epoch offset                (one per frame received: returns window credit)
-
-Blobs (JSON in a data frame with a letter fid): ``M`` asks for the manifest of the
-listed paths (``{"paths": [...] | null, "follow_links": bool, "structure": [...]}``),
-first making the directory and link entries of ``structure`` (``manifest.apply_structure``),
-and is answered by an ``M`` frame holding the manifest (``manifest.compute_manifest``),
-or ``{"error", "problems"}`` naming links that cannot be carried. ``#BYE`` ends the
-receiver.
-
-Command line: ``python3 receiver.py --root DIR [--window-bytes N] [--chunk-bytes N]``;
-prints ``#READY <version>`` when it listens.
+Command line: ``python3 receiver.py --root DIR [--window-bytes N] [--chunk-bytes N]
+[--line-chars N]`` (the same as protocol 3's, so a newer flow can start an older
+receiver and hear its version).
 """
 
-import base64
 import binascii
 import errno
-import hashlib
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
-import zlib
+import termios
 
-try:  # on the pod the script's own folder holds manifest.py
+if __package__:  # imported by the flow as a package module
+    from prefect_runpod.blocks.pod_side import frame_codec as _codec
+    from prefect_runpod.blocks.pod_side import manifest as _manifest
+    from prefect_runpod.blocks.pod_side import part_files as _parts
+else:  # run on the pod: the script's own folder holds its siblings
+    import frame_codec as _codec  # type: ignore
     import manifest as _manifest  # type: ignore
-except ImportError:  # imported as a package module by the flow
-    from prefect_runpod.blocks.pod_side import manifest as _manifest  # type: ignore
+    import part_files as _parts  # type: ignore
 
-PROTOCOL_VERSION = "3"  # 2: CRC-32 chunk digests; 3: trees (dirs, links, follow_links)
-DEFAULT_CHUNK_BYTES = 256 * 1024
-DEFAULT_LINE_CHARS = 4000
+PROTOCOL_VERSION = "4"
+"""2: CRC-32 chunk digests; 3: trees (dirs, links, follow_links); 4: raw frames after a
+probe, a window the flow resizes, compression by sample, segments (``#STAT``,
+``#JOIN``), ranged ``#GET``, ``#STATS``."""
 DEFAULT_WINDOW_BYTES = 8 * 1024 * 1024
 READ_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named in Python 3.10+ only
 _RELAY_PIPE_BYTES = 1 << 20
-
-
-# --------------------------------------------------------------------------- codec
-
-
-def chunk_digest(fid, offset, raw):
-    """CRC-32 hex of ``"<fid>:<offset>:" + raw`` (binds the payload to its place).
-
-    A per-chunk check against damage on the way (a tty, a gateway), cheap enough for
-    every byte; the whole file is then verified by its sha256 before it takes its name.
-    """
-    return "%08x" % zlib.crc32(raw, zlib.crc32(("%s:%d:" % (fid, offset)).encode("ascii")))
-
-
-def _sha256_digest(fid, offset, raw):
-    h = hashlib.sha256(("%s:%d:" % (fid, offset)).encode("ascii"))
-    h.update(raw)
-    return h.hexdigest()
-
-
-def _digest_for(digest):
-    """The check a frame's digest was made with: CRC-32 (8 hex digits), or the sha256
-    (64) that protocol 1 senders still running use."""
-    return _sha256_digest if len(digest) == 64 else chunk_digest
-
-
-def encode_frame(fid, epoch, offset, raw, compress=False, line_chars=DEFAULT_LINE_CHARS):
-    """One data frame as bytes (header line + wrapped base64 lines).
-
-    Args:
-        fid: file id (digits) or a blob letter.
-        epoch: the sender's restart counter for this file (stale frames are dropped).
-        offset: byte offset of ``raw`` in the file.
-        raw: the chunk's bytes.
-        compress: zlib-compress (level 1) when that makes the payload smaller.
-        line_chars: at most this many base64 characters per line (a multiple of 4
-            is used).
-    """
-    flag = "r"
-    body = raw
-    if compress and raw:
-        packed = zlib.compress(raw, 1)
-        if len(packed) < len(raw):
-            body, flag = packed, "z"
-    header = "#D %s %d %d %d %s %d %s\n" % (
-        fid,
-        epoch,
-        offset,
-        len(raw),
-        flag,
-        4 * ((len(body) + 2) // 3),
-        chunk_digest(fid, offset, raw),
-    )
-    if not body:
-        return header.encode("ascii")
-    # base64 of 3-byte-aligned pieces, each with its newline, is the wrapped base64
-    # of the whole: one pass, no split and re-join.
-    step = max(1, line_chars // 4) * 3
-    view = memoryview(body)
-    b2a = binascii.b2a_base64
-    lines = [b2a(view[i : i + step]) for i in range(0, len(body), step)]
-    lines.insert(0, header.encode("ascii"))
-    return b"".join(lines)
-
-
-def b64text(text):
-    """``text`` as one base64 token (for paths with spaces or any unicode)."""
-    return base64.b64encode(text.encode("utf-8")).decode("ascii")
-
-
-def unb64text(token):
-    """Inverse of :func:`b64text`."""
-    return base64.b64decode(token.encode("ascii")).decode("utf-8")
-
-
-class Frame(object):
-    """A decoded data frame: ``fid``, ``epoch``, ``offset``, ``raw`` (bytes, or None when
-    the frame failed its checks) and ``error`` (why it failed)."""
-
-    __slots__ = ("fid", "epoch", "offset", "rawlen", "raw", "error")
-
-    def __init__(self, fid, epoch, offset, rawlen, raw, error):
-        self.fid, self.epoch, self.offset, self.rawlen = fid, epoch, offset, rawlen
-        self.raw, self.error = raw, error
-
-
-class FrameParser(object):
-    """Incremental decoder: ``feed(bytes)`` returns events in order.
-
-    Events are ``("line", [tag, arg, ...])`` for control lines and ``("frame", Frame)``
-    for data frames (bad frames included, with ``raw=None``). Lines that are neither
-    (shell echo, prompts) are dropped.
-    """
-
-    def __init__(self):
-        self._buf = bytearray()
-        self._head = None  # (fid, epoch, offset, rawlen, flag, enclen, digest)
-        self._parts = []
-        self._have = 0
-
-    def feed(self, data):
-        """Add received bytes; return the complete events they finish."""
-        events = []
-        if data:
-            self._buf += data
-        buf = self._buf
-        pos = 0
-        while True:
-            if self._head is not None:
-                # Payload: take every whole line up to the next "#" (never in base64,
-                # so a control line or the next header) in one piece, not line by line.
-                stop = buf.find(b"#", pos)
-                last = buf.rfind(b"\n", pos, len(buf) if stop < 0 else stop)
-                if last >= pos:
-                    body = bytes(buf[pos : last + 1])  # line breaks are skipped by a2b
-                    pos = last + 1
-                    self._parts.append(body)
-                    self._have += len(body) - body.count(b"\n") - body.count(b"\r")
-                    if self._have >= self._head[5]:
-                        events.append(("frame", self._finish()))
-                    continue
-            nl = buf.find(b"\n", pos)
-            if nl < 0:
-                break
-            line = bytes(buf[pos:nl]).strip(b"\r \t")
-            pos = nl + 1
-            if self._head is not None:
-                if line.startswith(b"#"):
-                    events.append(("frame", self._bad("truncated payload")))
-                else:  # a line with a "#" inside: damaged payload, the checks catch it
-                    self._parts.append(line)
-                    self._have += len(line)
-                    if self._have >= self._head[5]:
-                        events.append(("frame", self._finish()))
-                    continue
-            if not line.startswith(b"#"):
-                continue
-            if line.startswith(b"#D "):
-                fields = line.split()
-                try:
-                    head = (
-                        fields[1].decode("ascii"),
-                        int(fields[2]),
-                        int(fields[3]),
-                        int(fields[4]),
-                        fields[5].decode("ascii"),
-                        int(fields[6]),
-                        fields[7].decode("ascii"),
-                    )
-                except (IndexError, ValueError, UnicodeDecodeError):
-                    continue  # a garbled header: its payload lines are dropped as noise
-                self._head, self._parts, self._have = head, [], 0
-                if head[5] == 0:
-                    events.append(("frame", self._finish()))
-                continue
-            try:
-                events.append(("line", line.decode("ascii").split()))
-            except UnicodeDecodeError:
-                continue
-        del buf[:pos]
-        return events
-
-    def _bad(self, why):
-        fid, epoch, offset, rawlen = self._head[:4]
-        self._head, self._parts, self._have = None, [], 0
-        return Frame(fid, epoch, offset, rawlen, None, why)
-
-    def _finish(self):
-        fid, epoch, offset, rawlen, flag, enclen, digest = self._head
-        if self._have != enclen:
-            return self._bad("payload length %d != %d" % (self._have, enclen))
-        enc = b"".join(self._parts)  # base64 with line breaks, which a2b_base64 skips
-        try:
-            body = binascii.a2b_base64(enc)
-            raw = zlib.decompress(body) if flag == "z" else body
-        except (binascii.Error, zlib.error, ValueError) as exc:
-            return self._bad("undecodable payload (%s)" % exc)
-        if len(raw) != rawlen or _digest_for(digest)(fid, offset, raw) != digest:
-            return self._bad("chunk hash mismatch")
-        self._head, self._parts, self._have = None, [], 0
-        return Frame(fid, epoch, offset, rawlen, raw, None)
-
-
-# --------------------------------------------------------------------------- receiver
-
-
-safe_join = _manifest.safe_join
-
-
-class _Upload(object):
-    def __init__(self, path, size, sha256):
-        self.path, self.size, self.sha256 = path, size, sha256
-        self.part = path + _manifest.PART_SUFFIX
-        self.sidecar = path + _manifest.SIDECAR_SUFFIX
-        self.fh = None
-        self.md5 = hashlib.md5()
-        self.sha = hashlib.sha256()
-        self.offset = 0
+_RAW_IFLAGS_OFF = (
+    "IGNBRK", "BRKINT", "PARMRK", "ISTRIP", "INLCR", "IGNCR", "ICRNL",
+    "IXON", "IXOFF", "IXANY", "INPCK", "IUCLC", "IMAXBEL",
+)  # fmt: skip
+_WRITE_ERRORS = {
+    "ENOSPC": "no space left on the pod's disk",
+    "EFBIG": "file size limit reached on the pod",
+    "EDQUOT": "disk quota exceeded on the pod",
+}
 
 
 class Receiver(object):
@@ -281,8 +83,9 @@ class Receiver(object):
         in_fd=0,
         out=None,
         window_bytes=DEFAULT_WINDOW_BYTES,
-        chunk_bytes=DEFAULT_CHUNK_BYTES,
-        line_chars=DEFAULT_LINE_CHARS,
+        chunk_bytes=_codec.DEFAULT_CHUNK_BYTES,
+        line_chars=_codec.DEFAULT_LINE_CHARS,
+        input_kind="pipe",
     ):
         self.root = root
         self.in_fd = in_fd
@@ -290,11 +93,14 @@ class Receiver(object):
         self.window_bytes = window_bytes
         self.chunk_bytes = chunk_bytes
         self.line_chars = line_chars
-        self.parser = FrameParser()
-        self.uploads = {}
-        self.jobs = []  # download jobs: [fid, epoch, offset, path, fh]
+        self.input_kind = input_kind
+        self.parser = _codec.FrameParser()
+        self.uploads = {}  # fid -> PartFile
+        self.known = {}  # files verified from disk here: see manifest.compute_manifest
+        self.jobs = []  # download jobs: [fid, epoch, offset, rel, fh, end, compress]
         self.credit_bytes = window_bytes
-        self.compress = False
+        self.compress = "0"
+        self.framing = "base64"
         self.running = True
 
     # -- output
@@ -309,7 +115,7 @@ class Receiver(object):
     def serve(self):
         """Answer until ``#BYE`` or end of input. Reads block (no polling) unless a
         download has window credit, then input is only peeked at between chunks."""
-        self.reply("#READY", PROTOCOL_VERSION)
+        self.reply("#READY", PROTOCOL_VERSION, self.input_kind)
         fd = self.in_fd
         while self.running:
             if self.jobs and self.credit_bytes > 0:
@@ -323,74 +129,73 @@ class Receiver(object):
             for kind, ev in self.parser.feed(data):
                 if kind == "line":
                     self.on_line(ev)
-                else:
+                elif kind == "frame":
                     self.on_frame(ev)
+                else:
+                    self.on_probe(*ev)
         for up in self.uploads.values():
-            if up.fh is not None:
-                up.fh.close()
+            up.close()
 
     def on_line(self, f):
         tag = f[0]
         try:
             if tag == "#OPEN":
-                self.open_upload(f[1], int(f[2]), f[3], unb64text(f[4]))
+                bounds = [int(x) for x in f[5:8]] if len(f) >= 8 else None
+                self.open_upload(f[1], int(f[2]), f[3], _codec.unb64text(f[4]), bounds)
             elif tag == "#CLOSE":
                 self.close_upload(f[1])
             elif tag == "#SYNC":
                 up = self.uploads.get(f[1])
                 self.reply("#S", f[1], up.offset if up else 0)
             elif tag == "#GET":
-                self.get(f[1], int(f[2]), int(f[3]), unb64text(f[4]))
+                end = int(f[5]) if len(f) > 5 else None
+                self.get(f[1], int(f[2]), int(f[3]), _codec.unb64text(f[4]), end)
             elif tag == "#A":
                 self.credit_bytes = min(self.window_bytes, self.credit_bytes + self.chunk_bytes)
+            elif tag == "#STAT":
+                path = _manifest.safe_join(self.root, _codec.unb64text(f[4]))
+                there = _parts.already_there(path, int(f[2]), f[3], self.known)
+                self.reply("#O", f[1], f[2] if there else 0, "done" if there else "absent")
+            elif tag == "#JOIN":
+                self.join(f[1], int(f[2]), f[3], _codec.unb64text(f[4]), f[5])
+            elif tag == "#PING":
+                self.reply("#PONG", *f[1:2])
+            elif tag == "#W":
+                self.window_bytes = max(self.chunk_bytes, int(f[1]))
+                self.credit_bytes = min(self.credit_bytes, self.window_bytes)
+            elif tag == "#FRAMING" and f[1] in _codec.FRAMINGS:
+                self.framing = f[1]
             elif tag == "#Z":
-                self.compress = f[1] == "1"
+                self.compress = f[1]
             elif tag == "#BYE":
+                self.reply("#STATS", peak_rss_kib())
                 self.running = False
         except (IndexError, ValueError, binascii.Error, UnicodeDecodeError):
             self.reply("#?", tag)
 
+    def on_probe(self, token, got):
+        """Answer a probe with its verdict, then send one back the other way."""
+        ok, detail = _codec.probe_verdict(got)
+        self.reply("#PROBED", token, "ok" if ok else "bad", _codec.b64text(detail))
+        self.send(_codec.probe_block(token))
+
     # -- upload
-    def open_upload(self, fid, size, sha256, rel):
+    def open_upload(self, fid, size, sha256, rel, bounds=None):
         try:
-            path = safe_join(self.root, rel)
+            path = _manifest.safe_join(self.root, rel)
         except ValueError as exc:
-            return self.reply("#X", fid, "EINVAL", b64text(str(exc)))
+            return self.reply("#X", fid, "EINVAL", _codec.b64text(str(exc)))
         old = self.uploads.pop(fid, None)
-        if old is not None and old.fh is not None:
-            old.fh.close()
-        up = _Upload(path, size, sha256)
+        if old is not None:
+            old.close()
+        if bounds is None:
+            up = _parts.PartFile(path, size, sha256)
+        else:
+            up = _parts.PartFile(path, size, sha256, bounds[0], bounds[1], bounds[2])
         try:
-            if os.path.isfile(path) and os.path.getsize(path) == size:
-                _, md5, sha = _manifest.hash_file(path)
-                if sha == sha256:
-                    return self.reply("#O", fid, size, "done")
-            parent = os.path.dirname(path)
-            if parent and not os.path.isdir(parent):
-                os.makedirs(parent)
-            keep = 0
-            if os.path.isfile(up.part) and os.path.isfile(up.sidecar):
-                try:
-                    with open(up.sidecar) as fh:
-                        meta = json.load(fh)
-                    if meta.get("size") == size and meta.get("sha256") == sha256:
-                        keep = min(os.path.getsize(up.part), size)
-                except ValueError:
-                    keep = 0
-            if keep == 0:
-                with open(up.sidecar, "w") as fh:
-                    json.dump({"size": size, "sha256": sha256}, fh)
-            up.fh = open(up.part, "r+b" if keep else "wb", buffering=0)  # noqa: SIM115
-            up.fh.truncate(keep)
-            if keep:
-                up.fh.seek(0)
-                left = keep
-                while left:
-                    buf = up.fh.read(min(left, 4 << 20))
-                    up.md5.update(buf)
-                    up.sha.update(buf)
-                    left -= len(buf)
-            up.offset = keep
+            if not up.segment and _parts.already_there(path, size, sha256, self.known):
+                return self.reply("#O", fid, size, "done")
+            up.open()
         except OSError as exc:
             return self.write_error(fid, rel, exc)
         self.uploads[fid] = up
@@ -398,12 +203,8 @@ class Receiver(object):
 
     def write_error(self, fid, rel, exc):
         name = errno.errorcode.get(exc.errno or 0, "EIO")
-        what = {
-            "ENOSPC": "no space left on the pod's disk",
-            "EFBIG": "file size limit reached on the pod",
-            "EDQUOT": "disk quota exceeded on the pod",
-        }.get(name, exc.strerror or str(exc))
-        self.reply("#X", fid, name, b64text("%s while writing %s" % (what, rel)))
+        what = _WRITE_ERRORS.get(name, exc.strerror or str(exc))
+        self.reply("#X", fid, name, _codec.b64text("%s while writing %s" % (what, rel)))
 
     def on_frame(self, fr):
         if fr.fid == "M":
@@ -413,39 +214,45 @@ class Receiver(object):
             return self.reply("#N", fr.fid, fr.epoch, fr.offset, 0, "not-open")
         if fr.raw is None:
             return self.reply("#N", fr.fid, fr.epoch, fr.offset, up.offset, "bad")
-        if fr.offset != up.offset or fr.offset + fr.rawlen > up.size:
+        if fr.offset != up.offset or fr.offset + fr.rawlen > up.end:
             return self.reply("#N", fr.fid, fr.epoch, fr.offset, up.offset, "order")
         try:
-            view = memoryview(fr.raw)
-            while view:
-                n = up.fh.write(view)
-                view = view[n:]
+            up.write(fr.raw)
         except OSError as exc:
-            up.fh.truncate(up.offset)
             return self.write_error(fr.fid, os.path.relpath(up.path, self.root), exc)
-        up.md5.update(fr.raw)
-        up.sha.update(fr.raw)
-        up.offset += fr.rawlen
         self.reply("#A", fr.fid, fr.epoch, fr.offset, up.offset)
 
     def close_upload(self, fid):
         up = self.uploads.get(fid)
         if up is None:
             return self.reply("#I", fid, 0)
-        if up.offset != up.size:
+        if not up.complete:
             return self.reply("#I", fid, up.offset)
-        sha = up.sha.hexdigest()
-        up.fh.close()
-        up.fh = None
         del self.uploads[fid]
-        if sha != up.sha256:
-            for p in (up.part, up.sidecar):
-                if os.path.exists(p):
-                    os.remove(p)
-            return self.reply("#BAD", fid, "sha256", sha)
-        os.replace(up.part, up.path)
-        os.remove(up.sidecar)
-        self.reply("#C", fid, up.size, up.md5.hexdigest(), sha)
+        if up.segment:
+            up.close()
+            return self.reply("#K", fid, up.end)
+        try:
+            ok, entry = up.finish(self.known)
+        except OSError as exc:
+            return self.write_error(fid, os.path.relpath(up.path, self.root), exc)
+        if not ok:
+            return self.reply("#BAD", fid, "sha256", entry["sha256"])
+        self.reply("#C", fid, up.size, entry["md5"], entry["sha256"])
+
+    def join(self, fid, size, sha256, rel, bounds_text):
+        """Join a file's segments (each one complete) and verify the whole."""
+        path = _manifest.safe_join(self.root, rel)
+        bounds = [0] + [int(b) for b in bounds_text.split(",")]
+        try:
+            verdict, found = _parts.join_segments(path, size, sha256, bounds, self.known)
+        except OSError as exc:
+            return self.write_error(fid, rel, exc)
+        if verdict == "missing":
+            return self.reply("#I", fid, *found)
+        if verdict == "bad":
+            return self.reply("#BAD", fid, "sha256", found["sha256"])
+        self.reply("#C", fid, size, found["md5"], found["sha256"])
 
     # -- blobs
     def on_blob(self, fr):
@@ -458,40 +265,104 @@ class Receiver(object):
                 result = {"error": "could not make the tree", "problems": errors}
             else:
                 result = _manifest.compute_manifest(
-                    self.root, req.get("paths"), follow_links=bool(req.get("follow_links"))
+                    self.root,
+                    req.get("paths"),
+                    follow_links=bool(req.get("follow_links")),
+                    known=self.known,
                 )
         except _manifest.TreeProblems as exc:
             result = {"error": str(exc), "problems": exc.problems}
         except OSError as exc:
             result = {"error": str(exc)}
         body = json.dumps(result, separators=(",", ":")).encode("utf-8")
-        self.send(encode_frame("M", fr.epoch, 0, body, True, self.line_chars))
+        self.send(_codec.encode_frame("M", fr.epoch, 0, body, True, self.line_chars))
 
     # -- download
-    def get(self, fid, epoch, offset, rel):
+    def get(self, fid, epoch, offset, rel, end=None):
         self.credit_bytes = self.window_bytes  # a (re)request resets the window
         for job in self.jobs:
             if job[0] == fid:
                 job[1], job[2] = epoch, offset
+                if end is not None:
+                    job[5] = end
                 return
         try:
-            fh = open(safe_join(self.root, rel), "rb")  # noqa: SIM115
+            fh = open(_manifest.safe_join(self.root, rel), "rb")  # noqa: SIM115
         except (OSError, ValueError) as exc:
-            return self.reply("#X", fid, "ENOENT", b64text("%s: %s" % (rel, exc)))
-        self.jobs.append([fid, epoch, offset, rel, fh])
+            return self.reply("#X", fid, "ENOENT", _codec.b64text("%s: %s" % (rel, exc)))
+        squeeze = self.compress == "1"
+        if self.compress == "auto":
+            fh.seek(offset)
+            squeeze = _codec.worth_compressing(fh.read(_codec.COMPRESS_SAMPLE_BYTES))
+        self.jobs.append([fid, epoch, offset, rel, fh, end, squeeze])
 
     def pump(self):
         job = self.jobs[0]
-        fid, epoch, offset, _, fh = job
-        fh.seek(offset)
-        raw = fh.read(self.chunk_bytes)
+        fid, epoch, offset, _, fh, end, squeeze = job
+        want = self.chunk_bytes if end is None else min(self.chunk_bytes, end - offset)
+        raw = b""
+        if want > 0:
+            fh.seek(offset)
+            raw = fh.read(want)
         if not raw:
             fh.close()
             self.jobs.pop(0)
             return self.reply("#E", fid, epoch, offset)
-        self.send(encode_frame(fid, epoch, offset, raw, self.compress, self.line_chars))
+        self.send(
+            _codec.encode_frame(fid, epoch, offset, raw, squeeze, self.line_chars, self.framing)
+        )
         job[2] = offset + len(raw)
         self.credit_bytes -= len(raw)
+
+
+# --------------------------------------------------------------------------- the tty
+
+
+def peak_rss_kib():
+    """This process's peak resident memory since it started, KiB (0 where unknown).
+
+    ``VmHWM`` of ``/proc/self/status`` counts this program only; ``ru_maxrss`` also
+    counts the memory of the process it was forked from before ``exec``.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError):
+        return 0
+
+
+def make_raw(fd):
+    """Put the tty ``fd`` in raw mode, as ``stty raw -echo -iexten`` does, and check it.
+
+    Returns:
+        ``raw`` when the tty now passes every byte unchanged both ways, else ``cooked``.
+    """
+    t = termios
+    iflag_off = 0
+    for name in _RAW_IFLAGS_OFF:
+        iflag_off |= getattr(t, name, 0)
+    lflag_off = t.ECHO | t.ECHONL | t.ICANON | t.ISIG | t.IEXTEN
+    try:
+        attrs = t.tcgetattr(fd)
+        attrs[0] &= ~iflag_off
+        attrs[1] &= ~t.OPOST
+        attrs[2] = (attrs[2] & ~(t.CSIZE | t.PARENB)) | t.CS8
+        attrs[3] &= ~lflag_off
+        attrs[6][t.VMIN], attrs[6][t.VTIME] = 1, 0
+        t.tcsetattr(fd, t.TCSANOW, attrs)
+        now = t.tcgetattr(fd)
+    except (t.error, OSError):
+        return "cooked"
+    clean = not (now[0] & iflag_off or now[1] & t.OPOST or now[3] & lflag_off)
+    return "raw" if clean and now[2] & t.CSIZE == t.CS8 else "cooked"
 
 
 def _die_with_parent():  # pragma: no cover - runs in the forked child
@@ -551,14 +422,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="pod end of the pty transfer")
     parser.add_argument("--root", required=True)
     parser.add_argument("--window-bytes", type=int, default=DEFAULT_WINDOW_BYTES)
-    parser.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES)
-    parser.add_argument("--line-chars", type=int, default=DEFAULT_LINE_CHARS)
+    parser.add_argument("--chunk-bytes", type=int, default=_codec.DEFAULT_CHUNK_BYTES)
+    parser.add_argument("--line-chars", type=int, default=_codec.DEFAULT_LINE_CHARS)
     parser.add_argument(
         "--no-relay", action="store_true", help="read the tty directly (no cat relay)"
     )
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
         os.makedirs(args.root)
+    input_kind = make_raw(0) if os.isatty(0) else "pipe"
     in_fd, relay = (0, None) if args.no_relay else start_relay(0)
     try:
         Receiver(
@@ -567,6 +439,7 @@ def main(argv=None):
             window_bytes=args.window_bytes,
             chunk_bytes=args.chunk_bytes,
             line_chars=args.line_chars,
+            input_kind=input_kind,
         ).serve()
     finally:
         stop_relay(relay)
