@@ -46,6 +46,7 @@ __all__ = [
     "NumberRule",
     "TokenShape",
     "check_block_name",
+    "check_choice",
     "check_env_name",
     "check_flow_run_id",
     "check_limit_name",
@@ -92,6 +93,7 @@ OPTIONS: dict[str, str] = {
     "pod_poll_seconds": "--pod-poll-seconds",
     "terminate_timeout_seconds": "--terminate-timeout-seconds", "run_id": "RUN_ID",
     "pod_id": "POD_ID",
+    "pty_framing": "--pty-framing", "pty_streams": "--pty-streams",
 }  # fmt: skip
 """Each run parameter and the ``prefect-runpod`` option that sets it, so a message names
 both: a CLI user and a deployment's caller each recognise their own spelling."""
@@ -119,6 +121,7 @@ class NumberRule:
         meaning: what the number is, for the message (``the budget cap``).
         example: a sensible value, shown in the message.
         gt / ge / lt / le: the bounds (None for none); every value must also be finite.
+        whole: only whole numbers (a count).
     """
 
     name: str
@@ -129,6 +132,7 @@ class NumberRule:
     ge: float | None = None
     lt: float | None = None
     le: float | None = None
+    whole: bool = False
 
     def describe(self) -> str:
         """``a finite number of USD above 0 and at most 100000``."""
@@ -144,12 +148,14 @@ class NumberRule:
             parts.append(f"below {_num(self.lt)}")
         if self.le is not None:
             parts.append(f"at most {_num(self.le)}")
-        return f"a finite number{unit}" + (f" {' and '.join(parts)}" if parts else "")
+        kind = "a whole number" if self.whole else "a finite number"
+        return f"{kind}{unit}" + (f" {' and '.join(parts)}" if parts else "")
 
     def fits(self, value: float) -> bool:
         """True when ``value`` (finite) lies inside the bounds."""
         return not (
-            (self.gt is not None and not value > self.gt)
+            (self.whole and not float(value).is_integer())
+            or (self.gt is not None and not value > self.gt)
             or (self.ge is not None and not value >= self.ge)
             or (self.lt is not None and not value < self.lt)
             or (self.le is not None and not value <= self.le)
@@ -180,6 +186,7 @@ NUMBER_RULES: dict[str, NumberRule] = _rules(
     NumberRule("stale_running_seconds", "s", "the silence after which a running flow counts as dead", "900", gt=0, le=365 * _DAY_SECONDS),
     NumberRule("grace_seconds", "s", "how long a pod of an unknown run is spared", "60", ge=0, le=_DAY_SECONDS),
     NumberRule("max_usd_per_hour", "USD/h", "the highest price per hour to rent at", "0.5", ge=0, le=1000),
+    NumberRule("pty_streams", "", "how many PTY sessions a pty transfer stripes over", "4", ge=1, le=16, whole=True),
 )  # fmt: skip
 """Every numeric input of a run, the reaper and the blocks, with its unit and range."""
 
@@ -226,6 +233,22 @@ def constrained(name: str, *, optional: bool = False) -> Any:
     NUMBER_RULES[name]  # fail at import for an unknown rule
     base: Any = float | None if optional else float
     return Annotated[base, AfterValidator(lambda v: check_number(name, v, optional=optional))]
+
+
+def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
+    """Check that ``value`` is one of ``choices`` (``pty_framing`` in auto, raw, base64).
+
+    Returns:
+        The value.
+
+    Raises:
+        SpecError: anything else; the message names the parameter, its option and the
+            choices.
+    """
+    allowed = tuple(choices)
+    if not isinstance(value, str) or value not in allowed:
+        raise SpecError(f"{label(name)} {value!r} is not one of: {', '.join(allowed)}.")
+    return value
 
 
 # --- names -----------------------------------------------------------------------------

@@ -243,6 +243,7 @@ def _report(
         source_manifest=source,
         dest_manifest=result.dest_manifest,
         verified=not problems,
+        link=result.link,
     )
 
 

@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["Manifest", "ManifestEntry", "MethodResult", "TransferReport", "tree_refusal"]
+__all__ = [
+    "LinkReport",
+    "Manifest",
+    "ManifestEntry",
+    "MethodResult",
+    "TransferReport",
+    "tree_refusal",
+]
 
 
 def tree_refusal(root: str, problems: list[tuple[str, str]] | list[list[str]]) -> str:
@@ -127,6 +134,39 @@ class Manifest(BaseModel):
             raise SpecError(tree_refusal(str(root), exc.problems)) from exc
 
 
+class LinkReport(BaseModel):
+    """How a ``pty`` transfer's bytes travelled (docs/architecture.md#the-pty-framing).
+
+    Attributes:
+        protocol: the pod receiver's protocol version (this side's, or one older that
+            this side negotiated down to).
+        framing: ``raw`` (bytes as they are) or ``base64`` frames.
+        probe: the probe's verdict: ``passed`` (every byte value crossed both ways
+            unchanged, so raw frames were used), ``failed`` (base64 was used; see
+            ``probe_detail``) or ``skipped`` (base64 asked for, a tty that stayed
+            cooked, or an older receiver).
+        probe_detail: what each direction saw (the first byte that changed), or why
+            the probe did not run.
+        streams: PTY sessions the transfer used.
+        rtt_ms: the shortest round trip measured at the start, in milliseconds.
+        window_bytes: the largest window (payload bytes in flight) a session used.
+        compressed_files: files whose chunks were zlib-compressed (uploads; the pod
+            decides for downloads).
+        pod_peak_rss_bytes: the largest peak resident memory a pod receiver reported,
+            bytes (None when it did not say).
+    """
+
+    protocol: int
+    framing: Literal["raw", "base64"]
+    probe: Literal["passed", "failed", "skipped"]
+    probe_detail: str = ""
+    streams: int = Field(default=1, ge=1)
+    rtt_ms: float | None = None
+    window_bytes: int = Field(default=0, ge=0)
+    compressed_files: int = Field(default=0, ge=0)
+    pod_peak_rss_bytes: int | None = None
+
+
 class MethodResult(BaseModel):
     """What one ``TransferMethod`` reports for an upload or a download, before dispatch
     times it and checks the two manifests into a ``TransferReport``.
@@ -138,6 +178,8 @@ class MethodResult(BaseModel):
         source_manifest: computed where the files were (here for an upload, on the pod
             for a download).
         dest_manifest: computed where they landed, from the files on that disk.
+        link: how the bytes travelled (``pty``: framing, probe verdict, streams); None
+            for methods without such choices.
     """
 
     bytes: int = Field(ge=0)
@@ -145,6 +187,7 @@ class MethodResult(BaseModel):
     reconnects: int = Field(default=0, ge=0)
     source_manifest: Manifest
     dest_manifest: Manifest
+    link: LinkReport | None = None
 
 
 class TransferReport(BaseModel):
@@ -158,6 +201,8 @@ class TransferReport(BaseModel):
         retries: chunks/files re-sent after a drop or a mismatch, plus reconnects.
         source_manifest / dest_manifest: computed at each end.
         verified: True only when both manifests match entry for entry.
+        link: how the bytes travelled (``pty``: protocol, framing and the probe's
+            verdict, streams, round trip, window); None for other methods.
     """
 
     direction: Literal["upload", "download"]
@@ -168,3 +213,4 @@ class TransferReport(BaseModel):
     source_manifest: Manifest | None = None
     dest_manifest: Manifest | None = None
     verified: bool = False
+    link: LinkReport | None = None
