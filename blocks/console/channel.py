@@ -138,8 +138,10 @@ class PtyStream:
     ) -> None:
         self._io = io
         self._head = marker + b":"
-        self._full = re.compile(re.escape(self._head) + rb"(\d+)\r?\n")
-        self._partial = re.compile(rb"\d*\r?\Z")
+        # \r* : a gateway path that turns every LF into CR LF makes a sane tty's
+        # CR LF arrive as CR CR LF.
+        self._full = re.compile(re.escape(self._head) + rb"(\d+)\r*\n")
+        self._partial = re.compile(rb"\d*\r*\Z")
         self._on_end = on_end
         self._pod_id = pod_id
         self._buf = bytearray()

@@ -480,13 +480,13 @@ class PodConsole:
         """
         assert self._io is not None
         deadline = time.monotonic() + _STAGE_STEP_TIMEOUT_SECONDS
-        ready_line = re.compile(re.escape(ready) + rb"\r?\n")
+        ready_line = re.compile(re.escape(ready) + rb"\r*\n")
         while True:
             found = ready_line.search(raw)
             if found is not None:
                 shell.restart_decoding()
                 return bytes(raw[found.end() :])
-            if re.search(re.escape(end) + rb":\d+\r?\n", raw):
+            if re.search(re.escape(end) + rb":\d+\r*\n", raw):
                 shell.restart_decoding()
                 seen = clean_output(bytes(raw)).replace(shell.nonce, "…")
                 raise ConsoleError(

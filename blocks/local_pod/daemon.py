@@ -16,7 +16,11 @@ Sessions, as on RunPod (see the RunPod SSH docs, ``pods/configuration/use-ssh``)
   ``bash -c`` (with or without PTY) and SFTP is served.
 
 A PTY session gets a real bash on a real kernel pseudo-terminal (canonical line
-limit 4096 bytes, ``stty raw -echo`` works), bridged byte for byte to the channel.
+limit 4096 bytes, ``stty raw -echo`` works), bridged byte for byte to the channel —
+unless the named fault point ``gateway_relay`` says ``cooked``
+(``PREFECT_RUNPOD_FAULTS=gateway_relay:cooked`` in the environment that creates the
+pod): then the bridge relays bytes the way a cooked terminal path in front of the pod
+would (:class:`CookedRelay`), as a gateway that is not 8-bit clean might.
 On SIGTERM the daemon ends the pod: it kills every process carrying
 ``RUNPOD_POD_ID=<pod_id>``, removes the pod directory and the registry entry, exits.
 When ``pod.json`` holds ``terminate_after`` the daemon ends the pod by itself at that
@@ -51,6 +55,7 @@ from typing import Any
 import asyncssh
 
 from prefect_runpod.blocks.exceptions import GATEWAY_PTY_ERROR  # imports nothing: stays light
+from prefect_runpod.blocks.faults import FAULTS_ENV, parse_faults  # stdlib only
 from prefect_runpod.blocks.local_pod.registry import (
     ENDING_FILE,
     INIT_PID_VAR,
@@ -65,7 +70,7 @@ from prefect_runpod.blocks.local_pod.registry import (
     write_tombstone,
 )
 
-__all__ = ["PodConfig", "PublicKeyLogins", "build_pod_env", "main"]
+__all__ = ["CookedRelay", "PodConfig", "PublicKeyLogins", "build_pod_env", "main"]
 
 _READ_CHUNK_BYTES = 65536
 _BATCH_BYTES = 256 * 1024
@@ -142,6 +147,30 @@ def build_pod_env(
     # pod but this one, as on a container it spares PID 1.
     env[INIT_PID_VAR] = str(os.getpid())
     return env
+
+
+class CookedRelay:
+    """The bytes of a PTY session as a cooked terminal path between the client and the
+    pod's tty relays them (the ``gateway_relay:cooked`` fault): on the way in, CR
+    becomes LF (``ICRNL``), and NUL and the flow-control keys ^S/^Q vanish (``IXON``);
+    on the way out, LF becomes CR LF (``ONLCR``). Text and base64 survive it; raw
+    binary does not, which is what the ``pty`` transfer's probe must notice."""
+
+    @staticmethod
+    def inbound(data: bytes) -> bytes:
+        """Client → pod."""
+        return data.replace(b"\r", b"\n").translate(None, b"\x00\x11\x13")
+
+    @staticmethod
+    def outbound(data: bytes) -> bytes:
+        """Pod → client."""
+        return data.replace(b"\n", b"\r\n")
+
+
+def _relay_fault() -> type[CookedRelay] | None:
+    """The relay the ``gateway_relay`` fault point asks for, or None (byte for byte)."""
+    actions = parse_faults(os.environ.get(FAULTS_ENV, ""), "gateway_relay")
+    return CookedRelay if "cooked" in actions else None
 
 
 # --- file-descriptor plumbing -------------------------------------------------------
@@ -269,6 +298,7 @@ class _Session:
         self.process = process
         self.pid: int | None = None
         self._fds: set[int] = set()
+        self._relay = _relay_fault()
 
     def _close(self, fd: int) -> None:
         """Close ``fd`` once (a second close could hit a reused number)."""
@@ -420,11 +450,13 @@ class _Session:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _pump_out(self, fd: int, stream: asyncssh.SSHWriter) -> None:
+        pty = self.process.get_terminal_type() is not None
+        relay = self._relay if pty and stream is self.process.stdout else None
         while True:
             data = await _read_fd(fd)
             if not data:
                 return
-            stream.write(data)
+            stream.write(relay.outbound(data) if relay else data)
             await stream.drain()
 
     async def _pump_in(self, fd: int, is_pty: bool) -> None:
@@ -449,6 +481,8 @@ class _Session:
                 if not is_pty:
                     self._close(fd)  # the process sees end of input
                 return
+            if is_pty and self._relay is not None:
+                data = self._relay.inbound(data)
             await _write_fd(fd, data)
 
     def _hang_up(self) -> None:

@@ -34,6 +34,7 @@ from prefect_runpod.blocks.exceptions import (
     SpecError,
     TerminateError,
 )
+from prefect_runpod.blocks.faults import FAULT_DIR_ENV, FAULTS_ENV
 from prefect_runpod.blocks.local_pod.images import (
     DEFAULT_PROFILE,
     get_profile,
@@ -522,6 +523,10 @@ class LocalPodProvider:
             "PYTHONDONTWRITEBYTECODE": "1",
             "RUNPOD_POD_ID": pod_id,  # the daemon is a process of the pod too
         }
+        # The daemon's own fault points (the gateway_relay fault), never the pod's env.
+        for name in (FAULTS_ENV, FAULT_DIR_ENV):
+            if name in os.environ:
+                env[name] = os.environ[name]
         with open(paths.log, "ab") as log:
             proc = subprocess.Popen(
                 [

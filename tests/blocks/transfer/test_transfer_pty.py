@@ -10,7 +10,7 @@ import pytest
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.pod_side.receiver import FrameParser, encode_frame
+from prefect_runpod.blocks.pod_side.frame_codec import FrameParser, encode_frame
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 from prefect_runpod.blocks.transfer.pty import PtyOptions, pty_download, pty_upload
 from tests.fixtures.transfer import POD_SIDE_DIR, FaultHooks, make_tree
