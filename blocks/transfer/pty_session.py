@@ -256,6 +256,14 @@ class Session:
             link.protocol = version
         self.link = link
         if version < int(PROTOCOL_VERSION):
+            if self.opts.framing == "raw":
+                raise TransferError(
+                    f"pod {self.pod}: raw frames were asked for, but the pod's receiver "
+                    f"speaks protocol {version} and this side {PROTOCOL_VERSION}; raw "
+                    "frames need protocol 4: rerun so the pod tools are copied again, or "
+                    "use framing auto or base64 (--pty-framing)",
+                    pod_id=self.pod,
+                )
             if first:
                 link.framing, link.probe = "base64", "skipped"
                 link.probe_detail = (

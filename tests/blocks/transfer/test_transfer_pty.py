@@ -1,4 +1,6 @@
-"""The pty transfer protocol against a real receiver process (pipes and a real pty)."""
+"""The pty transfer protocol against a real receiver process (pipes and a real pty).
+
+Every fault test runs with raw frames and with base64 frames (the ``framing`` fixture)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,22 @@ from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 from prefect_runpod.blocks.transfer.pty import PtyOptions, pty_download, pty_upload
 from tests.fixtures.transfer import POD_SIDE_DIR, FaultHooks, make_tree
 
-FAST = PtyOptions(chunk_bytes=64 * 1024, window_bytes=512 * 1024, stall_seconds=1.0)
+_FAST = dict(chunk_bytes=64 * 1024, window_bytes=512 * 1024, stall_seconds=1.0)
+
+
+@pytest.fixture(params=["raw", "base64"])
+def framing(request: pytest.FixtureRequest) -> str:
+    """The framing a test's transfers are made to use."""
+    return str(request.param)
+
+
+def fast(framing: str, **kw: object) -> PtyOptions:
+    """Small chunks and window, quick stall detection, the given framing."""
+    return PtyOptions(**{**_FAST, "framing": framing, **kw})  # type: ignore[arg-type]
+
+
+def _framed(result: MethodResult, framing: str) -> None:
+    assert result.link is not None and result.link.framing == framing
 
 
 def _same_tree(a: Path, b: Path) -> None:
@@ -45,35 +62,45 @@ def test_codec_roundtrip_and_detects_damage() -> None:
 
 
 @pytest.mark.parametrize("compress", [False, True])
-def test_upload_then_download_roundtrip(tmp_path: Path, pipe_streams, compress: bool) -> None:
+def test_upload_then_download_roundtrip(
+    tmp_path: Path, pipe_streams, compress: bool, framing: str
+) -> None:
     src = make_tree(tmp_path / "src")
     remote = tmp_path / "pod" / "bundle"
-    opts = PtyOptions(**{**FAST.__dict__, "compress": compress})
+    opts = fast(framing, compress=compress)
     source = Manifest.compute(src)
     up = pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=opts)
     assert isinstance(up, MethodResult)
     assert up.bytes == source.total_bytes and up.source_manifest == source
     assert up.dest_manifest.entries == source.entries
     assert up.dest_manifest.root == str(remote)
+    _framed(up, framing)
     _same_tree(src, remote)
     back = tmp_path / "back"
     down = pty_download(pipe_streams, POD_SIDE_DIR, str(remote), back, options=opts)
     assert down.source_manifest.entries == source.entries
     assert down.dest_manifest.entries == source.entries and down.bytes == source.total_bytes
+    _framed(down, framing)
     _same_tree(src, back)
 
 
-def test_raw_pty_carries_lines_longer_than_4096(tmp_path: Path, pty_streams) -> None:
+def test_raw_pty_carries_lines_longer_than_4096(tmp_path: Path, pty_streams, framing: str) -> None:
     src = make_tree(tmp_path / "src", big_bytes=300_000)
     remote = tmp_path / "pod"
-    opts = PtyOptions(**{**FAST.__dict__, "line_chars": 20000})
-    pty_upload(pty_streams, POD_SIDE_DIR, src, str(remote), Manifest.compute(src), options=opts)
+    opts = fast(framing, line_chars=20000)
+    up = pty_upload(
+        pty_streams, POD_SIDE_DIR, src, str(remote), Manifest.compute(src), options=opts
+    )
+    _framed(up, framing)
     _same_tree(src, remote)
-    pty_download(pty_streams, POD_SIDE_DIR, str(remote), tmp_path / "back", options=opts)
+    down = pty_download(pty_streams, POD_SIDE_DIR, str(remote), tmp_path / "back", options=opts)
+    _framed(down, framing)
     _same_tree(src, tmp_path / "back")
 
 
-def test_flipped_and_truncated_frames_are_repaired(tmp_path: Path, pipe_streams) -> None:
+def test_flipped_and_truncated_frames_are_repaired(
+    tmp_path: Path, pipe_streams, framing: str
+) -> None:
     src = make_tree(tmp_path / "src")
     remote = tmp_path / "pod"
     hooks = FaultHooks(flip_frame=5, truncate_frame=9)
@@ -83,21 +110,30 @@ def test_flipped_and_truncated_frames_are_repaired(tmp_path: Path, pipe_streams)
         src,
         str(remote),
         Manifest.compute(src),
-        options=FAST,
+        options=fast(framing),
         hooks=hooks,
     )
     assert hooks.fired == ["flip", "truncate"]
     assert up.retries >= 2
+    _framed(up, framing)
     _same_tree(src, remote)
     hooks = FaultHooks(flip_read=6)
     down = pty_download(
-        pipe_streams, POD_SIDE_DIR, str(remote), tmp_path / "back", options=FAST, hooks=hooks
+        pipe_streams,
+        POD_SIDE_DIR,
+        str(remote),
+        tmp_path / "back",
+        options=fast(framing),
+        hooks=hooks,
     )
     assert hooks.fired == ["flip_read"] and down.retries >= 1
+    _framed(down, framing)
     _same_tree(src, tmp_path / "back")
 
 
-def test_dropped_connection_resumes_from_verified_offset(tmp_path: Path, pipe_streams) -> None:
+def test_dropped_connection_resumes_from_verified_offset(
+    tmp_path: Path, pipe_streams, framing: str
+) -> None:
     src = make_tree(tmp_path / "src")
     remote = tmp_path / "pod"
     hooks = FaultHooks(drop_at_bytes=1024 * 1024, drop=lambda: pipe_streams.streams[-1].kill())
@@ -107,11 +143,12 @@ def test_dropped_connection_resumes_from_verified_offset(tmp_path: Path, pipe_st
         src,
         str(remote),
         Manifest.compute(src),
-        options=FAST,
+        options=fast(framing),
         hooks=hooks,
         reconnect=pipe_streams.reconnect,
     )
     assert hooks.fired == ["drop"] and up.reconnects == 1 and pipe_streams.reconnects == 1
+    _framed(up, framing)
     _same_tree(src, remote)
     hooks = FaultHooks(drop_at_bytes=1024 * 1024, drop=lambda: pipe_streams.streams[-1].kill())
     down = pty_download(
@@ -119,15 +156,16 @@ def test_dropped_connection_resumes_from_verified_offset(tmp_path: Path, pipe_st
         POD_SIDE_DIR,
         str(remote),
         tmp_path / "back",
-        options=FAST,
+        options=fast(framing),
         hooks=hooks,
         reconnect=pipe_streams.reconnect,
     )
     assert down.reconnects == 1
+    _framed(down, framing)
     _same_tree(src, tmp_path / "back")
 
 
-def test_upload_resumes_from_part_file(tmp_path: Path, pipe_streams) -> None:
+def test_upload_resumes_from_part_file(tmp_path: Path, pipe_streams, framing: str) -> None:
     src = tmp_path / "src"
     src.mkdir()
     data = os.urandom(1_000_000)
@@ -142,14 +180,16 @@ def test_upload_resumes_from_part_file(tmp_path: Path, pipe_streams) -> None:
     sent = []
     hooks = FaultHooks()
     hooks.frame_out = lambda fid, off, d: sent.append(off) or d  # type: ignore[method-assign]
-    pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=FAST, hooks=hooks)
+    pty_upload(
+        pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=fast(framing), hooks=hooks
+    )
     assert min(sent) == 300_000
     assert (remote / "f.bin").read_bytes() == data
 
 
-def test_disk_limit_names_the_file(tmp_path: Path, pipe_streams) -> None:
+def test_disk_limit_names_the_file(tmp_path: Path, pipe_streams, framing: str) -> None:
     src = make_tree(tmp_path / "src")
-    opts = PtyOptions(**{**FAST.__dict__, "shell_prefix": "ulimit -f 1024;"})  # 1 MiB
+    opts = fast(framing, shell_prefix="ulimit -f 1024;")  # 1 MiB
     with pytest.raises(TransferError, match=r"file size limit.*big\.bin") as info:
         pty_upload(
             pipe_streams,
@@ -164,7 +204,9 @@ def test_disk_limit_names_the_file(tmp_path: Path, pipe_streams) -> None:
     assert not isinstance(info.value, ChecksumMismatchError)
 
 
-def test_source_changed_during_upload_is_never_accepted(tmp_path: Path, pipe_streams) -> None:
+def test_source_changed_during_upload_is_never_accepted(
+    tmp_path: Path, pipe_streams, framing: str
+) -> None:
     src = tmp_path / "src"
     src.mkdir()
     (src / "model.bin").write_bytes(os.urandom(200_000))
@@ -172,6 +214,6 @@ def test_source_changed_during_upload_is_never_accepted(tmp_path: Path, pipe_str
     (src / "model.bin").write_bytes(os.urandom(200_000))  # differs from its manifest
     remote = tmp_path / "pod"
     with pytest.raises(ChecksumMismatchError, match="model.bin") as info:
-        pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=FAST)
+        pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=fast(framing))
     assert info.value.path == "model.bin"
     assert not (remote / "model.bin").exists()
