@@ -10,10 +10,12 @@ import pytest
 
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
+from prefect_runpod.blocks.faults import FAULTS_ENV
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.dispatch import download_dir, pick_method, upload_dir
 from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools, tools_dir
 from prefect_runpod.blocks.transfer.pty import PtyOptions
+from tests.fixtures.local_pod import start_pod
 from tests.fixtures.transfer import FaultHooks, make_tree
 
 pytestmark = pytest.mark.slow
@@ -43,6 +45,9 @@ def test_gateway_pty_roundtrip_with_drops(tmp_path: Path, local_pod) -> None:
         report = upload_dir(console, handle, src, "bundle", options=opts, hooks=hooks)
         assert hooks.fired == ["drop"] and report.verified and report.retries >= 1
         assert report.method == "pty"
+        # the local gateway relays bytes verbatim: the probe passes, raw frames travel
+        assert report.link is not None
+        assert (report.link.framing, report.link.probe) == ("raw", "passed")
         assert report.dest_manifest.root.endswith("/bundle")
         assert [e.path for e in report.dest_manifest.entries] == [
             e["path"] for e in mf.compute_manifest(str(src))["entries"]
@@ -54,6 +59,40 @@ def test_gateway_pty_roundtrip_with_drops(tmp_path: Path, local_pod) -> None:
         assert mf.compute_manifest(str(back))["entries"] == mf.compute_manifest(str(src))["entries"]
         # the console still works after the stream and the drops
         assert console.run("echo still-here").output.strip() == "still-here"
+
+
+def test_cooked_gateway_path_falls_back_to_base64_and_the_console_stays_healthy(
+    tmp_path: Path, local_provider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that relays bytes as a cooked terminal would (control bytes mangled):
+    the probe fails, base64 frames carry the files intact, the console keeps working."""
+    monkeypatch.setenv(FAULTS_ENV, "gateway_relay:cooked")
+    handle, keypair = start_pod(local_provider)
+    monkeypatch.delenv(FAULTS_ENV)
+    try:
+        src = make_tree(tmp_path / "src", big_bytes=600_000)
+        opts = PtyOptions(chunk_bytes=64 * 1024, stall_seconds=3.0)
+        with PodConsole.for_pod(handle, keypair.private_key) as console:
+            assert console.run("echo before").output.strip() == "before"
+            report = upload_dir(console, handle, src, "bundle", options=opts)
+            assert report.verified and report.link is not None
+            assert (report.link.framing, report.link.probe) == ("base64", "failed")
+            # the relay dropped the NUL going in and turned LF into CR LF coming out
+            assert "byte 0 sent 0x00 got 0x01" in report.link.probe_detail
+            assert "sent 0x0a got 0x0d" in report.link.probe_detail
+            assert console.run("echo still-here").output.strip() == "still-here"
+            back = tmp_path / "back"
+            down = download_dir(console, handle, "bundle", back, options=opts)
+            assert down.verified and down.link is not None and down.link.framing == "base64"
+            assert (
+                mf.compute_manifest(str(back))["entries"]
+                == mf.compute_manifest(str(src))["entries"]
+            )
+            with pytest.raises(TransferError, match="--pty-framing"):
+                upload_dir(console, handle, src, "raw", options=PtyOptions(framing="raw"))
+            assert console.run("echo ok").output.strip() == "ok"
+    finally:
+        local_provider.terminate(handle.pod_id)
 
 
 def test_gateway_disk_limit_names_file(tmp_path: Path, local_pod) -> None:
