@@ -10,6 +10,10 @@ variable ``PREFECT_RUNPOD_FAULTS`` lists ``point:action`` pairs separated by com
   run, drop its SSH link or kill its process at exactly that point. The wait ends early
   when ``<point>.release`` appears beside the marker (the run then goes on).
 
+One point is read by the local pod's daemon rather than by a stage:
+``gateway_relay:cooked`` makes the gateway relay PTY bytes as a cooked terminal path
+would (``local_pod.daemon.CookedRelay``).
+
 With ``PREFECT_RUNPOD_FAULT_DIR`` set, each action also leaves ``<point>.fired``
 (``<epoch seconds> <action>``) there just before it fires.
 

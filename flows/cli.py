@@ -124,6 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="file transfer method (auto: s3 with --s3-target, sftp in direct mode, else pty)",
     )
     ft.add_argument(
+        "--pty-framing",
+        default="auto",
+        choices=_framing_choices(),
+        help="pty transfers: raw frames when a probe finds the gateway 8-bit clean (auto), "
+        "always raw, or always base64",
+    )
+    ft.add_argument(
+        "--pty-streams",
+        type=int,
+        default=1,
+        help="pty transfers: PTY sessions to stripe large files over (1-16, default 1)",
+    )
+    ft.add_argument(
         "--follow-links",
         action="store_true",
         help="copy what links leaving the bundle point at (default: refuse them, naming each)",
@@ -301,6 +314,12 @@ def _provider_params(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _framing_choices() -> tuple[str, ...]:
+    from prefect_runpod.blocks.transfer.pty_options import FRAMING_CHOICES
+
+    return FRAMING_CHOICES
+
+
 def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
     """The flow's parameters from the command line (no secret among them)."""
     return {
@@ -313,6 +332,8 @@ def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
         "hf_endpoint": args.hf_endpoint,
         "transfer_method": args.transfer,
         "follow_links": args.follow_links,
+        "pty_framing": args.pty_framing,
+        "pty_streams": args.pty_streams,
         "max_cost_usd": args.max_cost_usd,
         "max_runtime_seconds": args.max_runtime_seconds,
         "parity_tolerance": args.parity_tolerance,

@@ -192,6 +192,8 @@ def finetune(
     hf_endpoint: str | None = None,
     transfer_method: str = "auto",
     follow_links: bool = False,
+    pty_framing: Literal["auto", "raw", "base64"] = "auto",
+    pty_streams: int = 1,
     max_cost_usd: float | None = None,
     max_runtime_seconds: float = 3600.0,
     parity_tolerance: float = 0.02,
@@ -237,6 +239,11 @@ def finetune(
         follow_links: copy what links that leave the bundle (or the outputs) point at,
             instead of refusing them before anything is rented; in-tree relative links
             always travel as links.
+        pty_framing: how the ``pty`` method frames bytes: ``auto`` (raw frames when a
+            probe finds that every byte value crosses the gateway unchanged, base64
+            otherwise), ``raw`` (or a clear error) or ``base64``.
+        pty_streams: PTY sessions a ``pty`` transfer stripes large files over (1–16;
+            more than 1 for a gateway that caps each session's bandwidth).
         max_cost_usd: budget cap in USD; reaching it ends the run and terminates the pod.
         max_runtime_seconds: training runtime cap in seconds.
         parity_tolerance: allowed accuracy gap between in-training and standalone eval.
@@ -527,6 +534,7 @@ def _run_on_pod(
             settings.transfer_method,
             s3=s3,
             paths=settings.upload.files if settings.upload else None,
+            options=settings.transfer_options(),
             follow_links=settings.follow_links,
             reconnect=reconnect,
         )
@@ -626,6 +634,7 @@ def _run_on_pod(
             s3=s3,
             only=only,
             staging_dir=f"{run_dir}/download-eval" if only else None,
+            options=settings.transfer_options(),
             follow_links=settings.follow_links,
             reconnect=reconnect,
         )

@@ -27,6 +27,7 @@ from prefect_runpod.blocks.local_pod.images import profile_names
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DEFAULT_POD_LIFETIME_SECONDS, DEFAULT_POD_POLL_SECONDS
 from prefect_runpod.blocks.transfer.dispatch import check_tree
+from prefect_runpod.blocks.transfer.pty_options import PtyOptions
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
 from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_bundle_files
 from prefect_runpod.tasks.models import PublishTarget
@@ -86,6 +87,10 @@ class RunSettings(BaseModel):
             refusing them.
         reconnect_budget_seconds: how long each stage after ready waits for the pod's
             SSH to come back (s).
+        pty_framing: how the ``pty`` method frames bytes: ``auto`` (raw frames when the
+            probe finds every byte value crosses the gateway unchanged), ``raw`` or
+            ``base64``.
+        pty_streams: PTY sessions a ``pty`` transfer stripes large files over (1–16).
     """
 
     bundle: BundleSpec
@@ -107,6 +112,13 @@ class RunSettings(BaseModel):
     download: Literal["all", "eval", "none"] = "all"
     follow_links: bool = False
     reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS
+    pty_framing: Literal["auto", "raw", "base64"] = "auto"
+    pty_streams: int = 1
+
+    def transfer_options(self) -> PtyOptions:
+        """The ``pty`` method's options for this run's transfers (other methods ignore
+        them)."""
+        return PtyOptions(framing=self.pty_framing, streams=self.pty_streams)
 
 
 def validate_settings(
@@ -143,6 +155,8 @@ def validate_settings(
     download: str = "all",
     follow_links: bool = False,
     reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
+    pty_framing: str = "auto",
+    pty_streams: int = 1,
 ) -> RunSettings:
     """Check a run's input before anything is rented; reads the bundle, nothing else.
     Parameters and defaults are the fine-tune flow's (``flows.finetune.finetune``).
@@ -204,6 +218,7 @@ def validate_settings(
     terminate_timeout = v.check_number("terminate_timeout_seconds", terminate_timeout_seconds)
     assert runtime is not None and tolerance is not None and stale is not None and lifetime
     assert reconnect_budget is not None and poll is not None and terminate_timeout is not None
+    pty = PtyOptions(framing=pty_framing, streams=pty_streams)  # checked where it is made
     if runtime > lifetime:
         raise SpecError(
             f"{v.label('max_runtime_seconds')} {runtime:g} s is longer than "
@@ -254,6 +269,8 @@ def validate_settings(
         download=download,  # type: ignore[arg-type]
         follow_links=bool(follow_links),
         reconnect_budget_seconds=reconnect_budget,
+        pty_framing=pty.framing,  # type: ignore[arg-type]
+        pty_streams=pty.streams,
     )
 
 

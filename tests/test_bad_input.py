@@ -157,6 +157,9 @@ CASES = [
     Case("local-mode-unknown", ft("--local-mode", "ssh"), "invalid choice: 'ssh'"),
     Case("cost-not-a-number", ft("--max-cost-usd", "two"), "invalid float value: 'two'"),
     Case("download-unknown", ft("--download", "half"), "invalid choice: 'half'"),
+    Case("pty-framing-unknown", ft("--pty-framing", "binary"), "invalid choice: 'binary'"),
+    Case("pty-streams-zero", ft("--pty-streams", "0"), "pty_streams (--pty-streams) must be a whole number"),
+    Case("pty-streams-too-many", ft("--pty-streams", "64"), "at most 16"),
     # --- the other commands ---
     Case("terminate-without-id", ["terminate"], "give a POD_ID or --name NAME"),
     Case("pods-bad-prefix", ["pods", "--name-prefix", "BAD"], "must be 1-23 lowercase letters"),
@@ -187,6 +190,7 @@ BLOCK_CASES = [
 
 
 ARGPARSE_CASES = {
+    "pty-framing-unknown",
     "transfer-unknown",
     "provider-unknown",
     "local-mode-unknown",
@@ -326,6 +330,7 @@ FLOW_CASES = [
     ("gpu-type-on-local", {"gpu_type_ids": ["NVIDIA GeForce RTX 3090"]}, "applies only to --provider runpod"),
     ("token-as-model-id", {"model_id": TOKEN}, "holds what looks like a Hugging Face token"),
     ("spec-block-missing", {"provider": "runpod", "runpod_spec_block": "nope"}, "no RunPodPodSpec block is named 'nope'"),
+    ("pty-streams-zero", {"pty_streams": 0}, "pty_streams (--pty-streams) must be a whole number"),
 ]  # fmt: skip
 
 
