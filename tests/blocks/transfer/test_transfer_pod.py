@@ -152,3 +152,34 @@ def test_upload_sends_only_the_selected_paths(tmp_path: Path, local_pod) -> None
         listing = console.run(f"cd {handle.workdir}/sel && find . -type f | sort").output
     assert report.verified and [e.path for e in report.dest_manifest.entries] == chosen
     assert listing.split("\n") == ["./empty.txt", "./sub dir/naïve café ✓.json", "./text.log"]
+
+
+def test_gateway_streams_stripe_over_extra_ssh_sessions(tmp_path: Path, local_pod) -> None:
+    """``streams=3``: large files travel as segments over three SSH sessions to the
+    gateway, each its own receiver, joined and verified on the pod (and here)."""
+    _, handle, keypair = local_pod
+    src = make_tree(tmp_path / "src")
+    opts = PtyOptions(chunk_bytes=64 * 1024, streams=3, stall_seconds=3.0)
+    with PodConsole.for_pod(handle, keypair.private_key) as console:
+        with pytest.raises(SpecError, match="need the private key"):
+            upload_dir(console, handle, src, "striped", method="pty", options=opts)
+        report = upload_dir(
+            console, handle, src, "striped", options=opts, private_key=keypair.private_key
+        )
+        assert report.verified and report.link is not None and report.link.streams == 3
+        down = download_dir(
+            console,
+            handle,
+            "striped",
+            tmp_path / "back",
+            options=opts,
+            private_key=keypair.private_key,
+        )
+        assert down.verified and down.link is not None and down.link.streams == 3
+        left = console.run(f"find {handle.workdir}/striped -name '*.part*' | wc -l").output
+        assert left.strip() == "0"
+        assert console.run("echo ok").output.strip() == "ok"
+    assert (
+        mf.compute_manifest(str(tmp_path / "back"))["entries"]
+        == mf.compute_manifest(str(src))["entries"]
+    )
