@@ -316,20 +316,12 @@ class Session:
             detail = f"the pod's tty could not be put in raw mode ({input_kind})"
             self._refuse_raw(asked, detail)
         token = secrets.token_hex(8)
-        sent = time.monotonic()
-        self.line("#PING", token)
-        if not detail:
-            self.write(codec.probe_block(token))
-        self.wait_for(
-            lambda k, e: k == "line" and e[:2] == ["#PONG", token],
-            self.opts.stall_seconds,
-            "answer to #PING",
-        )
-        link.rtt_seconds = time.monotonic() - sent
         if detail:
+            self._ping(link, token)
             link.framing, link.probe, link.probe_detail = "base64", "skipped", detail
             return
         try:
+            self._ping(link, token, probe=True)
             ok, detail = self._probe_answers(token)
         except Dropped:
             if asked == "auto":  # a path that breaks on some byte value: base64 from now on
@@ -340,6 +332,20 @@ class Session:
         if not ok:
             self._refuse_raw(asked, detail)
         link.framing = "raw" if ok else "base64"
+
+    def _ping(self, link: LinkState, token: str, probe: bool = False) -> None:
+        """Send ``#PING`` (and the probe right after it, in the same flight); note the
+        round trip once ``#PONG`` is back."""
+        sent = time.monotonic()
+        self.line("#PING", token)
+        if probe:
+            self.write(codec.probe_block(token))
+        self.wait_for(
+            lambda k, e: k == "line" and e[:2] == ["#PONG", token],
+            self.opts.stall_seconds,
+            "answer to #PING",
+        )
+        link.rtt_seconds = time.monotonic() - sent
 
     def _refuse_raw(self, asked: str, detail: str) -> None:
         if asked == "raw":

@@ -396,3 +396,48 @@ def test_large_files_stripe_over_several_streams(
     assert down.link is not None and down.link.streams == 3
     _same_tree(src, tmp_path / "back")
     assert not [p for p in mf.list_files(str(tmp_path / "back")) if mf.is_transfer_scratch(p)]
+
+
+class _BreaksOnProbe(StreamFactory):
+    """A path that drops the session when the probe's bytes cross it (a gateway that
+    hangs up on some byte value), and carries everything else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drops = 0
+
+    def __call__(self, command: str):  # type: ignore[no-untyped-def]
+        stream = super().__call__(command)
+        plain = stream.write
+
+        def write(data: bytes) -> None:
+            if b"#PROBE " in data:
+                self.drops += 1
+                stream.kill()
+                raise EOFError("the gateway hung up")
+            plain(data)
+
+        stream.write = write  # type: ignore[method-assign]
+        return stream
+
+
+def test_a_path_that_drops_on_the_probe_settles_for_base64(tmp_path: Path) -> None:
+    factory = _BreaksOnProbe()
+    try:
+        src = make_tree(tmp_path / "src")
+        up = pty_upload(
+            factory,
+            POD_SIDE_DIR,
+            src,
+            str(tmp_path / "pod"),
+            Manifest.compute(src),
+            options=PtyOptions(**FAST),
+            reconnect=factory.reconnect,
+        )
+        assert factory.drops == 1 and up.reconnects == 1
+        assert up.link is not None
+        assert (up.link.framing, up.link.probe) == ("base64", "failed")
+        assert "dropped during the probe" in up.link.probe_detail
+        _same_tree(src, tmp_path / "pod")
+    finally:
+        factory.close()
