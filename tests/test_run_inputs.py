@@ -110,6 +110,27 @@ def test_settings_carry_the_checked_values_and_the_selected_files(tmp_path):
     assert settings.upload.ignored_files == 1
 
 
+def test_pty_framing_and_streams_reach_the_transfers_options(tmp_path):
+    bundle = copy_demo_bundle(tmp_path / "bundle")
+    settings = validate_settings(
+        bundle=bundle, output_dir=tmp_path / "out", pty_framing="base64", pty_streams=3
+    )
+    opts = settings.transfer_options()
+    assert (opts.framing, opts.streams) == ("base64", 3)
+    default = validate_settings(bundle=bundle, output_dir=tmp_path / "out")
+    assert (default.transfer_options().framing, default.transfer_options().streams) == ("auto", 1)
+    with pytest.raises(SpecError, match=r"pty_framing \(--pty-framing\) 'binary' is not one of"):
+        validate_settings(bundle=bundle, output_dir=tmp_path / "out", pty_framing="binary")
+
+
+def test_the_cli_passes_the_pty_options_to_the_flow():
+    from prefect_runpod.flows.cli import _finetune_params, build_parser
+
+    args = build_parser().parse_args(["finetune", "--pty-framing", "raw", "--pty-streams", "2"])
+    params = _finetune_params(args)
+    assert (params["pty_framing"], params["pty_streams"]) == ("raw", 2)
+
+
 def test_prepare_run_on_runpod_without_saved_blocks(tmp_path, monkeypatch):
     """RunPod, no saved blocks: the key from the environment, the default spec; sftp is
     possible there (22/tcp on a public IP, checked again once the pod runs), runpodctl
