@@ -217,3 +217,40 @@ def test_source_changed_during_upload_is_never_accepted(
         pty_upload(pipe_streams, POD_SIDE_DIR, src, str(remote), source, options=fast(framing))
     assert info.value.path == "model.bin"
     assert not (remote / "model.bin").exists()
+
+
+@pytest.mark.parametrize("where", ["first-chunk", "middle", "last-byte"])
+def test_a_drop_at_any_point_resumes(
+    tmp_path: Path, pipe_streams, framing: str, where: str
+) -> None:
+    src = make_tree(tmp_path / "src")
+    source = Manifest.compute(src)
+    at = {"first-chunk": 1, "middle": source.total_bytes // 2, "last-byte": source.total_bytes}
+    remote = tmp_path / "pod"
+    for direction in ("upload", "download"):
+        hooks = FaultHooks(drop_at_bytes=at[where], drop=lambda: pipe_streams.streams[-1].kill())
+        if direction == "upload":
+            result = pty_upload(
+                pipe_streams,
+                POD_SIDE_DIR,
+                src,
+                str(remote),
+                source,
+                options=fast(framing),
+                hooks=hooks,
+                reconnect=pipe_streams.reconnect,
+            )
+            _same_tree(src, remote)
+        else:
+            result = pty_download(
+                pipe_streams,
+                POD_SIDE_DIR,
+                str(remote),
+                tmp_path / "back",
+                options=fast(framing),
+                hooks=hooks,
+                reconnect=pipe_streams.reconnect,
+            )
+            _same_tree(src, tmp_path / "back")
+        assert hooks.fired == ["drop"] and result.reconnects == 1, direction
+        _framed(result, framing)
