@@ -1,10 +1,5 @@
-"""The ``prefect-runpod`` command line.
-
-    prefect-runpod finetune [options]     run the fine-tune (local pod + demo bundle by default)
-    prefect-runpod pods                   list live pods with our name prefix
-    prefect-runpod terminate POD_ID       terminate a pod (idempotent, confirmed, recorded)
-    prefect-runpod reaper                 run the reaper flow once
-    prefect-runpod cost [RUN_ID]          what runs cost; --reconcile completes a record
+"""``prefect-runpod finetune``: run the fine-tune flow from the command line, and the
+fine-tune options that ``plan`` shares (the same options, the same checks).
 
 Secrets are never taken as arguments (they would land in shell history and
 ``/proc/*/cmdline``) nor passed on as run parameters (Prefect stores those as sent):
@@ -23,42 +18,19 @@ summary is printed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
-import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefect_runpod.blocks.provider import (
-    DEFAULT_POD_LIFETIME_SECONDS,
-    DEFAULT_POD_POLL_SECONDS,
-    REAPER_TTL_GRACE_SECONDS,
-)
+from prefect_runpod.blocks.provider import DEFAULT_POD_LIFETIME_SECONDS, DEFAULT_POD_POLL_SECONDS
+from prefect_runpod.flows.cli.common import EXIT_FAILED, api, quiet_console_tracebacks
 
-__all__ = ["EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
-
-EXIT_FAILED = 1
-"""A run (or a command) that started and failed."""
-EXIT_USAGE = 2
-"""Bad input, refused before anything started: nothing was rented."""
+__all__ = ["add_finetune_options", "add_parser", "finetune_params", "print_report", "run"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``prefect-runpod`` (every option documented in ``--help``)."""
-    from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
-    from prefect_runpod.blocks.local_pod.images import profile_names
-
-    parser = argparse.ArgumentParser(
-        prog="prefect-runpod",
-        description="Run a fine-tune on a RunPod GPU pod (or the embedded local pod) end to "
-        "end with Prefect: provision, env, hf_auth, upload, train, eval_parity, publish, "
-        "download, checksum, terminate. The pod is always terminated.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_parser(sub: Any) -> None:
+    """Register ``finetune`` under the CLI's subcommands."""
     ft = sub.add_parser(
         "finetune",
         help="run the fine-tune flow",
@@ -66,6 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(a loopback SSH server that behaves like RunPod's PTY-only gateway). Exit status 0 "
         "only when every stage passed and the pod is confirmed terminated.",
     )
+    add_finetune_options(ft)
+    ft.add_argument(
+        "--json", action="store_true", help="print the RunReport as JSON instead of the summary"
+    )
+
+
+def add_finetune_options(ft: argparse.ArgumentParser) -> None:
+    """Add every option of a fine-tune run (``finetune`` and ``plan`` take the same)."""
+    from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
+    from prefect_runpod.blocks.local_pod.images import profile_names
+
     ft.add_argument("--bundle", help="bundle directory with bundle.toml (default: the demo bundle)")
     ft.add_argument(
         "--provider",
@@ -253,47 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="upload this bundle file although it looks like a secret (a path or gitignore "
         "pattern inside the bundle; repeat for more)",
     )
-    ft.add_argument(
-        "--json", action="store_true", help="print the RunReport as JSON instead of the summary"
-    )
-
-    pods = sub.add_parser("pods", help="list live pods with a name prefix")
-    _provider_args(pods)
-
-    term = sub.add_parser("terminate", help="terminate a pod by id or name (idempotent, confirmed)")
-    term.add_argument("pod_id", nargs="?", help="the pod id")
-    term.add_argument("--name", help="terminate the pod with this name instead")
-    _provider_args(term)
-
-    reap = sub.add_parser("reaper", help="run the reaper once: terminate orphaned pods")
-    _provider_args(reap)
-    reap.add_argument(
-        "--ttl-seconds",
-        type=float,
-        default=None,
-        help="terminate any pod older than this, however fresh its heartbeat (default: the "
-        "pod's recorded lifetime plus "
-        f"{REAPER_TTL_GRACE_SECONDS:g} s; {DEFAULT_POD_LIFETIME_SECONDS:g} s plus that when "
-        "the pod recorded none)",
-    )
-
-    from prefect_runpod.flows import cost_command
-
-    cost_command.add_parser(sub, _provider_args)
-    return parser
-
-
-def _provider_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--provider",
-        choices=["local", "runpod"],
-        default="local",
-        help="local pods (default) or RunPod",
-    )
-    p.add_argument("--name-prefix", default="prft", help="pod name prefix (default prft)")
-    p.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
-    p.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
-    p.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
 
 
 def _transfer_choices() -> tuple[str, ...]:
@@ -302,25 +244,13 @@ def _transfer_choices() -> tuple[str, ...]:
     return transfer_methods()
 
 
-def _provider_params(args: argparse.Namespace) -> dict[str, Any]:
-    from prefect_runpod.blocks.validation import check_name_prefix
-
-    check_name_prefix(args.name_prefix)
-    return {
-        "provider": args.provider,
-        "runpod_credentials_block": args.runpod_credentials,
-        "runpod_spec_block": args.runpod_spec,
-        "ssh_key_block": args.ssh_key,
-    }
-
-
 def _framing_choices() -> tuple[str, ...]:
     from prefect_runpod.blocks.transfer.pty_options import FRAMING_CHOICES
 
     return FRAMING_CHOICES
 
 
-def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
+def finetune_params(args: argparse.Namespace) -> dict[str, Any]:
     """The flow's parameters from the command line (no secret among them)."""
     return {
         "bundle": args.bundle,
@@ -362,44 +292,14 @@ def _finetune_params(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-class _NoTraceback(logging.Formatter):
-    """A console formatter that leaves tracebacks out: the run's summary names the error,
-    and the full traceback still reaches the Prefect API's logs."""
-
-    def __init__(self, inner: logging.Formatter | None) -> None:
-        super().__init__()
-        self.inner = inner or logging.Formatter()
-
-    def format(self, record: logging.LogRecord) -> str:
-        saved = record.exc_info, record.exc_text, record.stack_info
-        record.exc_info, record.exc_text, record.stack_info = None, None, None
-        try:
-            return self.inner.format(record)
-        finally:
-            record.exc_info, record.exc_text, record.stack_info = saved
-
-
-def _quiet_console_tracebacks() -> None:
-    """Give Prefect's console handlers a formatter without tracebacks (idempotent)."""
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    loggers = [logging.getLogger()] + [
-        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
-    ]
-    for logger in loggers:
-        for handler in logger.handlers:
-            if isinstance(handler, PrefectConsoleHandler) and not isinstance(
-                handler.formatter, _NoTraceback
-            ):
-                handler.setFormatter(_NoTraceback(handler.formatter))
-
-
-def _cmd_finetune(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``prefect-runpod finetune``; returns the exit status (0 only when every
+    stage passed and the pod is confirmed gone)."""
     from prefect_runpod.flows.cli_session import EXIT_SIGINT, EXIT_SIGTERM, Terminated
     from prefect_runpod.flows.finetune import demo_bundle, finetune, last_output_dir
     from prefect_runpod.flows.run_inputs import prepare_run
 
-    params = _finetune_params(args)
+    params = finetune_params(args)
     # Bad input fails here, before Prefect starts a run or anything is rented; saved
     # blocks are looked up only when the command names one.
     prepare_run(
@@ -408,8 +308,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         run_name=f"{args.name_prefix}-<flow_run_id>",
     )
     # The flow's preflight checks again, for every caller that reaches it without the CLI.
-    _quiet_console_tracebacks()
-    with _api():  # the summary is printed while the API still takes the run's last logs
+    quiet_console_tracebacks()
+    with api():  # the summary is printed while the API still takes the run's last logs
         try:
             state = finetune(**params, return_state=True)
         except (KeyboardInterrupt, Terminated) as signalled:
@@ -418,7 +318,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
             name = "SIGTERM" if isinstance(signalled, Terminated) else "Ctrl-C"
             print(f"\nthe run was stopped by {name}", file=sys.stderr)
             if out is not None and (out / "run-report.json").is_file():
-                _print_report(out / "run-report.json", args.json)
+                print_report(out / "run-report.json", args.json)
             return EXIT_SIGTERM if isinstance(signalled, Terminated) else EXIT_SIGINT
     run_id = str(state.state_details.flow_run_id)
     out = (
@@ -431,11 +331,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
-    data = _print_report(report_file, args.json)
+    data = print_report(report_file, args.json)
     return 0 if (state.is_completed() and data.get("passed")) else EXIT_FAILED
 
 
-def _print_report(report_file: Path, as_json: bool) -> dict[str, Any]:
+def print_report(report_file: Path, as_json: bool) -> dict[str, Any]:
     """Print the run's summary (or its report as JSON); return the report's data."""
     from prefect_runpod.flows.report import RunReport, render_summary
 
@@ -447,159 +347,3 @@ def _print_report(report_file: Path, as_json: bool) -> dict[str, Any]:
         print(render_summary(RunReport.model_validate(data)))
         print(f"report       {report_file}")
     return dict(data)
-
-
-def _cmd_pods(args: argparse.Namespace) -> int:
-    from prefect_runpod.flows.providers import build_provider
-    from prefect_runpod.flows.reaper import deadman_note
-
-    provider, _ = build_provider(_provider_params(args), need_ssh_key=False)
-    pods = provider.list(args.name_prefix)
-    for h in pods:
-        lease = h.terminate_after.isoformat() if h.terminate_after else "no lease"
-        print(
-            f"{h.pod_id}\t{h.name}\t{h.gpu_type}\t{h.cost_per_hr:.2f} USD/h\t"
-            f"{h.created_at.isoformat()}\tends by {lease}\tdead-man: {deadman_note(h)}"
-        )
-    if not pods:
-        print(f"no live pods with prefix {args.name_prefix!r}", file=sys.stderr)
-    return 0
-
-
-def _cmd_terminate(args: argparse.Namespace) -> int:
-    from prefect_runpod.blocks.provider import EndedBy, PodEnd
-    from prefect_runpod.blocks.validation import check_pod_id
-    from prefect_runpod.flows.cost_record import record_pod_end
-    from prefect_runpod.flows.providers import build_provider
-    from prefect_runpod.flows.reaper import flow_run_id_from_pod_name
-    from prefect_runpod.tasks.terminate import terminate_pod
-
-    if not args.pod_id and not args.name:
-        print(
-            "error: give a POD_ID or --name NAME (prefect-runpod pods lists them)", file=sys.stderr
-        )
-        return EXIT_USAGE
-    if args.pod_id:
-        check_pod_id(args.pod_id)
-    provider, _ = build_provider(_provider_params(args), need_ssh_key=False)
-    live = provider.list("")
-    matches = [h for h in live if (h.name == args.name if args.name else h.pod_id == args.pod_id)]
-    handle = matches[-1] if matches else None
-    if args.name and handle is None:
-        print(f"no live pod named {args.name}")
-        return 0
-    result = terminate_pod(provider, handle.pod_id if handle else args.pod_id)
-    if result.already_gone:
-        print(
-            f"{result.pod_id}: no such pod at {args.provider} (already terminated, or the id "
-            "is mistyped); nothing bills under this id — `prefect-runpod pods` lists live pods"
-        )
-        return 0
-    print(f"{result.pod_id} terminated (confirmed {result.confirmed_at.isoformat()})")
-    run_id = flow_run_id_from_pod_name(handle.name, None) if handle else None
-    if run_id is not None and handle is not None:
-        end = PodEnd(
-            pod_id=result.pod_id,
-            ended_by=EndedBy.CLI,
-            confirmed=True,
-            ended_at=result.confirmed_at,
-            layer="prefect-runpod terminate",
-        )
-        with _api():
-            record = record_pod_end(
-                str(run_id), end, recorded_by="cli", handle=handle, provider=provider
-            )
-        if record is not None:
-            print(f"run {run_id}: cost recorded, {record.usd:.6f} USD ({record.state_line()})")
-    return 0
-
-
-def _cmd_reaper(args: argparse.Namespace) -> int:
-    from prefect_runpod.blocks.validation import check_number
-    from prefect_runpod.flows.reaper import reaper
-
-    params = _provider_params(args)
-    check_number("ttl_seconds", args.ttl_seconds, optional=True)
-    _quiet_console_tracebacks()
-    with _api():
-        result = reaper(
-            provider=args.provider,
-            name_prefix=args.name_prefix,
-            ttl_seconds=args.ttl_seconds,
-            runpod_credentials_block=params["runpod_credentials_block"],
-            runpod_spec_block=params["runpod_spec_block"],
-            ssh_key_block=params["ssh_key_block"],
-        )
-    print(json.dumps(result, indent=2, default=str))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``prefect-runpod``; returns the exit status: 0 success,
-    ``EXIT_FAILED`` (1) a run or command that failed, ``EXIT_USAGE`` (2) bad input
-    refused before anything was rented (one sentence on stderr, no traceback)."""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help, or argparse's own usage error (status 2)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    from prefect.settings import get_current_settings, temporary_settings
-
-    from prefect_runpod.blocks.exceptions import RunPodFlowError, SpecError
-    from prefect_runpod.flows.cli_session import (
-        EXIT_SIGINT,
-        EXIT_SIGTERM,
-        Terminated,
-        orderly_signals,
-    )
-
-    # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
-    # deadline is too short on a busy small machine, and it should not phone home.
-    # Prefect cannot create its home when the parent is missing (it then retries sqlite
-    # for minutes); make it here.
-    Path(get_current_settings().home).expanduser().mkdir(parents=True, exist_ok=True)
-    defaults: dict[Any, Any] = {}
-    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
-        timeout = max(get_current_settings().server.ephemeral.startup_timeout_seconds, 120)
-        defaults["server.ephemeral.startup_timeout_seconds"] = timeout
-    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
-        defaults["server.analytics_enabled"] = False
-    try:
-        with orderly_signals(), temporary_settings(updates=defaults):
-            return _dispatch(args)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except RunPodFlowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except (KeyboardInterrupt, Terminated) as exc:
-        print(
-            f"stopped by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'}", file=sys.stderr
-        )
-        return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
-
-
-def _api() -> contextlib.AbstractContextManager[str | None]:
-    """The Prefect API for a command that needs one, started only once its input passed:
-    the configured one, else a temporary server the CLI owns (``cli_session``)."""
-    from prefect.settings import get_current_settings
-
-    from prefect_runpod.flows.cli_session import temporary_server
-
-    return temporary_server(get_current_settings().server.ephemeral.startup_timeout_seconds)
-
-
-def _dispatch(args: argparse.Namespace) -> int:
-    from prefect_runpod.flows import cost_command
-
-    return {
-        "finetune": _cmd_finetune,
-        "pods": _cmd_pods,
-        "terminate": _cmd_terminate,
-        "reaper": _cmd_reaper,
-        "cost": lambda a: cost_command.run(a, api=_api),
-    }[args.command](args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

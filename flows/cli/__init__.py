@@ -1,0 +1,108 @@
+"""The ``prefect-runpod`` command line: run fine-tunes, and watch, reach and price them.
+
+    prefect-runpod finetune [options]     run the fine-tune (local pod + demo bundle by default)
+    prefect-runpod plan [options]         every precondition and the price; rents nothing
+    prefect-runpod check                  credentials, SSH key, HF token, tools, Prefect API
+    prefect-runpod status [RUN]           live and recent runs: stage, pod, age, USD, ssh
+    prefect-runpod logs RUN [--follow]    the training log, from the pod or the downloaded copy
+    prefect-runpod ssh RUN|POD            an interactive shell in the pod
+    prefect-runpod pods                   live pods: run, state, age, cost so far, ssh command
+    prefect-runpod terminate POD_ID       terminate a pod (idempotent, confirmed, recorded)
+    prefect-runpod reaper [--dry-run]     one reaper pass over orphaned pods
+    prefect-runpod cost [RUN_ID]          what runs cost, ours beside RunPod's bill
+
+One module per command group (``launch``: finetune; ``pods``: pods, ssh, terminate,
+reaper; ``flows.cost_command``: cost); ``common`` holds what they share. The exit status
+is 0 on success, ``EXIT_FAILED`` (1) for a run or command that failed, ``EXIT_USAGE`` (2)
+for bad input refused before anything was rented (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect_runpod.flows.cli.common import EXIT_FAILED, EXIT_USAGE, api, provider_args
+
+__all__ = ["EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``prefect-runpod`` (every option documented in ``--help``)."""
+    from prefect_runpod.flows import cost_command
+    from prefect_runpod.flows.cli import launch, pods
+
+    parser = argparse.ArgumentParser(
+        prog="prefect-runpod",
+        description="Run a fine-tune on a RunPod GPU pod (or the embedded local pod) end to "
+        "end with Prefect: provision, env, hf_auth, upload, train, eval_parity, publish, "
+        "download, checksum, terminate. The pod is always terminated.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    launch.add_parser(sub)
+    pods.add_parsers(sub)
+    cost_command.add_parser(sub, provider_args)
+    return parser
+
+
+def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
+    from prefect_runpod.flows import cost_command
+    from prefect_runpod.flows.cli import launch, pods
+
+    return {
+        "finetune": launch.run,
+        "pods": pods.run_pods,
+        "ssh": pods.run_ssh,
+        "terminate": pods.run_terminate,
+        "reaper": pods.run_reaper,
+        "cost": lambda a: cost_command.run(a, api=api),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``prefect-runpod``; returns the exit status: 0 success,
+    ``EXIT_FAILED`` (1) a run or command that failed, ``EXIT_USAGE`` (2) bad input
+    refused before anything was rented (one sentence on stderr, no traceback)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or argparse's own usage error (status 2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    from prefect.settings import get_current_settings, temporary_settings
+
+    from prefect_runpod.blocks.exceptions import RunPodFlowError, SpecError
+    from prefect_runpod.flows.cli_session import (
+        EXIT_SIGINT,
+        EXIT_SIGTERM,
+        Terminated,
+        orderly_signals,
+    )
+
+    # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
+    # deadline is too short on a busy small machine, and it should not phone home.
+    # Prefect cannot create its home when the parent is missing (it then retries sqlite
+    # for minutes); make it here.
+    Path(get_current_settings().home).expanduser().mkdir(parents=True, exist_ok=True)
+    defaults: dict[Any, Any] = {}
+    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
+        timeout = max(get_current_settings().server.ephemeral.startup_timeout_seconds, 120)
+        defaults["server.ephemeral.startup_timeout_seconds"] = timeout
+    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
+        defaults["server.analytics_enabled"] = False
+    try:
+        with orderly_signals(), temporary_settings(updates=defaults):
+            return _commands()[args.command](args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RunPodFlowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (KeyboardInterrupt, Terminated) as exc:
+        print(
+            f"stopped by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'}", file=sys.stderr
+        )
+        return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT

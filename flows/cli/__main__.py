@@ -1,0 +1,5 @@
+"""``python -m prefect_runpod.flows.cli``: the same as ``prefect-runpod``."""
+
+from prefect_runpod.flows.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""What every ``prefect-runpod`` command shares: the exit statuses, the provider options,
+the Prefect API a command opens, quiet console tracebacks, and the output helpers
+(a rich table, or the same rows as JSON with ``--json``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "age_text",
+    "api",
+    "print_json",
+    "print_table",
+    "provider_args",
+    "provider_params",
+    "quiet_console_tracebacks",
+]
+
+EXIT_FAILED = 1
+"""A run (or a command) that started and failed; for ``plan``/``check``: a precondition fails."""
+EXIT_USAGE = 2
+"""Bad input, refused before anything started: nothing was rented."""
+
+
+def provider_args(p: argparse.ArgumentParser) -> None:
+    """Add the options that pick a provider and its saved blocks (``--provider``,
+    ``--name-prefix``, ``--runpod-credentials``, ``--runpod-spec``, ``--ssh-key``)."""
+    p.add_argument(
+        "--provider",
+        choices=["local", "runpod"],
+        default="local",
+        help="local pods (default) or RunPod",
+    )
+    p.add_argument("--name-prefix", default="prft", help="pod name prefix (default prft)")
+    p.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
+    p.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
+    p.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
+
+
+def provider_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The provider's parameters (as ``flows.providers.build_provider`` takes them) from
+    the options ``provider_args`` added.
+
+    Raises:
+        SpecError: a malformed ``--name-prefix``.
+    """
+    from prefect_runpod.blocks.validation import check_name_prefix
+
+    check_name_prefix(args.name_prefix)
+    return {
+        "provider": args.provider,
+        "runpod_credentials_block": args.runpod_credentials,
+        "runpod_spec_block": args.runpod_spec,
+        "ssh_key_block": args.ssh_key,
+    }
+
+
+def api() -> contextlib.AbstractContextManager[str | None]:
+    """The Prefect API for a command that needs one, started only once its input passed:
+    the configured one, else a temporary server the CLI owns (``flows.cli_session``)."""
+    from prefect.settings import get_current_settings
+
+    from prefect_runpod.flows.cli_session import temporary_server
+
+    return temporary_server(get_current_settings().server.ephemeral.startup_timeout_seconds)
+
+
+class _NoTraceback(logging.Formatter):
+    """A console formatter that leaves tracebacks out: the run's summary names the error,
+    and the full traceback still reaches the Prefect API's logs."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+def quiet_console_tracebacks() -> None:
+    """Give Prefect's console handlers a formatter without tracebacks (idempotent)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not isinstance(
+                handler.formatter, _NoTraceback
+            ):
+                handler.setFormatter(_NoTraceback(handler.formatter))
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout (datetimes as ISO-8601 text)."""
+    print(json.dumps(data, indent=2, default=str))
+
+
+def print_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, empty: str = ""
+) -> None:
+    """Print rows as a rich table on stdout, or ``empty`` (one line) when there are none.
+
+    Args:
+        title: the table's title.
+        columns: the header, units in the names (``USD/h``, ``age``).
+        rows: one sequence of cells per row, in ``columns``' order (None shows ``-``).
+        empty: what to print instead of an empty table.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows and empty:
+        print(empty)
+        return
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*("-" if cell is None else str(cell) for cell in row))
+    width = None if sys.stdout.isatty() else 200
+    Console(width=width, soft_wrap=False).print(table)
+
+
+def age_text(since: datetime | None, now: datetime | None = None) -> str:
+    """How long ago ``since`` was, as a person reads it: ``42s``, ``7m``, ``3h05m``, ``2d4h``.
+
+    Args:
+        since: a UTC time, or None (``-``).
+        now: the present (default: now, UTC).
+    """
+    if since is None:
+        return "-"
+    seconds = max(0, int(((now or datetime.now(UTC)) - since).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"

@@ -1,0 +1,230 @@
+"""What the cockpit commands know about a run and its pod, from the Prefect API (the
+source of truth for runs) and the pod's provider: the run's state and current stage, its
+``finetune-costs`` record, its live pod, the SSH key and command a person uses to get in,
+and the run's page in the Prefect UI.
+
+Plain functions over the Prefect client; ``status``, ``logs``, ``ssh`` and ``pods`` call
+them, nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import PodProvider
+from prefect_runpod.flows.cost_record import CostRecord, latest_record
+
+__all__ = [
+    "FLOW_NAME",
+    "RunView",
+    "flow_run_url",
+    "key_path_for",
+    "live_pod",
+    "provider_for_run",
+    "read_run",
+    "recent_runs",
+    "ssh_argv",
+]
+
+FLOW_NAME = "runpod-finetune"
+"""The fine-tune flow's name in Prefect."""
+
+
+@dataclass
+class RunView:
+    """One fine-tune run as the cockpit shows it.
+
+    Attributes:
+        flow_run_id / flow_run_name: the Prefect flow run.
+        state: its state name (``Running``, ``Completed``, ``Crashed``…).
+        state_type: its state type (``RUNNING``, ``COMPLETED``…).
+        stage: the stage under way (a running stage task), else the last one that ran.
+        started_at: when the run started (UTC), or None.
+        parameters: the run's parameters as Prefect stored them (no secret among them).
+        record: its latest ``finetune-costs`` record, or None (no pod on record yet).
+        url: the run's page in the Prefect UI, or None when no UI address is known.
+    """
+
+    flow_run_id: str
+    flow_run_name: str
+    state: str
+    state_type: str
+    stage: str
+    started_at: datetime | None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    record: CostRecord | None = None
+    url: str | None = None
+
+    @property
+    def live(self) -> bool:
+        """True while the run is not finished (Prefect's view)."""
+        from prefect_runpod.flows.reaper import FINISHED_STATE_TYPES
+
+        return self.state_type not in FINISHED_STATE_TYPES
+
+    @property
+    def provider(self) -> str:
+        """``local`` or ``runpod``: the record's, else the run's parameter."""
+        if self.record is not None:
+            return self.record.provider
+        return str(self.parameters.get("provider") or "local")
+
+
+def flow_run_url(flow_run_id: str) -> str | None:
+    """The run's page in the Prefect UI (``<PREFECT_UI_URL>/runs/flow-run/<id>``), or None
+    when no UI address is configured (Prefect's own ``url_for``)."""
+    from prefect.utilities.urls import url_for
+
+    try:
+        return url_for("flow-run", obj_id=flow_run_id)
+    except Exception:  # no UI configured, or an API URL it cannot derive one from
+        return None
+
+
+def _stage_of(client: Any, flow_run_id: str) -> str:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    tasks = client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+        sort=TaskRunSort.EXPECTED_START_TIME_DESC,
+        limit=50,
+    )
+    for task in tasks:
+        if task.state is not None and task.state.type.value == "RUNNING":
+            return str(task.name).split("-")[0]
+    return str(tasks[0].name).rsplit("-", 1)[0] if tasks else "-"
+
+
+def _view(client: Any, run: Any, with_record: bool = True) -> RunView:
+    state = run.state
+    record = None
+    if with_record:
+        try:
+            record = latest_record(str(run.id))
+        except Exception:  # the record is beside the run, never in its way
+            record = None
+    return RunView(
+        flow_run_id=str(run.id),
+        flow_run_name=str(run.name),
+        state=state.name if state else "Unknown",
+        state_type=state.type.value if state else "UNKNOWN",
+        stage=_stage_of(client, str(run.id)),
+        started_at=run.start_time,
+        parameters=dict(run.parameters or {}),
+        record=record,
+        url=flow_run_url(str(run.id)),
+    )
+
+
+def read_run(flow_run_id: str) -> RunView | None:
+    """The run with that id, or None when the Prefect API does not know it."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            run = client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
+        except ObjectNotFound:
+            return None
+        return _view(client, run)
+
+
+def recent_runs(limit: int = 20, since: datetime | None = None) -> list[RunView]:
+    """The latest fine-tune runs, newest first.
+
+    Args:
+        limit: at most this many.
+        since: only runs started (or expected to start) at or after this UTC time.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterExpectedStartTime,
+    )
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    run_filter = None
+    if since is not None:
+        after = FlowRunFilterExpectedStartTime(after_=since)  # type: ignore[arg-type]
+        run_filter = FlowRunFilter(expected_start_time=after)
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW_NAME])),
+            flow_run_filter=run_filter,
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=max(1, limit),
+        )
+        return [_view(client, run) for run in runs]
+
+
+def provider_for_run(view: RunView, overrides: dict[str, Any] | None = None) -> PodProvider:
+    """The run's pod provider, rebuilt from its own parameters (blocks named there), with
+    ``overrides`` (the command's own ``--provider`` and block options) on top.
+
+    Raises:
+        SpecError: a block the run names is no longer saved, or RunPod has no key here.
+    """
+    from prefect_runpod.flows.providers import build_provider
+
+    params = dict(view.parameters)
+    params["provider"] = view.provider
+    params.update({k: val for k, val in (overrides or {}).items() if val})
+    provider, _ = build_provider(params, need_ssh_key=False)
+    return provider
+
+
+def live_pod(view: RunView, provider: PodProvider) -> PodHandle | None:
+    """The run's pod while it lives (found by its name), else None."""
+    from prefect_runpod.flows.finetune import pod_name_for
+
+    name = (view.record.pod_name if view.record else "") or pod_name_for(
+        str(view.parameters.get("name_prefix") or "prft"), view.flow_run_id
+    )
+    return provider.find(name)
+
+
+def key_path_for(provider_name: str, output_dir: str | None) -> str | None:
+    """The private key a person uses to get into a run's pod, when it is on this machine:
+    the local pod's per-run key kept beside its outputs (``<output_dir>/pod-ssh-key``), or
+    the RunPod key (``RUNPOD_SSH_KEY_PATH``, default ``~/.ssh/id_ed25519_runpod``)."""
+    if provider_name == "local":
+        if output_dir and (Path(output_dir) / "pod-ssh-key").is_file():
+            return str(Path(output_dir) / "pod-ssh-key")
+        return None
+    path = os.path.expanduser(os.environ.get("RUNPOD_SSH_KEY_PATH", "~/.ssh/id_ed25519_runpod"))
+    return path if os.path.isfile(path) else None
+
+
+def ssh_argv(handle: PodHandle, key_path: str, known_hosts: Path) -> list[str]:
+    """The OpenSSH client's argv for an interactive shell on the pod (the gateway wants a
+    PTY: ``-tt``), checking the pod's pinned host key when the handle has one.
+
+    Args:
+        handle: the live pod.
+        key_path: the private key file.
+        known_hosts: a file to hold the pinned host key (written here when known).
+    """
+    assert handle.ssh is not None
+    ep = handle.ssh
+    argv = ["ssh", "-tt", "-i", key_path, "-p", str(ep.port), "-o", "IdentitiesOnly=yes"]
+    if ep.host_key:
+        host = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
+        known_hosts.write_text(f"{host} {ep.host_key.strip()}\n")
+        argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+    else:
+        argv += ["-o", "StrictHostKeyChecking=accept-new"]
+    return [*argv, f"{ep.user}@{ep.host}"]
+
+
+def now_utc() -> datetime:
+    """The present, UTC (one place, so tests and tables agree)."""
+    return datetime.now(UTC)
