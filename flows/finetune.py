@@ -11,7 +11,6 @@ Run it: ``prefect-runpod finetune`` or ``python -m prefect_runpod.flows.finetune
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -52,13 +51,14 @@ from prefect_runpod.flows.providers import build_provider
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.flows.run_end import end_run, lease_text, record_cost, write_report
 from prefect_runpod.flows.run_inputs import PreparedRun, prepare_run
+from prefect_runpod.flows.run_logs import install_quiet_engine, stage_logger
 from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
 from prefect_runpod.tasks.preflight import preflight
 from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate_by_name
 
-__all__ = ["demo_bundle", "finetune", "last_output_dir", "pod_name_for"]
+__all__ = ["TRAIN_LOG", "demo_bundle", "finetune", "last_output_dir", "pod_name_for"]
 
 _OUTPUT_DIRS: list[Path] = []
 """Where this process's runs keep their reports, newest last (``last_output_dir``)."""
@@ -320,8 +320,8 @@ def finetune(
     deferred: BaseException | None = None
     guards = _Guards()
 
-    def on_stage(name: str, state: StageState) -> None:
-        logger.info("stage %-11s %s", name, state.value)
+    install_quiet_engine()
+    on_stage = stage_logger(logger, report)
 
     # The concurrency slot (one per live pod) is released only after terminate.
     with ExitStack() as holds:
@@ -332,8 +332,7 @@ def finetune(
                     demo_bundle=demo_bundle(),
                     run_name=report.pod_name,
                 )
-                logger.info("%s", run.upload_line)
-                logger.info("Hugging Face token: %s", run.hf.source)
+                logger.info("preflight: %s; Hugging Face token: %s", run.upload_line, run.hf.source)
                 report.cost.max_cost_usd = budget.max_cost_usd = run.settings.max_cost_usd
                 report.download_choice = run.settings.download
                 report.hf.extend(preflight(run.settings, run.hf.token, run.hf.endpoint, run.s3))
@@ -479,6 +478,7 @@ def _run_on_pod(
             budget_seconds=settings.reconnect_budget_seconds, status=guards.watch.ask
         )
         report.ssh_command = handle.ssh_command(key_path or _save_local_key(handle, key, out))
+        write_report(report)  # the report on disk names the way in while the pod is up
         run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
         tools_dir = prepare_pod(handle, key, run_dir, deadman)
         if deadman is not None:
@@ -490,7 +490,7 @@ def _run_on_pod(
                     heartbeat_interval_seconds(deadman.heartbeat_stale_seconds),
                 ).start()
             )
-        print(f"pod {handle.pod_id} is up; get in with: {report.ssh_command}", file=sys.stderr)
+        logger.info("pod %s is up; get in with: %s", handle.pod_id, report.ssh_command)
         # The pod's end of the transfer, now that it runs: before env, hf_auth or upload.
         check_upload_method(handle, key, settings.transfer_method, s3=s3, reconnect=reconnect)
     remote_bundle = f"{run_dir}/bundle"
@@ -554,6 +554,7 @@ def _run_on_pod(
             secret_env={"HF_TOKEN": hf_token} if hf_token is not None else None,
             expected_outputs=_declared_outputs(bundle),
             reconnect=reconnect,
+            local_log_path=str(_fresh_file(out / TRAIN_LOG)),
         )
 
     deferred: BaseException | None = None
@@ -652,6 +653,16 @@ def _run_on_pod(
         report.manifest = checksum(out / "outputs", source, handle.pod_id, report.publish)
         report.verified = verification_records(out / "outputs", report.manifest, report.publish)
     return deferred
+
+
+TRAIN_LOG = "train.log"
+"""The training log as the run followed it, kept in the output dir whatever is downloaded."""
+
+
+def _fresh_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    return path
 
 
 def _declared_outputs(bundle: Any) -> dict[str, str]:

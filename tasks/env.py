@@ -615,8 +615,8 @@ def env(
                 )
         except EnvError as exc:
             raise EnvError(f"{handle.pod_id}: {exc}", pod_id=handle.pod_id, stage="env") from exc
-    for note in plan.notes:
-        logger.info("%s: env: %s", handle.pod_id, note)
+    if plan.notes:  # one record: what was found and decided
+        logger.info("%s: env: %s", handle.pod_id, "; ".join(plan.notes))
     for command in plan.commands:
         logger.info("%s: env ran: %s", handle.pod_id, command)
     return plan

@@ -56,16 +56,21 @@ def provision(
     logger = get_run_logger()
     handle = provider.create(request, name)
     on_created(handle)
-    logger.info(
-        "%s: created (%s, %s, %.2f USD/h)", handle.pod_id, name, handle.gpu_type, handle.cost_per_hr
+    lease = (
+        f"; the provider ends it by itself at {handle.terminate_after.isoformat()} whatever "
+        "happens here (its lease)"
+        if handle.terminate_after is not None
+        else ""
     )
-    if handle.terminate_after is not None:
-        logger.info(
-            "%s: the provider ends it by itself at %s whatever happens here (its lease)",
-            handle.pod_id,
-            handle.terminate_after.isoformat(),
-        )
-    elif request.deadman is not None:
+    logger.info(
+        "%s: created (%s, %s, %.2f USD/h)%s",
+        handle.pod_id,
+        name,
+        handle.gpu_type,
+        handle.cost_per_hr,
+        lease,
+    )
+    if handle.terminate_after is None and request.deadman is not None:
         logger.warning(
             "%s: no server-side lease: until its dead-man switch is armed, only the flow, "
             "its hooks and the reaper can end it",
@@ -80,7 +85,7 @@ def provision(
         logger.warning("%s: not ready; terminating it before giving up", handle.pod_id)
         provider.terminate(handle.pod_id, terminate_timeout_seconds)
         raise
-    logger.info("%s: ready; get in with: %s", handle.pod_id, handle.ssh_command())
+    logger.debug("%s: ready; get in with: %s", handle.pod_id, handle.ssh_command())
     return handle
 
 

@@ -38,7 +38,13 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import watch_for
 from prefect_runpod.blocks.transfer import pod_tools
 from prefect_runpod.tasks.models import TrainReport
-from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
+from prefect_runpod.tasks.train_log import (
+    LogCoalescer,
+    Progress,
+    error_line,
+    parse_metrics,
+    parse_progress,
+)
 from prefect_runpod.tasks.train_remote import (
     LogChunk,
     LogFollower,
@@ -279,38 +285,51 @@ def terminal_progress_bar(
     *,
     pod_id: str | None = None,
     step_percent: int = 10,
+    tty: bool | None = None,
 ) -> Callable[[Progress], None]:
-    """A training-progress callback for the terminal: one whole line per
-    ``step_percent`` of progress, e.g. ``abc123 training [##########..........]  50% step
-    50/100``.
+    """A training-progress callback for the terminal, e.g. ``abc123 training
+    [##########..........]  50% step 50/100``.
 
-    Lines only go forwards and are never redrawn with ``\r``: the task's log lines
-    interleave with them on the same terminal. The first progress seen is shown, then
-    one line each time the whole percent has moved ``step_percent`` on, and 100 % once.
+    On a terminal (``tty``) it is ONE line that updates in place (``\\r``, then the
+    rest of the line cleared) at each whole percent, ended with a newline at 100 %. Else
+    (a file, a pipe, CI logs) it writes whole lines that only go forwards: the first
+    progress seen, then one each time the whole percent has moved ``step_percent`` on,
+    and 100 % once.
 
     Args:
         stream: where to write (default ``sys.stderr``, looked up at each line).
         width: bar width in characters (20: one ``#`` per 5 %).
         pod_id: the pod, named at the start of each line (``training [...]`` without it).
-        step_percent: the least progress, in whole percent, between two lines.
+        step_percent: the least progress, in whole percent, between two plain lines.
+        tty: redraw one line in place; default: whether the stream is a terminal.
 
     Returns:
         The callback, for ``train(..., on_progress=...)``.
     """
     label = f"{pod_id} training" if pod_id else "training"
-    shown = {"percent": -step_percent}
+    shown = {"percent": -step_percent, "drawn": -1}
 
     def _show(progress: Progress) -> None:
+        out = stream or sys.stderr
         percent = int(progress.percent)
-        if percent < shown["percent"] + step_percent and percent < 100:
-            return
-        if percent <= shown["percent"]:
-            return
-        shown["percent"] = percent
+        redraw = tty if tty is not None else bool(getattr(out, "isatty", lambda: False)())
+        if redraw:
+            if percent <= shown["drawn"]:
+                return
+            shown["drawn"] = percent
+        else:
+            if percent < shown["percent"] + step_percent and percent < 100:
+                return
+            if percent <= shown["percent"]:
+                return
+            shown["percent"] = percent
         filled = percent * width // 100
         counter = f" {progress.unit} {progress.step}/{progress.total}" if progress.total else ""
-        out = stream or sys.stderr
-        out.write(f"{label} [{'#' * filled}{'.' * (width - filled)}] {percent:3d}%{counter}\n")
+        line = f"{label} [{'#' * filled}{'.' * (width - filled)}] {percent:3d}%{counter}"
+        if redraw:
+            out.write(f"\r{line}\x1b[K" + ("\n" if percent >= 100 else ""))
+        else:
+            out.write(f"{line}\n")
         out.flush()
 
     return _show
@@ -340,13 +359,19 @@ def train(
     secret_env: dict[str, SecretStr] | None = None,
     expected_outputs: dict[str, str] | None = None,
     reconnect: ReconnectPolicy | None = None,
+    local_log_path: str | None = None,
+    log_interval_seconds: float = 10.0,
 ) -> TrainReport:
-    """Launch ``command`` detached on the pod, stream its log into Prefect, and report.
+    """Launch ``command`` detached on the pod, follow its log, and report.
 
-    Creates the ``train-progress`` progress artifact (updated as progress lines
-    arrive) and, when the log had metrics, the ``train-metrics`` table artifact (last
-    value of each). On cancellation, the runtime cap or ``should_stop`` the remote
-    process group is killed before the error propagates.
+    Progress goes to the ``train-progress`` progress artifact (updated as progress lines
+    arrive) and to ``on_progress``; metrics to the ``train-metrics`` table artifact (last
+    value of each); the log's own lines reach Prefect's log coalesced, one record per
+    ``log_interval_seconds`` at most (``tasks.train_log.LogCoalescer``; JSON record lines
+    are left out, their numbers are in the artifacts), marked ``train_log`` so a console
+    can leave them out. Every line is also appended to ``local_log_path``. On
+    cancellation, the runtime cap or ``should_stop`` the remote process group is killed
+    before the error propagates.
 
     Args:
         handle: the pod.
@@ -375,6 +400,11 @@ def train(
         reconnect: the run's reconnect policy: the console waits out a gateway outage
             (backoff, the provider asked before each retry) and the log reads, the
             launch and the kill path keep trying for its one budget.
+        local_log_path: a local file that receives every log line as it is read (the
+            run keeps ``<output_dir>/train.log`` so: ``prefect-runpod logs`` reads it
+            once the pod is gone); None for none.
+        log_interval_seconds: the least time between two log records of training
+            lines, in seconds.
 
     Returns:
         The ``TrainReport`` of a run that exited 0 and wrote its declared outputs.
@@ -430,6 +460,24 @@ def train(
         if on_progress is not None:
             on_progress(progress)
 
+    def _record(lines: list[str]) -> None:
+        logger.info(
+            "%s | %s", pod, "\n".join(lines), extra={"train_log": True, "train_lines": len(lines)}
+        )
+
+    coalescer = LogCoalescer(_record, interval_seconds=log_interval_seconds)
+    copy = open(local_log_path, "a", encoding="utf-8") if local_log_path else None  # noqa: SIM115
+
+    def _on_line(line: str) -> None:
+        if copy is not None:
+            copy.write(line + "\n")
+            copy.flush()
+        coalescer.add(line)
+
+    def _should_stop() -> str | None:
+        coalescer.tick()  # polled every step: a quiet job's last lines still go out
+        return should_stop() if should_stop is not None else None
+
     def _publish_metrics(report: TrainReport | None) -> None:
         if report is not None and report.metrics:
             rows = [{"metric": k, "value": v} for k, v in sorted(report.metrics.items())]
@@ -456,8 +504,8 @@ def train(
         fault_point("train_running")  # tests: the job runs, its log not yet followed
         report = follow_training(
             live, run_dir, tools, command=command, python=python,
-            max_runtime_seconds=max_runtime_seconds, should_stop=should_stop,
-            on_line=lambda line: logger.info("%s | %s", pod, line), on_progress=_on_progress,
+            max_runtime_seconds=max_runtime_seconds, should_stop=_should_stop,
+            on_line=_on_line, on_progress=_on_progress,
             poll_interval_seconds=poll_interval_seconds, kill_grace_seconds=kill_grace_seconds,
             heartbeat_path=heartbeat_path, pod_id=pod, reconnect_budget_seconds=budget,
         )  # fmt: skip
@@ -475,6 +523,9 @@ def train(
         _publish_metrics(getattr(exc, "report", None))
         raise
     finally:
+        coalescer.flush()
+        if copy is not None:
+            copy.close()
         if own_console:
             live.close()
     update_progress_artifact(artifact_id, 100.0)

@@ -22,11 +22,20 @@ import ast
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prefect_runpod.blocks.console.terminal_text import strip_ansi  # one ANSI grammar for all
 
-__all__ = ["Progress", "error_line", "parse_metrics", "parse_progress", "strip_ansi"]
+__all__ = [
+    "LogCoalescer",
+    "Progress",
+    "error_line",
+    "is_record_line",
+    "parse_metrics",
+    "parse_progress",
+    "strip_ansi",
+]
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _COUNT = r"\d+(?:\.\d+)?[kMGTP]?"
@@ -219,3 +228,72 @@ def parse_metrics(line: str) -> dict[str, float]:
         if key.lower() not in _NOT_METRICS and _METRIC_NAME.search(key) and key not in found:
             found[key] = float(value)
     return {k: v for k, v in found.items() if math.isfinite(v)}
+
+
+def is_record_line(line: str) -> bool:
+    """True for a structured record line: the whole line is one JSON (or Python-literal)
+    object, such as ``{"step": 4, "loss": 0.3}``. Its progress and metrics reach the
+    ``train-progress`` and ``train-metrics`` artifacts; it is left out of log records."""
+    text = strip_ansi(line).strip()
+    return text.startswith("{") and text.endswith("}") and _object(text) is not None
+
+
+class LogCoalescer:
+    """Training-log lines gathered into few log records, at a bounded rate.
+
+    ``add`` keeps a line (record lines, ``is_record_line``, and blank lines are left
+    out); a batch is handed to ``emit`` once ``interval_seconds`` have passed since the
+    last one, or when it holds ``max_lines`` lines, and ``flush`` hands over the rest
+    (at the end of training, or before an error). So a job printing 30 lines a second
+    makes one record per ``interval_seconds``, never 30.
+
+    Args:
+        emit: called with the lines of one record (at least one).
+        interval_seconds: the least time between two records, in seconds.
+        max_lines: the most lines in one record; more start the next one at once.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[list[str]], None],
+        interval_seconds: float = 10.0,
+        max_lines: int = 200,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self.emit = emit
+        self.interval_seconds = interval_seconds
+        self.max_lines = max(1, max_lines)
+        self.clock = clock or time.monotonic
+        self.pending: list[str] = []
+        self.records = 0
+        self._last: float | None = None
+
+    def add(self, line: str) -> None:
+        """Keep ``line`` for the next record; hand a batch over when it is due."""
+        if not line.strip() or is_record_line(line):
+            return
+        self.pending.append(line)
+        now = self.clock()
+        if self._last is None:
+            self._last = now  # the first batch waits one interval, like every later one
+        if len(self.pending) >= self.max_lines or now - self._last >= self.interval_seconds:
+            self.flush()
+
+    def tick(self) -> None:
+        """Hand over what is pending when its interval has passed (called at each poll,
+        so a job that goes quiet still gets its last lines out in time)."""
+        due = self._last is not None and self.clock() - self._last >= self.interval_seconds
+        if self.pending and due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand over what is pending as one record (nothing when empty)."""
+        if not self.pending:
+            return
+        lines, self.pending = self.pending, []
+        self._last = self.clock()
+        self.records += 1
+        self.emit(lines)

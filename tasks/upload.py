@@ -8,7 +8,8 @@ the RunReport and the ``checksum-manifest`` artifact. ``borrowed_console`` and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -59,15 +60,23 @@ def borrowed_console(
         opened.close()
 
 
-def progress_logger(logger: Any, what: str, step_fraction: float = 0.1) -> Any:
-    """An ``on_progress(done_bytes, total_bytes)`` that logs every ``step_fraction``."""
-    state = {"next": 0.0}
+def progress_logger(
+    logger: Any,
+    what: str,
+    interval_seconds: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Any:
+    """An ``on_progress(done_bytes, total_bytes)`` that logs at most once per
+    ``interval_seconds``, the first time once the transfer has run that long: a quick
+    transfer logs nothing but its summary, a long one a line every interval."""
+    state = {"next": clock() + interval_seconds}
 
     def _log(done: int, total: int) -> None:
-        frac = done / total if total else 1.0
-        if frac >= state["next"]:
+        now = clock()
+        if now >= state["next"] and done < total:
+            frac = done / total if total else 1.0
             logger.info("%s: %d/%d bytes (%.0f%%)", what, done, total, 100 * frac)
-            state["next"] = frac + step_fraction
+            state["next"] = now + interval_seconds
 
     return _log
 

@@ -91,19 +91,26 @@ class _NoTraceback(logging.Formatter):
             record.exc_info, record.exc_text, record.stack_info = saved
 
 
-def quiet_console_tracebacks() -> None:
-    """Give Prefect's console handlers a formatter without tracebacks (idempotent)."""
+def quiet_console_tracebacks(verbosity: str = "normal") -> None:
+    """Set up Prefect's console handlers for a command (idempotent): a formatter without
+    tracebacks, and the ``flows.run_logs.ConsoleFilter`` for ``verbosity`` (``quiet``,
+    ``normal``, ``verbose``; see ``--quiet`` / ``--verbose``)."""
     from prefect.logging.handlers import PrefectConsoleHandler
+
+    from prefect_runpod.flows.run_logs import ConsoleFilter
 
     loggers = [logging.getLogger()] + [
         lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
     ]
     for logger in loggers:
         for handler in logger.handlers:
-            if isinstance(handler, PrefectConsoleHandler) and not isinstance(
-                handler.formatter, _NoTraceback
-            ):
+            if not isinstance(handler, PrefectConsoleHandler):
+                continue
+            if not isinstance(handler.formatter, _NoTraceback):
                 handler.setFormatter(_NoTraceback(handler.formatter))
+            for old in [f for f in handler.filters if isinstance(f, ConsoleFilter)]:
+                handler.removeFilter(old)
+            handler.addFilter(ConsoleFilter(verbosity))  # type: ignore[arg-type]
 
 
 def print_json(data: Any) -> None:

@@ -42,6 +42,18 @@ def add_parser(sub: Any) -> None:
     ft.add_argument(
         "--json", action="store_true", help="print the RunReport as JSON instead of the summary"
     )
+    loud = ft.add_mutually_exclusive_group()
+    loud.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the training log's lines in the terminal too (they always reach Prefect's "
+        "log, coalesced)",
+    )
+    loud.add_argument(
+        "--quiet",
+        action="store_true",
+        help="show only warnings, errors, the progress line and the summary",
+    )
 
 
 def add_finetune_options(ft: argparse.ArgumentParser) -> None:
@@ -308,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         run_name=f"{args.name_prefix}-<flow_run_id>",
     )
     # The flow's preflight checks again, for every caller that reaches it without the CLI.
-    quiet_console_tracebacks()
+    quiet_console_tracebacks("verbose" if args.verbose else "quiet" if args.quiet else "normal")
     with api():  # the summary is printed while the API still takes the run's last logs
         try:
             state = finetune(**params, return_state=True)

@@ -1,0 +1,81 @@
+"""How much a fine-tune run logs (docs/architecture.md#prefect-surface): quiet by default.
+
+A run's Prefect log is meant to be read: one line per stage at its end (with its seconds
+and, when Skipped or Failed, why), a few lines from the stages that did something, the
+training log's own lines coalesced at a bounded rate (``tasks.train_log.LogCoalescer``),
+and every warning and error. Progress lives in the ``train-progress`` artifact and on
+one terminal line, metrics in the ``train-metrics`` table.
+
+- ``stage_logger`` gives the flow's ``on_stage`` callback: the start of a stage is a
+  DEBUG record, its end one INFO record.
+- ``QuietTaskEngine`` drops the task engine's own ``Finished in state Completed()``
+  record (the stage line says it, with the seconds); any other end keeps its record.
+- ``ConsoleFilter`` decides what a terminal shows: ``quiet`` (warnings and errors),
+  ``normal`` (INFO records except the training log's lines) or ``verbose`` (everything,
+  the training log too). The ``prefect-runpod`` CLI installs it (``--quiet``,
+  ``--verbose``); the Prefect API always gets the records.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+from prefect_runpod.tasks.models import StageState
+
+__all__ = ["ConsoleFilter", "QuietTaskEngine", "Verbosity", "install_quiet_engine", "stage_logger"]
+
+Verbosity = Literal["quiet", "normal", "verbose"]
+
+
+class QuietTaskEngine(logging.Filter):
+    """Leaves out the task engine's INFO ``Finished in state Completed()`` records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        return not str(record.msg).startswith("Finished in state Completed(")
+
+
+def install_quiet_engine() -> None:
+    """Add ``QuietTaskEngine`` to Prefect's task-run logger (once per process)."""
+    logger = logging.getLogger("prefect.task_runs")
+    if not any(isinstance(f, QuietTaskEngine) for f in logger.filters):
+        logger.addFilter(QuietTaskEngine())
+
+
+class ConsoleFilter(logging.Filter):
+    """What a terminal shows of a run's log records, by verbosity (see the module)."""
+
+    def __init__(self, verbosity: Verbosity = "normal") -> None:
+        super().__init__()
+        self.verbosity = verbosity
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.verbosity == "verbose":
+            return True
+        if self.verbosity == "quiet":
+            return record.levelno >= logging.WARNING
+        return not getattr(record, "train_log", False) or record.levelno >= logging.WARNING
+
+
+def stage_logger(logger: Any, report: Any) -> Callable[[str, StageState], None]:
+    """The flow's ``on_stage(name, state)``: DEBUG when a stage starts, one INFO record
+    when it ends (``stage upload      Completed  0.29 s``; a Skipped or Failed stage with
+    its reason).
+
+    Args:
+        logger: the flow run's logger.
+        report: the run's ``RunReport`` (its stage records hold the seconds and reasons).
+    """
+
+    def on_stage(name: str, state: StageState) -> None:
+        if state is StageState.RUNNING:
+            logger.debug("stage %-11s %s", name, state.value)
+            return
+        record = report.stage(name)
+        why = f": {record.reason}" if record.reason and state is not StageState.COMPLETED else ""
+        logger.info("stage %-11s %-9s %6.2f s%s", name, state.value, record.seconds or 0.0, why)
+
+    return on_stage
