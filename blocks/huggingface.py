@@ -33,6 +33,7 @@ __all__ = [
     "collect_write_evidence",
     "hub_file_records",
     "resolve_hf_access",
+    "whoami_evidence",
 ]
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
@@ -272,6 +273,21 @@ def collect_access_evidence(
         except Exception as exc:  # noqa: BLE001
             evidence["file"] = _answer_from_exception(exc, secret)
     return evidence
+
+
+def whoami_evidence(token: SecretStr, endpoint: str | None = None) -> dict[str, Any]:
+    """Who the token belongs to, asked of the Hub (``HfApi.whoami``), as evidence: ``status``
+    (200, or the HTTP status of the refusal; None when the Hub did not answer), ``user``,
+    ``role`` (``read``/``write``/``fineGrained``), ``message``. Never raises; the token is
+    unwrapped only at the call.
+
+    Args:
+        token: the Hugging Face token.
+        endpoint: the Hub base URL (default ``DEFAULT_HF_ENDPOINT``).
+    """
+    from huggingface_hub import HfApi
+
+    return _who(HfApi(endpoint=endpoint or DEFAULT_HF_ENDPOINT), token.get_secret_value())
 
 
 def _who(api: Any, secret: str) -> dict[str, Any]:

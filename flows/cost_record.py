@@ -49,6 +49,7 @@ class CostRecord(BaseModel):
         flow_run_id: the run.
         pod_id / pod_name / provider: its pod.
         output_dir: where the run keeps ``run-report.json`` (on the run's machine).
+        gpu_type: the GPU type rented (``cpu`` for a local pod), ``-`` when not known.
         cost_per_hr: USD/h.
         created_at: when the provider returned the pod id (billing starts).
         end: how and when the pod ended; ``end.confirmed`` False while it may still bill.
@@ -73,6 +74,7 @@ class CostRecord(BaseModel):
     pod_name: str = ""
     provider: str = "local"
     output_dir: str | None = None
+    gpu_type: str = "-"
     cost_per_hr: float = 0.0
     created_at: datetime | None = None
     end: PodEnd | None = None
@@ -133,6 +135,7 @@ class CostRecord(BaseModel):
             row("flow_run_id", self.flow_run_id),
             row("pod", self.pod_id or "-", "", f"{self.provider} {self.pod_name}".strip()),
             row("state", self.state_line()),
+            row("gpu_type", self.gpu_type),
             row("cost_per_hr", self.cost_per_hr, "USD/h"),
             row("created_at", self.created_at.isoformat() if self.created_at else "-", "UTC"),
             row(
@@ -223,6 +226,7 @@ class CostRecord(BaseModel):
             pod_name=pod_name,
             provider=provider or "local",
             output_dir=val("output_dir"),
+            gpu_type=str(val("gpu_type") or "-"),
             cost_per_hr=float(val("cost_per_hr") or 0.0),
             created_at=when("created_at"),
             end=end,
@@ -417,6 +421,7 @@ def record_pod_end(
             pod_id=handle.pod_id,
             pod_name=handle.name,
             provider=handle.provider,
+            gpu_type=handle.gpu_type,
             cost_per_hr=handle.cost_per_hr,
             created_at=handle.created_at,
         )

@@ -97,6 +97,7 @@ def record_of(report: RunReport, *, recorded_by: str = "flow") -> CostRecord:
         pod_name=report.pod_name,
         provider=report.provider,
         output_dir=report.output_dir,
+        gpu_type=pod.gpu_type if pod else "-",
         cost_per_hr=report.cost.cost_per_hr,
         created_at=pod.created_at if pod else None,
         end=report.pod_end,

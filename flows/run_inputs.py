@@ -12,16 +12,19 @@ deployments, the API and Python callers) share (docs/architecture.md#input-valid
 4. the pod about to be rented (``flows.providers.planned_pod``): the transfer method
    against what it will offer and this machine's end, the bundle's bytes against its disk.
 
-Nothing here rents, uploads or logs a secret.
+``check_run`` runs the same checks, recording each one instead of stopping at the first:
+``prefect-runpod plan`` lists them (✔/✘ with the fix). Nothing here rents, uploads or
+logs a secret.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.huggingface import HFAccess, resolve_hf_access
 from prefect_runpod.blocks.keys import KeyPair
 from prefect_runpod.blocks.provider import PodProvider
@@ -37,7 +40,7 @@ from prefect_runpod.tasks.preflight import (
 if TYPE_CHECKING:
     from prefect_runpod.blocks.transfer.s3 import S3Target
 
-__all__ = ["PreparedRun", "prepare_run", "settings_params"]
+__all__ = ["Check", "PreparedRun", "check_run", "prepare_run", "settings_params"]
 
 
 @dataclass
@@ -72,6 +75,111 @@ def settings_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: val for k, val in params.items() if k in accepted}
 
 
+@dataclass
+class Check:
+    """One named check before renting, as ``plan`` lists it.
+
+    Attributes:
+        name: what was checked (``inputs and bundle``, ``blocks and provider``…).
+        ok: True when it passed.
+        detail: what was found, or the problem with its fix (the error's own sentence).
+        error: the error raised, when it failed.
+    """
+
+    name: str
+    ok: bool
+    detail: str
+    error: SpecError | None = None
+
+
+def check_run(
+    params: Mapping[str, Any], *, demo_bundle: Path, run_name: str
+) -> tuple[PreparedRun | None, list[Check]]:
+    """Every check of ``prepare_run``, each one recorded, none stopping the others that do
+    not depend on it (the provider is built even when the bundle is bad, so ``plan``
+    lists every problem at once).
+
+    Args:
+        params / demo_bundle / run_name: as for ``prepare_run``.
+
+    Returns:
+        The ``PreparedRun`` when every check passed (else None), and the checks in order.
+    """
+    checks: list[Check] = []
+
+    def step(name: str, fn: Callable[[], Any], describe: Callable[[Any], str]) -> Any:
+        try:
+            value = fn()
+        except SpecError as exc:
+            checks.append(Check(name, False, str(exc), exc))
+            return None
+        checks.append(Check(name, True, describe(value)))
+        return value
+
+    values = settings_params(params)
+    values["bundle"] = params.get("bundle") or demo_bundle
+    settings: RunSettings | None = step(
+        "inputs and bundle",
+        lambda: validate_settings(**values),
+        lambda st: (
+            f"bundle {st.bundle.root}: {len(st.upload.files) if st.upload else 0} files "
+            "to upload, none that looks like a secret"
+        ),
+    )
+    built = step(
+        "blocks and provider",
+        lambda: build_provider(dict(params)),
+        lambda pk: (
+            f"{pk[0].provider_name} provider built from "
+            + (", ".join(f"{k}={params[k]!r}" for k in _BLOCKS if params.get(k)) or "the defaults")
+        ),
+    )
+    s3 = None
+    if params.get("s3_target_block"):
+        from prefect_runpod.blocks.transfer.s3 import S3Target
+
+        s3 = step(
+            "S3 target",
+            lambda: load_block(S3Target, params["s3_target_block"], "s3_target_block"),
+            lambda _: f"S3Target block {params['s3_target_block']!r} loaded",
+        )
+    endpoint = settings.hf_endpoint if settings is not None else params.get("hf_endpoint")
+    hf: HFAccess | None = step(
+        "Hugging Face token",
+        lambda: resolve_hf_access(
+            credentials_block=params.get("hf_credentials_block"),
+            token_secret=params.get("hf_token_secret"),
+            token_env=params.get("hf_token_env") or "HF_TOKEN",
+            endpoint=endpoint,
+        ),
+        lambda access: f"token from {access.source}",
+    )
+    if settings is None or built is None:
+        return None, checks
+    provider, keypair = built
+    plan = planned_pod(provider, run_name)
+    step(
+        "transfer method",
+        lambda: check_transfer_before_renting(
+            settings.transfer_method, plan.handle, plan.description, s3
+        ),
+        lambda method: f"{method} (asked {settings.transfer_method!r}) with {plan.description}",
+    )
+    assert settings.upload is not None
+    upload = settings.upload
+    line = step(
+        "pod disk",
+        lambda: check_pod_disk(upload, plan.disk_bytes, plan.disk_description),
+        lambda text: text,
+    )
+    if not all(c.ok for c in checks) or hf is None:
+        return None, checks
+    return PreparedRun(settings, provider, keypair, s3, hf, plan, line), checks
+
+
+_BLOCKS = ("runpod_credentials_block", "runpod_spec_block", "ssh_key_block")
+
+
 def prepare_run(params: Mapping[str, Any], *, demo_bundle: Path, run_name: str) -> PreparedRun:
     """Check a fine-tune run's parameters against everything known before renting.
 
@@ -88,23 +196,9 @@ def prepare_run(params: Mapping[str, Any], *, demo_bundle: Path, run_name: str) 
     Raises:
         SpecError: the first problem found (see the module docstring); nothing was rented.
     """
-    values = settings_params(params)
-    values["bundle"] = params.get("bundle") or demo_bundle
-    settings = validate_settings(**values)
-    provider, keypair = build_provider(dict(params))
-    s3 = None
-    if params.get("s3_target_block"):
-        from prefect_runpod.blocks.transfer.s3 import S3Target
-
-        s3 = load_block(S3Target, params["s3_target_block"], "s3_target_block")
-    hf = resolve_hf_access(
-        credentials_block=params.get("hf_credentials_block"),
-        token_secret=params.get("hf_token_secret"),
-        token_env=params.get("hf_token_env") or "HF_TOKEN",
-        endpoint=settings.hf_endpoint,
-    )
-    plan = planned_pod(provider, run_name)
-    check_transfer_before_renting(settings.transfer_method, plan.handle, plan.description, s3)
-    assert settings.upload is not None
-    line = check_pod_disk(settings.upload, plan.disk_bytes, plan.disk_description)
-    return PreparedRun(settings, provider, keypair, s3, hf, plan, line)
+    prepared, checks = check_run(params, demo_bundle=demo_bundle, run_name=run_name)
+    for check in checks:
+        if check.error is not None:
+            raise check.error
+    assert prepared is not None
+    return prepared

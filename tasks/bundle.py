@@ -11,6 +11,7 @@
     output_format = "<output>(.*?)</output>"               # what the model was trained to emit
     requirements = []                                      # pip specifiers; drive the env stage
     model_id = ""                                          # Hugging Face repo, "" for none
+    expected_runtime_seconds = 600                         # what `plan` prices; 0: unknown
 
 ``{python}`` is replaced by the interpreter the env stage chose. Paths are relative to
 the bundle root (the pod-side bundle directory when run there).
@@ -44,6 +45,8 @@ class BundleSpec(BaseModel):
         output_format: regex with one group: the label the model emits.
         requirements: pip requirement specifiers the job needs.
         model_id: Hugging Face repo id the job downloads, "" for none.
+        expected_runtime_seconds: how long training is expected to take on the pod, in
+            seconds (0 when unknown): ``prefect-runpod plan`` prices the run from it.
     """
 
     root: str
@@ -55,6 +58,7 @@ class BundleSpec(BaseModel):
     output_format: str = "<output>(.*?)</output>"
     requirements: list[str] = Field(default_factory=list)
     model_id: str = ""
+    expected_runtime_seconds: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
 
     @field_validator("outputs", "train_eval_jsonl", "standalone_eval_jsonl")
     @classmethod

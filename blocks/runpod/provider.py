@@ -202,6 +202,18 @@ class RunPodProvider:
             price = (gpu.get("lowestPrice") or {}).get("uninterruptablePrice")
         return None if price is None else float(price) * self.spec.gpu_count
 
+    def gpu_prices(self) -> dict[str, float | None]:
+        """The spec's GPU types in failover order, each with its price in USD/h for the
+        spec's cloud type and GPU count (the SDK's ``get_gpu``: ``securePrice``,
+        ``communityPrice``, else ``lowestPrice { uninterruptablePrice }``; never a bid
+        price), None when RunPod gives none.
+
+        Raises:
+            SpecError: an unknown GPU type id.
+            ProviderAuthError / ProviderTransientError: as for any call.
+        """
+        return self._gpu_prices()
+
     def _gpu_prices(self) -> dict[str, float | None]:
         """Price per GPU type (USD/h) via the SDK's ``get_gpu``; unknown id → SpecError."""
         prices: dict[str, float | None] = {}

@@ -11,8 +11,9 @@
     prefect-runpod reaper [--dry-run]     one reaper pass over orphaned pods
     prefect-runpod cost [RUN_ID]          what runs cost, ours beside RunPod's bill
 
-One module per command group (``launch``: finetune; ``pods``: pods, ssh, terminate,
-reaper; ``flows.cost_command``: cost); ``common`` holds what they share. The exit status
+One module per command group (``launch``: finetune; ``checks``: plan, check; ``watch``:
+status, logs; ``pods``: pods, ssh, terminate, reaper; ``flows.cost_command``: cost);
+``common`` holds what they share and ``runs`` what they read about runs. The exit status
 is 0 on success, ``EXIT_FAILED`` (1) for a run or command that failed, ``EXIT_USAGE`` (2)
 for bad input refused before anything was rented (docs/cli.md).
 """
@@ -34,7 +35,7 @@ __all__ = ["EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``prefect-runpod`` (every option documented in ``--help``)."""
     from prefect_runpod.flows import cost_command
-    from prefect_runpod.flows.cli import launch, pods
+    from prefect_runpod.flows.cli import checks, launch, pods, watch
 
     parser = argparse.ArgumentParser(
         prog="prefect-runpod",
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     launch.add_parser(sub)
+    checks.add_parsers(sub)
+    watch.add_parsers(sub)
     pods.add_parsers(sub)
     cost_command.add_parser(sub, provider_args)
     return parser
@@ -51,10 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     from prefect_runpod.flows import cost_command
-    from prefect_runpod.flows.cli import launch, pods
+    from prefect_runpod.flows.cli import checks, launch, pods, watch
 
     return {
         "finetune": launch.run,
+        "plan": checks.run_plan,
+        "check": checks.run_check,
+        "status": watch.run_status,
+        "logs": watch.run_logs,
         "pods": pods.run_pods,
         "ssh": pods.run_ssh,
         "terminate": pods.run_terminate,

@@ -384,7 +384,29 @@ class RunPodEmulator:
                 return 200, "application/json", json.dumps(self.ledger.v1(query)).encode()
             if url.path == "/v2/billing/pods":
                 return _json(200, self.ledger.v2(query))
+            if url.path == "/v2/catalog/gpus":
+                return _json(200, self.catalog(query))
         return _json(404, {"title": "Not Found", "status": 404, "detail": url.path})
+
+    def catalog(self, query: dict[str, str]) -> dict[str, Any]:
+        """REST v2 ``/v2/catalog/gpus`` from the GPU catalogue: per GPU its prices per
+        GPU-hour, ``maxCount`` and, with ``include=AVAILABILITY``, ``availability`` (a GPU's
+        ``availability`` field, ``HIGH`` by default) overall and per data center."""
+        gpus = []
+        for gpu_id, gpu in self.gpu_types.items():
+            item: dict[str, Any] = {
+                "id": gpu_id,
+                "displayName": gpu.get("displayName", gpu_id),
+                "memoryInGb": gpu.get("memoryInGb"),
+                "price": {"secure": gpu["securePrice"], "community": gpu["communityPrice"]},
+                "maxCount": 8,
+            }
+            if "AVAILABILITY" in query.get("include", "").upper().split(","):
+                level = gpu.get("availability", "HIGH")
+                item["availability"] = level
+                item["dataCenters"] = [{"id": "US-TX-3", "availability": level}]
+            gpus.append(item)
+        return {"gpus": gpus}
 
     def _maybe_something_wrong(self, op: str) -> None:
         with self._lock:
@@ -595,7 +617,7 @@ def _handler_for(emu: RunPodEmulator) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path.startswith(("/v1/billing/", "/v2/billing/")):
+            if self.path.startswith(("/v1/billing/", "/v2/billing/", "/v2/catalog/")):
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 self._reply(*emu.handle_rest(self.path, headers))
             elif self.path.startswith("/admin/requests"):

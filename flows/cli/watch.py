@@ -1,0 +1,247 @@
+"""Watching runs: ``status [RUN]`` (live and recent runs: stage, pod, GPU, age, USD so far,
+ssh command, the run's page) and ``logs RUN [--follow]`` (the training log, like ``sky
+logs``: from the pod while it lives, afterwards from the copy the run kept in its output
+dir, else from Prefect's coalesced log records; it always says which source it read)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect_runpod.flows.cli.common import age_text, api, print_json, print_table
+
+__all__ = ["add_parsers", "run_logs", "run_status", "status_row"]
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``status`` and ``logs`` under the CLI's subcommands."""
+    status = sub.add_parser(
+        "status",
+        help="live and recent runs: stage, pod, GPU, age, USD so far, ssh command, run page",
+        description="The fine-tune runs Prefect knows, newest first (or one run): its state "
+        "and stage, its pod, provider and GPU, its age, what it has cost so far (our "
+        "estimate, price x seconds), the ssh command while the pod lives, and the run's "
+        "page in the Prefect UI.",
+    )
+    status.add_argument("run", nargs="?", metavar="RUN", help="a flow run id")
+    status.add_argument("--limit", type=int, default=10, help="recent runs to list (default 10)")
+    status.add_argument("--json", action="store_true", help="print the runs as JSON")
+
+    logs = sub.add_parser(
+        "logs",
+        help="a run's training log: from the pod while it lives, else the run's copy",
+        description="Print a run's training log. While the pod lives it is read from the "
+        "pod (by byte offset, as the run follows it); afterwards from the train.log the run "
+        "kept in its output dir, else from Prefect's log records of the run (coalesced). "
+        "The source read is named on stderr.",
+    )
+    logs.add_argument("run", metavar="RUN", help="a flow run id")
+    logs.add_argument(
+        "--follow", "-f", action="store_true", help="keep reading until training ends"
+    )
+    logs.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="with --follow: stop following after this long (default: the run's pod "
+        "lifetime, which the pod cannot outlive)",
+    )
+
+
+def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
+    """One run as ``status`` shows it (JSON-ready): ids, state, stage, pod, provider, GPU,
+    age (s and as text), USD so far (ours; to now while the pod may still bill), the ssh
+    command while the pod lives, the run's page.
+
+    Args:
+        view: a ``flows.cli.runs.RunView``.
+        with_pod: ask the provider for the live pod (its GPU and ssh command).
+    """
+    from prefect_runpod.flows.cli.runs import key_path_for, live_pod, now_utc, provider_for_run
+
+    now = now_utc()
+    record = view.record
+    handle = None
+    if with_pod and view.live and record is not None and record.pod_id:
+        try:
+            handle = live_pod(view, provider_for_run(view))
+        except Exception:  # a provider that cannot be asked here: the record still shows
+            handle = None
+    usd = None
+    if record is not None:
+        record.settle(now)
+        usd = record.usd
+    out = record.output_dir if record else view.parameters.get("output_dir")
+    ssh = None
+    if handle is not None:
+        ssh = handle.ssh_command(key_path_for(handle.provider, out) or "KEY")
+    return {
+        "flow_run_id": view.flow_run_id,
+        "flow_run_name": view.flow_run_name,
+        "state": view.state,
+        "stage": view.stage,
+        "pod_id": record.pod_id if record else None,
+        "pod_live": handle is not None,
+        "provider": view.provider,
+        "gpu_type": handle.gpu_type if handle else (record.gpu_type if record else "-"),
+        "cost_per_hr_usd": record.cost_per_hr if record else None,
+        "started_at": view.started_at.isoformat() if view.started_at else None,
+        "age_seconds": round((now - view.started_at).total_seconds(), 1)
+        if view.started_at
+        else None,
+        "age": age_text(view.started_at, now),
+        "usd_so_far": usd,
+        "pod_end": record.state_line() if record else "no pod was created",
+        "ssh_command": ssh,
+        "url": view.url,
+        "output_dir": out,
+    }
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """``prefect-runpod status [RUN]``; exit 0, 1 when the run is not known."""
+    from prefect_runpod.blocks.validation import check_flow_run_id
+    from prefect_runpod.flows.cli.runs import read_run, recent_runs
+
+    run_id = None if args.run is None else check_flow_run_id(args.run)
+    with api():
+        if run_id is not None:
+            view = read_run(run_id)
+            if view is None:
+                print(f"no flow run {run_id} in the Prefect API", file=sys.stderr)
+                return 1
+            rows = [status_row(view)]
+        else:
+            rows = [status_row(v) for v in recent_runs(args.limit)]
+    if args.json:
+        print_json(rows[0] if run_id is not None else rows)
+        return 0
+    if run_id is not None:
+        print_table(
+            f"run {run_id}",
+            ["field", "value"],
+            [[k, v] for k, v in rows[0].items()],
+        )
+        return 0
+    print_table(
+        "fine-tune runs (newest first)",
+        ["run", "state", "stage", "pod", "GPU", "age", "USD so far", "ssh", "page"],
+        [
+            [
+                f"{r['flow_run_id']} ({r['flow_run_name']})",
+                r["state"],
+                r["stage"],
+                f"{r['pod_id'] or '-'} ({r['provider']}{', live' if r['pod_live'] else ''})",
+                r["gpu_type"],
+                r["age"],
+                "-" if r["usd_so_far"] is None else f"{r['usd_so_far']:.4f}",
+                r["ssh_command"],
+                r["url"],
+            ]
+            for r in rows
+        ],
+        empty="no fine-tune runs in the Prefect API yet: `prefect-runpod finetune` starts one",
+    )
+    return 0
+
+
+def _from_pod(view: Any, handle: Any, key_path: str, args: argparse.Namespace) -> int:
+    from pydantic import SecretStr
+
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.exceptions import TrainingError
+    from prefect_runpod.blocks.transfer import pod_tools
+    from prefect_runpod.tasks.train_remote import LogFollower, sleep_in_steps
+
+    run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{view.flow_run_id}"
+    print(f"source: pod {handle.pod_id} (live), {run_dir}/train.log", file=sys.stderr)
+    key = SecretStr(Path(key_path).read_text())
+    lifetime = float(view.parameters.get("pod_lifetime_seconds") or 6 * 3600)
+    deadline = time.monotonic() + (args.max_seconds or lifetime)
+    with PodConsole.for_pod(handle, key) as console:
+        follower = LogFollower(
+            console,
+            run_dir,
+            pod_tools.tools_dir(handle),
+            heartbeat_path="",  # reading is not a sign of the run's life
+            on_line=print,
+            pod_id=handle.pod_id,
+        )
+        try:
+            chunk = follower.drain()
+            while args.follow and chunk.running and time.monotonic() < deadline:
+                sleep_in_steps(1.0, time.sleep)
+                chunk = follower.drain()
+        except TrainingError as exc:
+            print(
+                f"pod {handle.pod_id}: no training log to read yet (stage {view.stage}): {exc}",
+                file=sys.stderr,
+            )
+            return 1
+    if args.follow and chunk.running:
+        print(f"stopped following after {args.max_seconds or lifetime:g} s", file=sys.stderr)
+    return 0
+
+
+def _from_records(view: Any) -> int:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    pod = view.record.pod_id if view.record else None
+    print(
+        f"source: Prefect's log records of run {view.flow_run_id} (coalesced; the run's "
+        "train.log is not on this machine)",
+        file=sys.stderr,
+    )
+    if pod is None:
+        print(f"run {view.flow_run_id} never had a pod: no training log", file=sys.stderr)
+        return 1
+    offset, found = 0, 0
+    with get_client(sync_client=True) as client:
+        while True:
+            logs = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[view.flow_run_id])),  # type: ignore[list-item]
+                sort=LogSort.TIMESTAMP_ASC,
+                limit=200,
+                offset=offset,
+            )
+            for log in logs:
+                if log.message.startswith(f"{pod} | "):
+                    print(log.message[len(pod) + 3 :])
+                    found += 1
+            offset += len(logs)
+            if len(logs) < 200:
+                break
+    return 0 if found else 1
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    """``prefect-runpod logs RUN [--follow]``; exit 0 when a log was read, else 1."""
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.validation import check_flow_run_id, check_number
+    from prefect_runpod.flows.cli.runs import key_path_for, live_pod, provider_for_run, read_run
+    from prefect_runpod.flows.finetune import TRAIN_LOG
+
+    run_id = check_flow_run_id(args.run)
+    check_number("max_seconds", args.max_seconds, optional=True)
+    with api():
+        view = read_run(run_id)
+        if view is None:
+            raise SpecError(f"no flow run {run_id} in the Prefect API: `prefect-runpod status`")
+        out = view.record.output_dir if view.record else view.parameters.get("output_dir")
+        handle = None
+        if view.live and view.record is not None and view.record.pod_id:
+            handle = live_pod(view, provider_for_run(view))
+        key = key_path_for(handle.provider, out) if handle is not None else None
+        if handle is not None and key is not None:
+            return _from_pod(view, handle, key, args)
+        copy = Path(out) / TRAIN_LOG if out else None
+        if copy is not None and copy.is_file():
+            print(f"source: {copy} (the log as the run followed it)", file=sys.stderr)
+            sys.stdout.write(copy.read_text(encoding="utf-8", errors="replace"))
+            return 0
+        return _from_records(view)
