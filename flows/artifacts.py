@@ -14,17 +14,20 @@ __all__ = ["publish_model_link"]
 
 
 def publish_model_link(report: RunReport) -> None:
-    """Publish a ``model-checkpoint`` link artifact to the downloaded outputs (when the
-    whole model was downloaded) and a ``published-model`` link to the Hub commit (or
-    the S3 URI) when the pod published it, verified."""
+    """Publish the checkpoint's link artifacts: ``published-model`` and
+    ``model-checkpoint`` to the Hub commit (or the S3 URI) when the pod published it,
+    verified; else ``model-checkpoint`` to the downloaded outputs (when the whole model
+    was downloaded)."""
     p = report.publish
     if p is not None and p.verified:
-        create_link_artifact(
-            link=p.url or p.target,
-            link_text=f"{p.target}@{p.revision}" if p.revision else p.target,
-            key="published-model",
-            description=f"{len(p.files)} files, {p.bytes} bytes, verified at the destination",
-        )
+        for key in ("published-model", "model-checkpoint"):
+            create_link_artifact(
+                link=p.url or p.target,
+                link_text=f"{p.target}@{p.revision}" if p.revision else p.target,
+                key=key,
+                description=f"{len(p.files)} files, {p.bytes} bytes, verified at the destination",
+            )
+        return
     if report.output_dir and report.manifest is not None and report.download_choice == "all":
         create_link_artifact(
             link=f"file://{report.output_dir}/outputs",

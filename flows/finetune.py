@@ -48,7 +48,7 @@ from prefect_runpod.blocks.provider import (
 from prefect_runpod.flows.cost_record import record_pod_end
 from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.providers import build_provider
-from prefect_runpod.flows.report import RunReport
+from prefect_runpod.flows.report import RunReport, flow_run_url
 from prefect_runpod.flows.run_end import end_run, lease_text, record_cost, write_report
 from prefect_runpod.flows.run_inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.run_logs import install_quiet_engine, stage_logger
@@ -309,6 +309,7 @@ def finetune(
         pod_name=pod_name_for(name_prefix, run_id),
         provider=provider,
         output_dir=str(out),
+        flow_run_url=flow_run_url(run_id),
     )
     budget = _Budget(None)
     ssh_key_path = (

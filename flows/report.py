@@ -41,6 +41,7 @@ class RunReport(BaseModel):
         pod_id: the pod's id once created.
         provider: ``local`` or ``runpod``.
         ssh_command: what a person types to get into the pod while it runs.
+        flow_run_url: the run's page in the Prefect UI, when a UI address is known.
         stages: one record per stage, in stage order (preflight first).
         provision_attempts: every create attempt (GPU type/cloud → outcome).
         cost: the cost record (USD/h, billed seconds, USD).
@@ -63,6 +64,7 @@ class RunReport(BaseModel):
     pod_id: str | None = None
     provider: str = "local"
     ssh_command: str | None = None
+    flow_run_url: str | None = None
     stages: list[StageRecord] = Field(
         default_factory=lambda: [StageRecord(name=n) for n in ("preflight", *STAGES)]
     )
@@ -176,6 +178,14 @@ def render_summary(report: RunReport) -> str:
     lines.append(f"terminated   {report.end_line()}")
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
     lines.append(f"bytes moved  {_fmt_bytes(moved)} through the gateway")
+    moves = [(n, t) for n, t in (("upload", report.upload), ("download", report.download)) if t]
+    if moves:
+        lines.append(
+            "transfer     "
+            + ", ".join(
+                f"{n} by {t.method} ({_fmt_bytes(t.bytes)}, {t.seconds:.1f} s)" for n, t in moves
+            )
+        )
     if report.publish is not None:
         sent = report.publish
         lines.append(
@@ -219,7 +229,21 @@ def render_summary(report: RunReport) -> str:
             lines.append(f"runpod bill  not known yet: {c.billing_note or 'not asked'}")
     if report.output_dir:
         lines.append(f"outputs      {report.output_dir}")
+    lines.append(
+        f"flow run     {report.flow_run_url or report.flow_run_id + ' (no UI address known)'}"
+    )
     if report.error:
         lines.append(f"error        {report.error}")
     lines.append(f"result       {'PASSED' if report.passed else 'FAILED'}")
     return "\n".join(lines)
+
+
+def flow_run_url(flow_run_id: str) -> str | None:
+    """The run's page in the Prefect UI (``<PREFECT_UI_URL>/runs/flow-run/<id>``), or None
+    when no UI address is configured (Prefect's own ``url_for``)."""
+    from prefect.utilities.urls import url_for
+
+    try:
+        return url_for("flow-run", obj_id=flow_run_id)
+    except Exception:  # no UI configured, or an API URL it cannot derive one from
+        return None

@@ -127,13 +127,13 @@ def print_table(
         title: the table's title.
         columns: the header, units in the names (``USD/h``, ``age``).
         rows: one sequence of cells per row, in ``columns``' order (None shows ``-``).
-        empty: what to print instead of an empty table.
+        empty: what to print (on stderr) instead of an empty table.
     """
     from rich.console import Console
     from rich.table import Table
 
     if not rows and empty:
-        print(empty)
+        print(empty, file=sys.stderr)  # stdout stays empty: no rows
         return
     table = Table(title=title)
     for column in columns:

@@ -19,6 +19,7 @@ from uuid import UUID
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import PodProvider
 from prefect_runpod.flows.cost_record import CostRecord, latest_record
+from prefect_runpod.flows.report import flow_run_url
 
 __all__ = [
     "FLOW_NAME",
@@ -74,17 +75,6 @@ class RunView:
         if self.record is not None:
             return self.record.provider
         return str(self.parameters.get("provider") or "local")
-
-
-def flow_run_url(flow_run_id: str) -> str | None:
-    """The run's page in the Prefect UI (``<PREFECT_UI_URL>/runs/flow-run/<id>``), or None
-    when no UI address is configured (Prefect's own ``url_for``)."""
-    from prefect.utilities.urls import url_for
-
-    try:
-        return url_for("flow-run", obj_id=flow_run_id)
-    except Exception:  # no UI configured, or an API URL it cannot derive one from
-        return None
 
 
 def _stage_of(client: Any, flow_run_id: str) -> str:
@@ -216,11 +206,12 @@ def ssh_argv(handle: PodHandle, key_path: str, known_hosts: Path) -> list[str]:
     assert handle.ssh is not None
     ep = handle.ssh
     argv = ["ssh", "-tt", "-i", key_path, "-p", str(ep.port), "-o", "IdentitiesOnly=yes"]
+    argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
     if ep.host_key:
         host = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
         known_hosts.write_text(f"{host} {ep.host_key.strip()}\n")
-        argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
-    else:
+        argv += ["-o", "StrictHostKeyChecking=yes"]
+    else:  # not pinned yet: the first key seen is kept in that file only
         argv += ["-o", "StrictHostKeyChecking=accept-new"]
     return [*argv, f"{ep.user}@{ep.host}"]
 

@@ -1,0 +1,153 @@
+"""``plan`` and ``check`` against the local pod and emulated RunPod (real Prefect server,
+real SDK): every precondition listed with ✔/✘ and its fix, the price, nothing rented;
+and the small pure pieces the cockpit tables use."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
+from prefect_runpod.blocks.runpod.catalog import parse_catalog
+from prefect_runpod.flows.cli import main
+from prefect_runpod.flows.cli.common import age_text
+from prefect_runpod.flows.cli.runs import ssh_argv
+
+
+def test_age_reads_like_a_person_says_it():
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    ages = [timedelta(seconds=s) for s in (5, 420, 3 * 3600 + 300, 2 * 86400 + 4 * 3600)]
+    assert [age_text(now - d, now) for d in ages] == ["5s", "7m", "3h05m", "2d4h"]
+    assert age_text(None, now) == "-"
+
+
+def test_ssh_pins_the_pods_host_key(tmp_path: Path):
+    handle = PodHandle(
+        pod_id="abc123def45678",
+        name="prft-x",
+        provider="local",
+        ssh=SSHEndpoint(host="127.0.0.1", port=2222, user="abc-1", host_key="ssh-ed25519 AAAAC3"),
+    )
+    known = tmp_path / "known_hosts"
+    argv = ssh_argv(handle, "/k/pod-ssh-key", known)
+    assert argv[:2] == ["ssh", "-tt"] and argv[-1] == "abc-1@127.0.0.1"
+    assert "StrictHostKeyChecking=yes" in argv and f"UserKnownHostsFile={known}" in argv
+    assert known.read_text() == "[127.0.0.1]:2222 ssh-ed25519 AAAAC3\n"
+
+
+def test_the_catalog_parser_reads_rest_v2_and_leaves_the_unknown_unknown():
+    found = parse_catalog(
+        {
+            "gpus": [
+                {
+                    "id": "NVIDIA GeForce RTX 3090",
+                    "price": {"secure": 0.22, "community": 0.22},
+                    "maxCount": 8,
+                    "availability": "low",
+                    "dataCenters": [{"id": "US-TX-3", "availability": "NONE"}],
+                },
+                {"id": "NVIDIA RTX A5000"},
+                {"displayName": "no id: skipped"},
+            ]
+        }
+    )
+    a3090 = found["NVIDIA GeForce RTX 3090"]
+    assert (a3090.availability, a3090.secure_usd_per_hr, a3090.max_count) == ("LOW", 0.22, 8)
+    assert a3090.data_centers == {"US-TX-3": "NONE"}
+    assert found["NVIDIA RTX A5000"].availability == "UNKNOWN"
+    assert len(found) == 2
+
+
+def test_plan_on_the_local_pod_prices_the_demo_and_rents_nothing(
+    prefect_server, tmp_path, capsys, runpod_home
+):
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+
+    before = LocalPodProvider().list("")
+    code = main(["plan", "--local-cost-per-hr", "0.22", "--output-dir", str(tmp_path), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["ok"] is True
+    names = [c["name"] for c in data["checks"]]
+    assert names[:5] == [
+        "inputs and bundle",
+        "blocks and provider",
+        "Hugging Face token",
+        "transfer method",
+        "pod disk",
+    ]
+    assert {"Hugging Face access", "CUDA floor"} <= set(names)
+    assert "pty (asked 'auto')" in data["checks"][3]["detail"]
+    (price,) = data["prices"]
+    assert price["usd_per_hr"] == 0.22 and data["expected_runtime_seconds"] == 10.0
+    assert price["estimate_usd"] == pytest.approx(0.22 * 10 / 3600, abs=1e-6)
+    assert LocalPodProvider().list("") == before  # nothing was rented
+
+
+def test_plan_lists_every_failing_precondition_with_its_fix(prefect_server, tmp_path, capsys):
+    code = main(
+        [
+            "plan",
+            "--bundle",
+            str(tmp_path / "nowhere"),
+            "--hf-credentials",
+            "no-such-block",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "✘ inputs and bundle: bundle directory" in out and "pass --bundle DIR" in out
+    assert "✘ Hugging Face token:" in out and "no-such-block" in out
+    assert "✔ blocks and provider" in out
+    assert out.rstrip().endswith("finetune would NOT start: fix each ✘")
+    assert main(["plan", "--max-cost-usd", "lots"]) == 2  # bad usage: argparse's own
+
+
+def test_plan_and_check_on_emulated_runpod(
+    prefect_server, runpod_emulator, runpod_blocks, tmp_path, capsys
+):
+    """Prices from the SDK's GPU query in failover order, availability from REST v2's
+    catalog, the account's SSH key read (never added by plan)."""
+    creds, spec, key = runpod_blocks
+    spec.gpu_type_ids = ["NVIDIA GeForce RTX 3090", "NVIDIA RTX A5000"]
+    spec.cloud_type = "ALL"
+    creds.save("cockpit-creds", overwrite=True)
+    spec.save("cockpit-spec", overwrite=True)
+    key.save("cockpit-key", overwrite=True)
+    a5000 = runpod_emulator.gpu_types["NVIDIA RTX A5000"]
+    runpod_emulator.gpu_types["NVIDIA RTX A5000"] = {**a5000, "availability": "NONE"}
+    blocks = [
+        "--provider",
+        "runpod",
+        "--runpod-credentials",
+        "cockpit-creds",
+        "--runpod-spec",
+        "cockpit-spec",
+        "--ssh-key",
+        "cockpit-key",
+    ]
+    assert main(["plan", *blocks, "--output-dir", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(p["gpu_type"], p["usd_per_hr"], p["availability"]) for p in data["prices"]] == [
+        ("NVIDIA GeForce RTX 3090", 0.22, "HIGH"),
+        ("NVIDIA RTX A5000", 0.16, "NONE"),
+    ]
+    assert next(c for c in data["checks"] if c["name"] == "account SSH key")["ok"] is True
+    assert runpod_emulator.live_pod_ids() == []
+    paths = [r.get("path") for r in runpod_emulator.requests]
+    assert "/v2/catalog/gpus" in paths
+
+    check = ["check", "--provider", "runpod", "--runpod-credentials", "cockpit-creds"]
+    assert main([*check, "--ssh-key", "cockpit-key"]) == 0
+    out = capsys.readouterr().out
+    assert "✔ RunPod API key" in out and "✔ account SSH key" in out and "✔ Prefect API" in out
+    runpod_emulator.pub_key = ""  # the key is no longer on the account
+    key.add_to_account = False
+    key.save("cockpit-key", overwrite=True)
+    assert main([*check, "--ssh-key", "cockpit-key"]) == 1
+    out = capsys.readouterr().out
+    assert "✘ account SSH key" in out and "Settings, SSH Public Keys" in out
