@@ -187,6 +187,7 @@ NUMBER_RULES: dict[str, NumberRule] = _rules(
     NumberRule("grace_seconds", "s", "how long a pod of an unknown run is spared", "60", ge=0, le=_DAY_SECONDS),
     NumberRule("max_usd_per_hour", "USD/h", "the highest price per hour to rent at", "0.5", ge=0, le=1000),
     NumberRule("pty_streams", "", "how many PTY sessions a pty transfer stripes over", "4", ge=1, le=16, whole=True),
+    NumberRule("max_seconds", "s", "how long `logs --follow` follows", "3600", gt=0, le=30 * _DAY_SECONDS),
 )  # fmt: skip
 """Every numeric input of a run, the reaper and the blocks, with its unit and range."""
 

@@ -1,7 +1,10 @@
-"""``prefect-runpod cost [RUN_ID] [--reconcile]``: what runs cost, ours beside RunPod's.
+"""``prefect-runpod cost [RUN_ID] [--since WHEN] [--reconcile]``: what runs cost, ours
+beside RunPod's, with totals (like ``sky cost-report``).
 
-Without ``RUN_ID`` it lists the latest ``finetune-costs`` record of recent runs; with one
-it shows that run's record. ``--reconcile`` completes a record whose run could not
+Without ``RUN_ID`` it lists the latest ``finetune-costs`` record of recent runs (those
+whose pod was created since ``--since``: ``7d``, ``24h``, ``30m`` or an ISO-8601 UTC
+time), each with its pod, GPU, billed seconds, USD and RunPod's amount once known, and
+the totals; with one it shows that run's record. ``--reconcile`` completes a record whose run could not
 (docs/architecture.md#what-a-run-cost): a run SIGKILLed while its pod lived, a pod ended
 by its dead-man or RunPod's lease, RunPod's bill that appeared after the run ended. It
 asks the pod's provider (built from the run's own parameters) whether the pod is gone
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -32,7 +36,7 @@ from prefect_runpod.flows.cost_record import (
     rewrite_report,
 )
 
-__all__ = ["add_parser", "reconcile", "run"]
+__all__ = ["add_parser", "parse_since", "reconcile", "run", "totals"]
 
 _LEASE_SLACK = timedelta(seconds=5)
 _WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE}
@@ -67,7 +71,15 @@ def add_parser(
         help="complete the record(s): the pod's end from its provider, RunPod's bill",
     )
     cost.add_argument("--limit", type=int, default=20, help="recent runs to list (default 20)")
-    cost.add_argument("--json", action="store_true", help="print the records as JSON")
+    cost.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only runs whose pod was created since then: 7d, 24h, 30m, or an ISO-8601 UTC "
+        "time such as 2026-12-01T00:00:00Z",
+    )
+    cost.add_argument(
+        "--json", action="store_true", help="print {runs: [records], totals: {...}} as JSON"
+    )
     provider_args(cost)
     cost.set_defaults(provider=None)
     return cost
@@ -213,27 +225,93 @@ def _recent_records(limit: int) -> list[CostRecord]:
     return list(seen.values())
 
 
+_SINCE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """The moment ``--since`` names: a duration back from ``now`` (``30m``, ``24h``,
+    ``7d``, ``2w``) or an ISO-8601 time (UTC when it carries no offset).
+
+    Raises:
+        SpecError: anything else, with the forms it takes.
+    """
+    from prefect_runpod.blocks.exceptions import SpecError
+
+    value = text.strip()
+    match = _SINCE.fullmatch(value.lower())
+    if match:
+        amount = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        return (now or datetime.now(UTC)) - timedelta(seconds=amount)
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise SpecError(
+            f"--since {text!r} is not a duration (30m, 24h, 7d, 2w) or an ISO-8601 time "
+            "(2026-12-01T00:00:00Z)"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def totals(records: list[CostRecord]) -> dict[str, Any]:
+    """The totals of ``records``: runs, billed seconds, USD (ours), RunPod's USD over the
+    runs whose bill is known (and how many), and how many may still be billing."""
+    known = [r.runpod_usd for r in records if r.runpod_usd is not None]
+    return {
+        "runs": len(records),
+        "billed_seconds": round(sum(r.billed_seconds for r in records), 3),
+        "usd": round(sum(r.usd for r in records), 8),
+        "runpod_usd": round(sum(known), 8) if known else None,
+        "runpod_billed_runs": len(known),
+        "may_still_bill": sum(1 for r in records if r.may_still_bill),
+    }
+
+
 def _show(records: list[CostRecord], as_json: bool) -> None:
+    total = totals(records)
     if as_json:
-        print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+        runs = [r.model_dump(mode="json") for r in records]
+        print(json.dumps({"runs": runs, "totals": total}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="finetune-costs")
-    for column in ("run", "pod", "billed s", "USD (ours)", "USD (RunPod)", "difference", "end"):
-        table.add_column(column, overflow="fold")
+    table = Table(title="finetune-costs", show_footer=True)
+    footer = {
+        "run": f"total: {total['runs']} runs",
+        "billed s": f"{total['billed_seconds']:.1f}",
+        "USD (ours)": f"{total['usd']:.6f}",
+        "USD (RunPod)": "-"
+        if total["runpod_usd"] is None
+        else f"{total['runpod_usd']:.6f} ({total['runpod_billed_runs']} runs)",
+        "end": f"{total['may_still_bill']} may still be billing" if total["may_still_bill"] else "",
+    }
+    columns = (
+        "run",
+        "pod",
+        "GPU",
+        "USD/h",
+        "billed s",
+        "USD (ours)",
+        "USD (RunPod)",
+        "difference",
+        "end",
+    )
+    for column in columns:
+        table.add_column(column, footer=footer.get(column, ""), overflow="fold")
     for r in records:
         table.add_row(
             r.flow_run_id,
             f"{r.pod_id or '-'} ({r.provider})",
+            r.gpu_type,
+            f"{r.cost_per_hr:.3f}",
             f"{r.billed_seconds:.1f}",
             f"{r.usd:.6f}",
             "-" if r.runpod_usd is None else f"{r.runpod_usd:.6f}",
             "-" if r.difference_usd is None else f"{r.difference_usd:+.6f}",
             r.state_line(),
         )
-    Console(width=160).print(table)
+    Console(width=200).print(table)
 
 
 def run(
@@ -251,6 +329,7 @@ def run(
     from prefect_runpod.blocks.validation import check_flow_run_id
 
     run_id = None if args.run_id is None else check_flow_run_id(args.run_id)
+    args.since_at = None if args.since is None else parse_since(args.since)
     with api():
         return _run(args, run_id)
 
@@ -264,6 +343,9 @@ def _run(args: argparse.Namespace, run_id: str | None) -> int:
         records = [record]
     else:
         records = _recent_records(args.limit)
+        since = getattr(args, "since_at", None)
+        if since is not None:
+            records = [r for r in records if r.created_at is not None and r.created_at >= since]
     if args.reconcile:
         done = []
         for record in records:
