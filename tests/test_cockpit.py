@@ -24,11 +24,13 @@ pytestmark = pytest.mark.slow
 _CLI = [sys.executable, "-m", "prefect_runpod.flows.cli"]
 
 
-def _wait_for(path: Path, child, timeout_seconds: float = 240.0) -> None:
+def _wait_for(path: Path, child, timeout_seconds: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_seconds
     while not path.exists():
         assert child.proc.poll() is None, bytes(child.err)[-3000:].decode(errors="replace")
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        assert time.monotonic() < deadline, f"{path.name} never appeared: " + bytes(
+            child.err
+        )[-3000:].decode(errors="replace")
         time.sleep(0.2)
 
 
@@ -152,3 +154,64 @@ def test_the_demo_under_a_terminal_is_quiet_and_the_cockpit_sees_it(
     assert main(["cost", run_id, "--json"]) == 0
     (record,) = _json_of(capsys)["runs"]
     assert record["gpu_type"] == "cpu" and record["usd"] > 0 and record["end"]["confirmed"]
+
+
+def test_the_cockpit_on_emulated_runpod(
+    prefect_server, runpod_emulator, tmp_path, capsys, monkeypatch
+):
+    """The same commands on a RunPod pod (real SDK, the emulator's PTY-only gateway):
+    status and pods show its GPU and price, logs read it from the pod, ssh gets a shell
+    through the gateway, cost has the GPU; nothing is left in the emulator."""
+    from prefect_runpod.blocks.keys import generate_keypair
+
+    keypair = generate_keypair("cockpit-e2e")
+    key_file = tmp_path / "id_ed25519_runpod"
+    key_file.write_text(keypair.private_key.get_secret_value())
+    key_file.chmod(0o600)
+    runpod_emulator.pub_key = keypair.public_key
+    for name, value in {
+        "RUNPOD_API_KEY": runpod_emulator.api_key,
+        "RUNPOD_SSH_KEY_PATH": str(key_file),
+        "RUNPOD_SSH_GATEWAY_HOST": "127.0.0.1",
+        "RUNPOD_SSH_GATEWAY_PORT": str(runpod_emulator.gateway_port),
+    }.items():
+        monkeypatch.setenv(name, value)
+    out, faults = tmp_path / "out", tmp_path / "faults"
+    env = server_env(
+        PREFECT_RUNPOD_FAULTS="train_running:pause", PREFECT_RUNPOD_FAULT_DIR=str(faults)
+    )
+    child = spawn_on_ptys(
+        [*_CLI, "finetune", "--provider", "runpod", "--output-dir", str(out)], env
+    )
+    try:
+        _wait_for(faults / "train_running.reached", child)
+        run_id = json.loads((out / "run-report.json").read_text())["flow_run_id"]
+        assert main(["status", run_id, "--json"]) == 0
+        row = _json_of(capsys)
+        assert (row["provider"], row["gpu_type"], row["pod_live"]) == (
+            "runpod",
+            "NVIDIA GeForce RTX 3090",
+            True,
+        )
+        assert row["cost_per_hr_usd"] == 0.22 and str(key_file) in row["ssh_command"]
+        assert main(["pods", "--provider", "runpod", "--json"]) == 0
+        (pod,) = _json_of(capsys)
+        assert pod["pod_id"] == row["pod_id"] and pod["run_state"] == "Running"
+        assert main(["logs", run_id]) == 0
+        read = capsys.readouterr()
+        assert f"source: pod {row['pod_id']} (live)" in read.err
+        assert "training on 305 tickets" in read.out
+        shown = _ssh_under_a_pty(run_id, env)
+        assert "cockpit-42" in shown
+        release_marker(faults, "train_running").touch()
+        assert child.wait(timeout=300) == 0, bytes(child.err)[-3000:].decode(errors="replace")
+    finally:
+        if child.proc.poll() is None:
+            child.proc.kill()
+    assert main(["logs", run_id]) == 0
+    assert f"source: {out / 'train.log'}" in capsys.readouterr().err
+    assert main(["cost", run_id, "--json"]) == 0
+    data = _json_of(capsys)
+    assert data["runs"][0]["gpu_type"] == "NVIDIA GeForce RTX 3090"
+    assert data["totals"]["runs"] == 1 and data["totals"]["usd"] > 0
+    assert runpod_emulator.live_pod_ids() == []
