@@ -28,9 +28,9 @@ def _wait_for(path: Path, child, timeout_seconds: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_seconds
     while not path.exists():
         assert child.proc.poll() is None, bytes(child.err)[-3000:].decode(errors="replace")
-        assert time.monotonic() < deadline, f"{path.name} never appeared: " + bytes(
-            child.err
-        )[-3000:].decode(errors="replace")
+        assert time.monotonic() < deadline, f"{path.name} never appeared: " + bytes(child.err)[
+            -3000:
+        ].decode(errors="replace")
         time.sleep(0.2)
 
 
@@ -188,11 +188,8 @@ def test_the_cockpit_on_emulated_runpod(
         run_id = json.loads((out / "run-report.json").read_text())["flow_run_id"]
         assert main(["status", run_id, "--json"]) == 0
         row = _json_of(capsys)
-        assert (row["provider"], row["gpu_type"], row["pod_live"]) == (
-            "runpod",
-            "NVIDIA GeForce RTX 3090",
-            True,
-        )
+        assert (row["provider"], row["pod_live"]) == ("runpod", True)
+        assert "RTX 3090" in row["gpu_type"]
         assert row["cost_per_hr_usd"] == 0.22 and str(key_file) in row["ssh_command"]
         assert main(["pods", "--provider", "runpod", "--json"]) == 0
         (pod,) = _json_of(capsys)
@@ -212,6 +209,6 @@ def test_the_cockpit_on_emulated_runpod(
     assert f"source: {out / 'train.log'}" in capsys.readouterr().err
     assert main(["cost", run_id, "--json"]) == 0
     data = _json_of(capsys)
-    assert data["runs"][0]["gpu_type"] == "NVIDIA GeForce RTX 3090"
+    assert "RTX 3090" in data["runs"][0]["gpu_type"]
     assert data["totals"]["runs"] == 1 and data["totals"]["usd"] > 0
     assert runpod_emulator.live_pod_ids() == []
