@@ -16,8 +16,19 @@ Two commands::
 - the process work pool ``runpod-pool`` that ``prefect deploy --all`` (prefect.yaml)
   targets. The GPU lives on RunPod, not under the worker, so a process pool is enough.
 
+- the variable ``prefect_runpod_provider`` (``local`` unless it exists): ``prefect.yaml``
+  takes the provider of every fine-tune and reaper deployment from it
+  (``{{ prefect.variables.prefect_runpod_provider }}``), so switching a deployed setup to
+  RunPod is ``prefect variable set prefect_runpod_provider runpod --overwrite``, no edit.
+
 ``serve`` runs the same deployments as ``prefect.yaml`` in this process (no work pool,
-no worker): handy on a laptop, and what the tests use.
+no worker): handy on a laptop, and what the tests use. Its ``--provider`` and block
+options (``--runpod-credentials``, ``--runpod-spec``, ``--ssh-key``) become the
+deployments' parameters. ``serve`` and ``prefect deploy`` use the same deployment names
+(``runpod-finetune/on-demand`` is what ``run_deployment`` and the sweep call), so
+``serve`` refuses to replace a deployment that ``prefect deploy`` put on a work pool —
+serving it would leave the pool's worker runs without code (``FileNotFoundError:
+'…/None'``) — unless ``--replace`` says to take it over (docs/cli.md#deployments).
 """
 
 from __future__ import annotations
@@ -49,8 +60,12 @@ __all__ = [
     "CONCURRENCY_LIMIT",
     "DATASET_EVENT",
     "WORK_POOL",
+    "PROVIDER_VARIABLE",
     "ZOMBIE_AUTOMATION",
+    "DeployedElsewhere",
     "build_deployments",
+    "deployed_copies",
+    "ensure_provider_variable",
     "dataset_trigger",
     "ensure_concurrency_limit",
     "ensure_work_pool",
@@ -59,6 +74,7 @@ __all__ = [
     "refuse_unknown_parameters",
     "serve_all",
     "setup",
+    "setup_lines",
 ]
 
 CONCURRENCY_LIMIT = "runpod-gpu"
@@ -70,6 +86,9 @@ ZOMBIE_AUTOMATION = "runpod-crash-zombie-flows"
 DATASET_EVENT = "dataset.updated"
 """The event an upstream pipeline emits when a training set changes; its payload's
 ``bundle`` is the bundle directory to fine-tune on."""
+
+PROVIDER_VARIABLE = "prefect_runpod_provider"
+"""The Prefect variable ``prefect.yaml``'s deployments take their provider from."""
 
 HEARTBEATS_MISSED = 3
 """A run is a zombie after this many missed heartbeat intervals."""
@@ -139,17 +158,68 @@ def ensure_zombie_automation(heartbeat_seconds: float = 180.0) -> str:
     return str(created.id)
 
 
+def ensure_provider_variable(default: str = "local") -> str:
+    """The ``prefect_runpod_provider`` variable, created with ``default`` when missing
+    (an existing value is kept); returns its value."""
+    from prefect.variables import Variable
+
+    value = Variable.get(PROVIDER_VARIABLE, default=None)
+    if value is None:
+        Variable.set(PROVIDER_VARIABLE, default)
+        value = default
+    return str(value)
+
+
 def setup(limit: int = 2, heartbeat_seconds: float = 180.0) -> dict[str, Any]:
-    """The concurrency limit, the zombie automation and the work pool, all idempotent.
+    """The concurrency limit, the zombie automation, the work pool and the provider
+    variable, all idempotent.
 
     Returns:
-        What exists now: ``{"concurrency_limit": …, "automation_id": …, "work_pool": …}``.
+        What exists now: ``{"concurrency_limit": …, "automation_id": …, "work_pool": …,
+        "provider_variable": …}``.
     """
     return {
         "concurrency_limit": {CONCURRENCY_LIMIT: ensure_concurrency_limit(limit=limit)},
         "automation_id": ensure_zombie_automation(heartbeat_seconds),
         "work_pool": {WORK_POOL: ensure_work_pool()},
+        "provider_variable": {PROVIDER_VARIABLE: ensure_provider_variable()},
     }
+
+
+def setup_lines(done: dict[str, Any]) -> list[str]:
+    """``setup``'s result as lines a person reads."""
+    ((limit_name, slots),) = done["concurrency_limit"].items()
+    ((pool, pool_type),) = done["work_pool"].items()
+    ((variable, provider),) = done["provider_variable"].items()
+    return [
+        f"concurrency limit  {limit_name}: {slots} pods at once",
+        f"automation         {ZOMBIE_AUTOMATION} ({done['automation_id']})",
+        f"work pool          {pool} ({pool_type})",
+        f"variable           {variable} = {provider}",
+    ]
+
+
+class DeployedElsewhere(Exception):
+    """A deployment ``serve`` would replace was made by ``prefect deploy`` (it has a
+    work pool)."""
+
+
+def deployed_copies(deployments: list[RunnerDeployment]) -> list[str]:
+    """``flow/name (work pool POOL)`` for each of ``deployments`` the server already has
+    on a work pool, i.e. made by ``prefect deploy``: serving it would replace it."""
+    from prefect.exceptions import ObjectNotFound
+
+    found = []
+    with get_client(sync_client=True) as client:
+        for d in deployments:
+            name = f"{d.flow_name}/{d.name}"
+            try:
+                existing = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                continue
+            if existing.work_pool_name:
+                found.append(f"{name} (work pool {existing.work_pool_name})")
+    return found
 
 
 def dataset_trigger() -> DeploymentEventTrigger:
@@ -195,7 +265,10 @@ def refuse_unknown_parameters(deployment: RunnerDeployment) -> RunnerDeployment:
 
 
 def build_deployments(
-    *, schedules: bool = True, finetune_defaults: dict[str, Any] | None = None
+    *,
+    schedules: bool = True,
+    finetune_defaults: dict[str, Any] | None = None,
+    provider_params: dict[str, Any] | None = None,
 ) -> list[RunnerDeployment]:
     """The deployments ``prefect.yaml`` declares, as runner deployments for ``serve``.
 
@@ -212,8 +285,12 @@ def build_deployments(
         schedules: False leaves out the cron and interval schedules (tests, or a
             laptop where the shared reaper already runs elsewhere).
         finetune_defaults: default parameters for every fine-tune deployment.
+        provider_params: ``provider`` and the RunPod block names
+            (``runpod_credentials_block``, ``runpod_spec_block``, ``ssh_key_block``) for
+            the fine-tune and reaper deployments alike (default: the local provider).
     """
-    base = {"concurrency_limit": CONCURRENCY_LIMIT, **(finetune_defaults or {})}
+    pods = {k: v for k, v in (provider_params or {}).items() if v}
+    base = {"concurrency_limit": CONCURRENCY_LIMIT, **pods, **(finetune_defaults or {})}
     tags = ["prefect-runpod"]
     deployments = [
         finetune.to_deployment("on-demand", parameters=base, tags=tags),
@@ -229,7 +306,7 @@ def build_deployments(
         reaper.to_deployment(
             "every-10-min",
             schedules=[Interval(timedelta(minutes=10))] if schedules else None,
-            parameters={"provider": "local", "name_prefix": "prft"},
+            parameters={"provider": "local", "name_prefix": "prft", **pods},
             tags=tags,
         ),
         sweep.to_deployment(
@@ -245,6 +322,8 @@ def serve_all(
     query_seconds: float | None = None,
     schedules: bool = True,
     finetune_defaults: dict[str, Any] | None = None,
+    provider_params: dict[str, Any] | None = None,
+    replace: bool = False,
 ) -> None:
     """Serve every deployment from this process until interrupted (SIGINT/SIGTERM).
 
@@ -253,16 +332,28 @@ def serve_all(
             is the ``runpod-gpu`` limit, not this.
         query_seconds: how often the runner polls for scheduled runs (default
             ``PREFECT_RUNNER_POLL_FREQUENCY``, 10 s).
-        schedules / finetune_defaults: see ``build_deployments``.
+        schedules / finetune_defaults / provider_params: see ``build_deployments``.
+        replace: take over deployments of the same names that ``prefect deploy`` made.
+
+    Raises:
+        DeployedElsewhere: such deployments exist and ``replace`` is False (named, with
+            the two ways out), before anything is served.
     """
     kwargs: dict[str, Any] = {}
     if query_seconds is not None:
         kwargs["query_seconds"] = query_seconds
-    serve(
-        *build_deployments(schedules=schedules, finetune_defaults=finetune_defaults),
-        limit=limit,
-        **kwargs,
+    deployments = build_deployments(
+        schedules=schedules, finetune_defaults=finetune_defaults, provider_params=provider_params
     )
+    taken = [] if replace else deployed_copies(deployments)
+    if taken:
+        raise DeployedElsewhere(
+            f"{', '.join(taken)} came from `prefect deploy`; serving here would replace "
+            "them and their worker's runs would find no code (FileNotFoundError: '.../None'). "
+            "Run them with the worker (`prefect worker start --pool runpod-pool`), delete "
+            "them (`prefect deployment delete NAME`), or pass --replace to serve them here."
+        )
+    serve(*deployments, limit=limit, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,14 +376,36 @@ def main(argv: list[str] | None = None) -> int:
     serve_cmd.add_argument("--query-seconds", type=float, default=None)
     serve_cmd.add_argument("--no-schedules", action="store_true", help="leave out cron/interval")
     serve_cmd.add_argument("--no-setup", action="store_true", help="skip the setup step")
+    serve_cmd.add_argument(
+        "--replace",
+        action="store_true",
+        help="take over deployments of the same names made by `prefect deploy`",
+    )
+    serve_cmd.add_argument("--provider", choices=["local", "runpod"], default=None)
+    serve_cmd.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
+    serve_cmd.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
+    serve_cmd.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
     args = parser.parse_args(argv)
     if args.command == "setup" or not args.no_setup:
         done = setup(limit=args.gpu_limit, heartbeat_seconds=args.heartbeat_seconds)
-        print(f"setup: {done}", flush=True)
+        print("\n".join(["setup:", *(f"  {line}" for line in setup_lines(done))]), flush=True)
     if args.command == "serve":
-        serve_all(
-            limit=args.limit, query_seconds=args.query_seconds, schedules=not args.no_schedules
-        )
+        try:
+            serve_all(
+                limit=args.limit,
+                query_seconds=args.query_seconds,
+                schedules=not args.no_schedules,
+                provider_params={
+                    "provider": args.provider,
+                    "runpod_credentials_block": args.runpod_credentials,
+                    "runpod_spec_block": args.runpod_spec,
+                    "ssh_key_block": args.ssh_key,
+                },
+                replace=args.replace,
+            )
+        except DeployedElsewhere as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -462,3 +462,54 @@ def test_deployments_take_the_publish_parameters():
     assert props["download"]["enum"] == ["all", "eval", "none"]
     assert props["download"]["default"] == "all"
     assert props["publish"]["default"] is None
+
+
+def test_serve_refuses_to_replace_what_prefect_deploy_made(prefect_server, capsys):
+    """``register serve`` after ``prefect deploy`` used to replace the pool's deployments
+    with runner ones, and every worker run then crashed (``FileNotFoundError: '…/None'``):
+    now it refuses, naming them and the ways out, before serving anything."""
+    from prefect.client.orchestration import get_client
+
+    from prefect_runpod.deployments import register
+    from prefect_runpod.flows.finetune import finetune
+
+    register.ensure_work_pool()
+    deployed = finetune.to_deployment("on-demand", parameters={"provider": "local"})
+    deployed.apply(work_pool_name=register.WORK_POOL)  # what `prefect deploy` leaves
+    assert register.main(["serve", "--no-setup", "--no-schedules"]) == 2
+    err = capsys.readouterr().err
+    assert "runpod-finetune/on-demand (work pool runpod-pool) came from `prefect deploy`" in err
+    assert "--replace" in err and "prefect deployment delete" in err
+    with get_client(sync_client=True) as client:
+        kept = client.read_deployment_by_name("runpod-finetune/on-demand")
+    assert kept.work_pool_name == register.WORK_POOL  # untouched
+
+
+def test_setup_prints_lines_and_creates_the_provider_variable(prefect_server, capsys):
+    from prefect.variables import Variable
+
+    from prefect_runpod.deployments import register
+
+    assert register.main(["setup"]) == 0
+    out = capsys.readouterr().out
+    assert "{" not in out  # no Python dict
+    assert "variable           prefect_runpod_provider = local" in out
+    assert "concurrency limit  runpod-gpu: 2 pods at once" in out
+    Variable.set(register.PROVIDER_VARIABLE, "runpod", overwrite=True)
+    assert register.ensure_provider_variable() == "runpod"  # an existing value is kept
+    Variable.set(register.PROVIDER_VARIABLE, "local", overwrite=True)
+
+
+def test_prefect_yaml_takes_the_provider_from_the_variable_and_serve_from_options():
+    from prefect_runpod.deployments.register import build_deployments
+
+    doc = yaml.safe_load(PREFECT_YAML.read_text())
+    providers = {d["name"]: d["parameters"].get("provider") for d in doc["deployments"]}
+    assert set(providers.values()) - {None} == {"{{ prefect.variables.prefect_runpod_provider }}"}
+    served = build_deployments(
+        provider_params={"provider": "runpod", "runpod_credentials_block": "creds"}
+    )
+    by_name = {f"{d.flow_name}/{d.name}": d for d in served}
+    for name in ("runpod-finetune/on-demand", "runpod-reaper/every-10-min"):
+        assert by_name[name].parameters["provider"] == "runpod"
+        assert by_name[name].parameters["runpod_credentials_block"] == "creds"
