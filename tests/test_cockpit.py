@@ -156,26 +156,11 @@ def test_the_demo_under_a_terminal_is_quiet_and_the_cockpit_sees_it(
     assert record["gpu_type"] == "cpu" and record["usd"] > 0 and record["end"]["confirmed"]
 
 
-def test_the_cockpit_on_emulated_runpod(
-    prefect_server, runpod_emulator, tmp_path, capsys, monkeypatch
-):
+def test_the_cockpit_on_emulated_runpod(prefect_server, runpod_env, tmp_path, capsys):
     """The same commands on a RunPod pod (real SDK, the emulator's PTY-only gateway):
     status and pods show its GPU and price, logs read it from the pod, ssh gets a shell
     through the gateway, cost has the GPU; nothing is left in the emulator."""
-    from prefect_runpod.blocks.keys import generate_keypair
-
-    keypair = generate_keypair("cockpit-e2e")
-    key_file = tmp_path / "id_ed25519_runpod"
-    key_file.write_text(keypair.private_key.get_secret_value())
-    key_file.chmod(0o600)
-    runpod_emulator.pub_key = keypair.public_key
-    for name, value in {
-        "RUNPOD_API_KEY": runpod_emulator.api_key,
-        "RUNPOD_SSH_KEY_PATH": str(key_file),
-        "RUNPOD_SSH_GATEWAY_HOST": "127.0.0.1",
-        "RUNPOD_SSH_GATEWAY_PORT": str(runpod_emulator.gateway_port),
-    }.items():
-        monkeypatch.setenv(name, value)
+    key_file = tmp_path / "id_ed25519_runpod"  # the key runpod_env put on the account
     out, faults = tmp_path / "out", tmp_path / "faults"
     env = server_env(
         PREFECT_RUNPOD_FAULTS="train_running:pause", PREFECT_RUNPOD_FAULT_DIR=str(faults)
@@ -211,4 +196,4 @@ def test_the_cockpit_on_emulated_runpod(
     data = _json_of(capsys)
     assert "RTX 3090" in data["runs"][0]["gpu_type"]
     assert data["totals"]["runs"] == 1 and data["totals"]["usd"] > 0
-    assert runpod_emulator.live_pod_ids() == []
+    assert runpod_env.live_pod_ids() == []

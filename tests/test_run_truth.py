@@ -12,7 +12,6 @@ import pytest
 
 from prefect_runpod.blocks.costs import settle
 from prefect_runpod.blocks.faults import release_marker
-from prefect_runpod.blocks.keys import generate_keypair
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.flows.cost_record import latest_record
 from prefect_runpod.flows.finetune import finetune
@@ -86,25 +85,6 @@ def test_a_pod_terminated_from_outside_while_training_stops_the_run_in_one_sente
     for text in (message, summary, train.reason):
         assert not any(name in text for name in _INTERNAL), text
     assert LocalPodProvider().get(seen["pod_id"]) is None
-
-
-@pytest.fixture
-def runpod_env(runpod_emulator, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    """The CLI's and the flow's RunPod settings pointed at the emulator; yields it."""
-    keypair = generate_keypair("runpod-truth")
-    key_file = tmp_path / "id_ed25519_runpod"
-    key_file.write_text(keypair.private_key.get_secret_value())
-    key_file.chmod(0o600)
-    runpod_emulator.pub_key = keypair.public_key
-    for name, value in {
-        "RUNPOD_API_KEY": runpod_emulator.api_key,
-        "RUNPOD_SSH_KEY_PATH": str(key_file),
-        "RUNPOD_SSH_GATEWAY_HOST": "127.0.0.1",
-        "RUNPOD_SSH_GATEWAY_PORT": str(runpod_emulator.gateway_port),
-        "RUNPOD_REST_BASE_URL": runpod_emulator.rest_base_url,
-    }.items():
-        monkeypatch.setenv(name, value)
-    return runpod_emulator
 
 
 def test_a_terminate_that_is_never_confirmed_fails_the_run_saying_may_still_be_billing(

@@ -84,9 +84,7 @@ def _pod_rows(provider: Any, pods: list[Any]) -> list[dict[str, Any]]:
     for h in pods:
         run_id = flow_run_id_from_pod_name(h.name, None)
         view = read_run(str(run_id)) if run_id is not None else None
-        out = view.record.output_dir if view and view.record else None
-        if out is None and view is not None:
-            out = view.parameters.get("output_dir")
+        out = view.output_dir if view is not None else None
         key = key_path_for(h.provider, out)
         rows.append(
             {
@@ -183,8 +181,7 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
                 f"run {run_id} ({view.state}) has no live pod: it was terminated; "
                 f"`prefect-runpod logs {run_id}` shows its training log"
             )
-        out = view.record.output_dir if view.record else view.parameters.get("output_dir")
-        return handle, key_path_for(handle.provider, out), provider.provider_name
+        return handle, key_path_for(handle.provider, view.output_dir), provider.provider_name
     check_pod_id(target)
     params = {**provider_params(args), "provider": args.provider or "local"}
     provider, _ = build_provider(params, need_ssh_key=False)
@@ -197,9 +194,7 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
     handle = found[-1]
     pod_run = flow_run_id_from_pod_name(handle.name, None)
     view = read_run(str(pod_run)) if pod_run is not None else None
-    out = None
-    if view is not None:
-        out = view.record.output_dir if view.record else view.parameters.get("output_dir")
+    out = view.output_dir if view is not None else None
     return handle, key_path_for(handle.provider, out), provider.provider_name
 
 

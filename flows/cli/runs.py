@@ -70,6 +70,15 @@ class RunView:
         return self.state_type not in FINISHED_STATE_TYPES
 
     @property
+    def output_dir(self) -> str | None:
+        """Where the run keeps its report, key and train.log: the record's, else the
+        run's parameter (None: the default folder under the run's working directory)."""
+        if self.record is not None and self.record.output_dir:
+            return self.record.output_dir
+        given = self.parameters.get("output_dir")
+        return str(given) if given else None
+
+    @property
     def provider(self) -> str:
         """``local`` or ``runpod``: the record's, else the run's parameter."""
         if self.record is not None:

@@ -74,7 +74,7 @@ def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
     if record is not None:
         record.settle(now)
         usd = record.usd
-    out = record.output_dir if record else view.parameters.get("output_dir")
+    out = view.output_dir
     ssh = None
     if handle is not None:
         ssh = handle.ssh_command(key_path_for(handle.provider, out) or "KEY")
@@ -232,7 +232,7 @@ def run_logs(args: argparse.Namespace) -> int:
         view = read_run(run_id)
         if view is None:
             raise SpecError(f"no flow run {run_id} in the Prefect API: `prefect-runpod status`")
-        out = view.record.output_dir if view.record else view.parameters.get("output_dir")
+        out = view.output_dir
         handle = None
         if view.live and view.record is not None and view.record.pod_id:
             handle = live_pod(view, provider_for_run(view))
