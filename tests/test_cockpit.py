@@ -86,6 +86,10 @@ def _while_the_pod_lives(run_id: str, out: Path, env: dict[str, str], capsys) ->
     read = capsys.readouterr()
     assert f"source: pod {pod_id} (live)" in read.err
     assert "training on 305 tickets" in read.out
+    # --follow reads on until the job on the pod ends (the run itself is paused).
+    assert main(["logs", run_id, "--follow", "--max-seconds", "120"]) == 0
+    followed = capsys.readouterr().out
+    assert followed.startswith("training on 305 tickets") and "epoch 5/5" in followed
 
     shown = _ssh_under_a_pty(run_id, env)
     assert "cockpit-42" in shown and pod_id in shown  # the pod's own prompt

@@ -151,3 +151,13 @@ def test_plan_and_check_on_emulated_runpod(
     assert main([*check, "--ssh-key", "cockpit-key"]) == 1
     out = capsys.readouterr().out
     assert "✘ account SSH key" in out and "Settings, SSH Public Keys" in out
+
+
+def test_reaper_prints_a_table_and_says_when_there_is_nothing(prefect_server, capsys):
+    """It printed raw JSON (``[]`` when empty); now a table, or one sentence."""
+    assert main(["reaper", "--dry-run", "--name-prefix", "nobody"]) == 0
+    read = capsys.readouterr()
+    assert read.out.strip() == ""
+    assert "no live local pods named nobody-*: nothing to reap" in read.err
+    assert main(["reaper", "--dry-run", "--name-prefix", "nobody", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
