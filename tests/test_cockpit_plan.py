@@ -158,6 +158,6 @@ def test_reaper_prints_a_table_and_says_when_there_is_nothing(prefect_server, ca
     assert main(["reaper", "--dry-run", "--name-prefix", "nobody"]) == 0
     read = capsys.readouterr()
     assert read.out.strip() == ""
-    assert "no live local pods named nobody-*: nothing to reap" in read.err
+    assert "no live pods named nobody-* at local: nothing to reap" in read.err
     assert main(["reaper", "--dry-run", "--name-prefix", "nobody", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []

@@ -148,7 +148,7 @@ def run_pods(args: argparse.Namespace) -> int:
             ]
             for r in rows
         ],
-        empty=f"no live {args.provider} pods named {args.name_prefix}-*",
+        empty=f"no live pods named {args.name_prefix}-* at {args.provider}",
     )
     return 0
 
@@ -320,7 +320,7 @@ def run_reaper(args: argparse.Namespace) -> int:
                 ]
                 for r in rows
             ],
-            empty=f"no live {args.provider} pods named {args.name_prefix}-*: nothing to reap",
+            empty=f"no live pods named {args.name_prefix}-* at {args.provider}: nothing to reap",
         )
     if failed is not None:
         print(f"error: {failed}", file=sys.stderr)
