@@ -303,7 +303,8 @@ def test_the_model_asset_is_materialised_and_eval_files_come_home(
                     id=FlowRunFilterId(any_=[state.state_details.flow_run_id])
                 )
             )
-            return {a.key: a for a in arts if a.key}
+            # the latest version of each key (the API's default order is by id)
+            return {a.key: a for a in sorted(arts, key=lambda a: a.created) if a.key}
 
     arts = asyncio.run(artifacts())
     assert revision in str(arts["published-model"].data)
