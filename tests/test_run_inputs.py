@@ -124,10 +124,11 @@ def test_pty_framing_and_streams_reach_the_transfers_options(tmp_path):
 
 
 def test_the_cli_passes_the_pty_options_to_the_flow():
-    from prefect_runpod.flows.cli import _finetune_params, build_parser
+    from prefect_runpod.flows.cli import build_parser
+    from prefect_runpod.flows.cli.launch import finetune_params
 
     args = build_parser().parse_args(["finetune", "--pty-framing", "raw", "--pty-streams", "2"])
-    params = _finetune_params(args)
+    params = finetune_params(args)
     assert (params["pty_framing"], params["pty_streams"]) == ("raw", 2)
 
 
