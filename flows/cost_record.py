@@ -124,134 +124,112 @@ class CostRecord(BaseModel):
             self.difference_usd = round_usd(self.usd - self.runpod_usd)
 
     def to_rows(self) -> list[dict[str, Any]]:
-        """The artifact's table: one row per fact (``item``, ``value``, ``unit``, ``note``),
-        values typed, so the record reads back whole (``from_rows``)."""
+        """The artifact's table: ONE row, a column per fact, so the Prefect UI can sort
+        and compare runs. Numbers stay numbers (``null`` when not known) and every unit is
+        in its column's name: ``cost_per_hr_usd_per_h``, ``billed_s``, ``usd``,
+        ``published_bytes``, times as ISO-8601 ``…_utc``; each stage's seconds in its
+        own ``stage_<name>_s`` column. ``from_rows`` reads it back whole.
+
+        Returns:
+            ``[row]``, ``row`` a dict of str/float/int/bool/None.
+        """
         end = self.end or PodEnd(pod_id=self.pod_id or "-")
-
-        def row(item: str, value: Any, unit: str = "", note: str = "") -> dict[str, Any]:
-            return {"item": item, "value": value, "unit": unit, "note": note}
-
-        rows = [
-            row("flow_run_id", self.flow_run_id),
-            row("pod", self.pod_id or "-", "", f"{self.provider} {self.pod_name}".strip()),
-            row("state", self.state_line()),
-            row("gpu_type", self.gpu_type),
-            row("cost_per_hr", self.cost_per_hr, "USD/h"),
-            row("created_at", self.created_at.isoformat() if self.created_at else "-", "UTC"),
-            row(
-                "ended_at",
-                end.ended_at.isoformat() if end.ended_at else "-",
-                "UTC",
-                "confirmed gone" if end.confirmed else "NOT confirmed: may still be billing",
-            ),
-            row("ended_by", end.ended_by.value, "", "inferred" if end.inferred else ""),
-            row("layer", end.layer or "-"),
-            row("cause", end.cause or "-"),
-            row("detail", end.detail or "-"),
-            row("billed_seconds", self.billed_seconds, "s", "create → confirmed end (ours)"),
-            row("usd", self.usd, "USD", "our estimate: cost_per_hr × billed_seconds"),
-            row(
-                "runpod_usd",
-                "-" if self.runpod_usd is None else self.runpod_usd,
-                "USD",
-                self.billing_note,
-            ),
-            row(
-                "runpod_billed_seconds",
-                "-" if self.runpod_billed_seconds is None else self.runpod_billed_seconds,
-                "s",
-            ),
-            row(
-                "difference_usd",
-                "-" if self.difference_usd is None else self.difference_usd,
-                "USD",
-                "ours - RunPod's",
-            ),
-            row("max_cost_usd", "-" if self.max_cost_usd is None else self.max_cost_usd, "USD"),
-            row("lease", self.lease),
-            row(
-                "published_bytes",
-                "-" if self.published_bytes is None else self.published_bytes,
-                "bytes",
-                f"from the pod to {self.published_to} (not through the gateway)"
-                if self.published_to
-                else "",
-            ),
-            row("output_dir", self.output_dir or "-"),
-            row("recorded_by", self.recorded_by, "", self.recorded_at.isoformat()),
-        ]
-        rows += [row(f"stage {k}", v, "s") for k, v in self.stage_seconds.items()]
-        return rows
+        row: dict[str, Any] = {
+            "flow_run_id": self.flow_run_id,
+            "state": self.state_line(),
+            "pod_id": self.pod_id,
+            "pod_name": self.pod_name,
+            "provider": self.provider,
+            "gpu_type": self.gpu_type,
+            "cost_per_hr_usd_per_h": self.cost_per_hr,
+            "billed_s": self.billed_seconds,
+            "usd": self.usd,
+            "runpod_usd": self.runpod_usd,
+            "runpod_billed_s": self.runpod_billed_seconds,
+            "difference_usd": self.difference_usd,
+            "billing_note": self.billing_note,
+            "max_cost_usd": self.max_cost_usd,
+            "created_at_utc": _iso(self.created_at),
+            "ended_at_utc": _iso(end.ended_at),
+            "end_confirmed": end.confirmed,
+            "ended_by": end.ended_by.value,
+            "ended_by_inferred": end.inferred,
+            "end_layer": end.layer,
+            "end_cause": end.cause,
+            "end_detail": end.detail,
+            "lease": self.lease,
+            "published_bytes": self.published_bytes,
+            "published_to": self.published_to,
+            "output_dir": self.output_dir,
+            "recorded_by": self.recorded_by,
+            "recorded_at_utc": _iso(self.recorded_at),
+        }
+        for stage, seconds in self.stage_seconds.items():
+            row[f"{_STAGE_PREFIX}{stage}{_STAGE_SUFFIX}"] = seconds
+        return [row]
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]]) -> CostRecord:
         """Read a record back from its table (see ``to_rows``).
 
         Raises:
-            ValueError: the table is not a cost record.
+            ValueError: the table is not a cost record (not one row with a flow_run_id).
         """
-        facts = {r.get("item"): r for r in rows if isinstance(r, dict)}
-
-        def val(item: str) -> Any:
-            value = (facts.get(item) or {}).get("value")
-            return None if value in ("-", None) else value
-
-        def when(item: str) -> datetime | None:
-            text = val(item)
-            return datetime.fromisoformat(text) if isinstance(text, str) else None
-
-        if "flow_run_id" not in facts:
-            raise ValueError("not a cost record: no flow_run_id row")
-        pod_note = str((facts.get("pod") or {}).get("note") or "")
-        provider, _, pod_name = pod_note.partition(" ")
-        pod_id = val("pod")
-        ended_note = str((facts.get("ended_at") or {}).get("note") or "")
-        ended_by_row = facts.get("ended_by") or {}
+        if len(rows) != 1 or not isinstance(rows[0], dict) or "flow_run_id" not in rows[0]:
+            raise ValueError("not a cost record: expected one row with a flow_run_id")
+        row = rows[0]
+        pod_id = row.get("pod_id")
         end = None
         if pod_id is not None:
             end = PodEnd(
                 pod_id=pod_id,
-                ended_by=EndedBy(val("ended_by") or "unknown"),
-                confirmed=ended_note == "confirmed gone",
-                ended_at=when("ended_at"),
-                layer=val("layer") or "",
-                cause=val("cause"),
-                inferred=ended_by_row.get("note") == "inferred",
-                detail=val("detail") or "",
+                ended_by=EndedBy(row.get("ended_by") or "unknown"),
+                confirmed=bool(row.get("end_confirmed")),
+                ended_at=_when(row.get("ended_at_utc")),
+                layer=row.get("end_layer") or "",
+                cause=row.get("end_cause"),
+                inferred=bool(row.get("ended_by_inferred")),
+                detail=row.get("end_detail") or "",
             )
-        recorded = facts.get("recorded_by") or {}
         return cls(
-            flow_run_id=str(val("flow_run_id")),
+            flow_run_id=str(row["flow_run_id"]),
             pod_id=pod_id,
-            pod_name=pod_name,
-            provider=provider or "local",
-            output_dir=val("output_dir"),
-            gpu_type=str(val("gpu_type") or "-"),
-            cost_per_hr=float(val("cost_per_hr") or 0.0),
-            created_at=when("created_at"),
+            pod_name=row.get("pod_name") or "",
+            provider=row.get("provider") or "local",
+            output_dir=row.get("output_dir"),
+            gpu_type=str(row.get("gpu_type") or "-"),
+            cost_per_hr=float(row.get("cost_per_hr_usd_per_h") or 0.0),
+            created_at=_when(row.get("created_at_utc")),
             end=end,
-            billed_seconds=float(val("billed_seconds") or 0.0),
-            usd=float(val("usd") or 0.0),
-            max_cost_usd=val("max_cost_usd"),
-            lease=str(val("lease") or "-"),
-            published_bytes=val("published_bytes"),
-            published_to=str((facts.get("published_bytes") or {}).get("note") or "")
-            .removeprefix("from the pod to ")
-            .removesuffix(" (not through the gateway)"),
-            runpod_usd=val("runpod_usd"),
-            runpod_billed_seconds=val("runpod_billed_seconds"),
-            difference_usd=val("difference_usd"),
-            billing_note=str((facts.get("runpod_usd") or {}).get("note") or ""),
+            billed_seconds=float(row.get("billed_s") or 0.0),
+            usd=float(row.get("usd") or 0.0),
+            max_cost_usd=row.get("max_cost_usd"),
+            lease=str(row.get("lease") or "-"),
+            published_bytes=row.get("published_bytes"),
+            published_to=row.get("published_to") or "",
+            runpod_usd=row.get("runpod_usd"),
+            runpod_billed_seconds=row.get("runpod_billed_s"),
+            difference_usd=row.get("difference_usd"),
+            billing_note=row.get("billing_note") or "",
             stage_seconds={
-                str(k)[len("stage ") :]: float(r["value"])
-                for k, r in facts.items()
-                if str(k).startswith("stage ")
+                key[len(_STAGE_PREFIX) : -len(_STAGE_SUFFIX)]: float(value)
+                for key, value in row.items()
+                if key.startswith(_STAGE_PREFIX) and key.endswith(_STAGE_SUFFIX)
             },
-            recorded_by=str(recorded.get("value") or "flow"),
-            recorded_at=datetime.fromisoformat(recorded["note"])
-            if recorded.get("note")
-            else datetime.now(UTC),
+            recorded_by=str(row.get("recorded_by") or "flow"),
+            recorded_at=_when(row.get("recorded_at_utc")) or datetime.now(UTC),
         )
+
+
+_STAGE_PREFIX, _STAGE_SUFFIX = "stage_", "_s"
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _when(text: Any) -> datetime | None:
+    return datetime.fromisoformat(text) if isinstance(text, str) and text else None
 
 
 _VAGUE = (EndedBy.OUTSIDE, EndedBy.UNKNOWN)

@@ -113,3 +113,33 @@ def test_two_confirmed_ends_keep_the_earlier_time_and_the_writer_that_knows_who(
         T0,
         "terminated_outside",
     )
+
+
+def test_the_table_is_one_row_whose_numbers_are_numbers_with_units_in_the_headers() -> None:
+    """The UI sorts a table by its columns: one row per run, numeric facts as numbers
+    (never "0.04 s" strings), the unit in each column's name (#16)."""
+    record = _record(runpod_usd=0.0055, published_bytes=12_345, stage_seconds={"train": 41.5})
+    record.settle(now=T0 + timedelta(seconds=90))
+    (row,) = record.to_rows()
+    numeric = {
+        "cost_per_hr_usd_per_h": 0.22,
+        "billed_s": 90.0,
+        "usd": record.usd,
+        "runpod_usd": 0.0055,
+        "difference_usd": record.difference_usd,
+        "published_bytes": 12_345,
+        "stage_train_s": 41.5,
+    }
+    for column, value in numeric.items():
+        assert isinstance(row[column], int | float) and not isinstance(row[column], bool)
+        assert row[column] == value, column
+    assert row["runpod_billed_s"] is None and row["max_cost_usd"] is None  # unknown: null
+    assert row["created_at_utc"] == T0.isoformat() and row["end_confirmed"] is False
+    assert not any(isinstance(v, str) and v.endswith((" s", " USD")) for v in row.values())
+
+
+def test_a_table_that_is_not_one_cost_row_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a cost record"):
+        CostRecord.from_rows([{"item": "flow_run_id", "value": "x"}])
+    with pytest.raises(ValueError, match="not a cost record"):
+        CostRecord.from_rows(_record().to_rows() * 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -308,8 +309,13 @@ def test_the_model_asset_is_materialised_and_eval_files_come_home(
 
     arts = asyncio.run(artifacts())
     assert revision in str(arts["published-model"].data)
+    # The checkpoint's link points at the Hub commit once published (Prefect stores a
+    # link artifact as one markdown link), not at a file:// path.
+    link = re.fullmatch(r"\[(.+)\]\((.+)\)", str(arts["model-checkpoint"].data))
+    assert link is not None and revision in link[1]
+    assert link[2].startswith(f"{hub.endpoint}/demo/asset-model")
     costs = _table(arts["finetune-costs"])
-    assert any(row["item"] == "stage publish" for row in costs)
+    assert len(costs) == 1 and isinstance(costs[0]["stage_publish_s"], float)
     by_path = {r["path"]: r for r in _table(arts["checksum-manifest"])}
     assert by_path["model.json"]["local"] == "not downloaded"
     assert by_path["model.json"]["destination"] == "ok (lfs)"
