@@ -6,6 +6,7 @@ emulated RunPod through the real SDK and its gateway."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -16,6 +17,8 @@ import pytest
 
 from prefect_runpod.blocks.faults import release_marker
 from prefect_runpod.flows.cli import main
+from prefect_runpod.flows.cli.runs import key_path_for, live_pod, provider_for_run, read_run
+from prefect_runpod.flows.cli.watch import _from_pod
 from tests.fixtures.flow_env import server_env
 from tests.fixtures.terminal import screen_lines, spawn_on_ptys
 
@@ -116,6 +119,10 @@ def test_the_demo_under_a_terminal_is_quiet_and_the_cockpit_sees_it(
         report = json.loads((out / "run-report.json").read_text())
         assert report["ssh_command"], "run-report.json names the way in while the pod is up"
         pod_id = _while_the_pod_lives(run_id, out, env, capsys)
+        live_view = read_run(run_id)
+        assert live_view is not None
+        handle = live_pod(live_view, provider_for_run(live_view))
+        assert handle is not None and handle.pod_id == pod_id
         release_marker(faults, "train_running").touch()
         assert child.wait(timeout=300) == 0, bytes(child.err)[-3000:].decode(errors="replace")
     finally:
@@ -155,6 +162,15 @@ def test_the_demo_under_a_terminal_is_quiet_and_the_cockpit_sees_it(
     assert read.out == (out / "train.log").read_text() and "epoch 5/5" in read.out
     assert main(["ssh", run_id]) == 2
     assert "has no live pod" in capsys.readouterr().err
+    # A follower whose pod went away under it (the run ends the pod right after
+    # training) reads the rest from the run's own copy of the log, to its end, exit 0.
+    key = key_path_for(handle.provider, str(out))
+    assert key is not None
+    follow = argparse.Namespace(follow=True, max_seconds=60.0)
+    assert _from_pod(live_view, handle, key, follow) == 0
+    read = capsys.readouterr()
+    assert f"pod {pod_id} stopped answering" in read.err
+    assert read.out == (out / "train.log").read_text() and "epoch 5/5" in read.out
     assert main(["cost", run_id, "--json"]) == 0
     (record,) = _json_of(capsys)["runs"]
     assert record["gpu_type"] == "cpu" and record["usd"] > 0 and record["end"]["confirmed"]

@@ -148,11 +148,16 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# How long ``logs`` keeps reconnecting to a pod that stopped answering before it reads
+# the rest from the run's own copy of the log (a pod ended after training, the usual case).
+_POD_GONE_SECONDS = 10.0
+
+
 def _from_pod(view: Any, handle: Any, key_path: str, args: argparse.Namespace) -> int:
     from pydantic import SecretStr
 
     from prefect_runpod.blocks.console.session import PodConsole
-    from prefect_runpod.blocks.exceptions import TrainingError
+    from prefect_runpod.blocks.exceptions import ConsoleError, PodGoneError, TrainingError
     from prefect_runpod.blocks.transfer import pod_tools
     from prefect_runpod.tasks.train_remote import LogFollower, sleep_in_steps
 
@@ -161,29 +166,62 @@ def _from_pod(view: Any, handle: Any, key_path: str, args: argparse.Namespace) -
     key = SecretStr(Path(key_path).read_text())
     lifetime = float(view.parameters.get("pod_lifetime_seconds") or 6 * 3600)
     deadline = time.monotonic() + (args.max_seconds or lifetime)
-    with PodConsole.for_pod(handle, key) as console:
-        follower = LogFollower(
-            console,
-            run_dir,
-            pod_tools.tools_dir(handle),
-            heartbeat_path="",  # reading is not a sign of the run's life
-            on_line=print,
-            pod_id=handle.pod_id,
-        )
-        try:
+    printed = 0
+
+    def emit(line: str) -> None:
+        nonlocal printed
+        printed += 1
+        print(line)
+
+    try:
+        with PodConsole.for_pod(handle, key) as console:
+            follower = LogFollower(
+                console,
+                run_dir,
+                pod_tools.tools_dir(handle),
+                heartbeat_path="",  # reading is not a sign of the run's life
+                on_line=emit,
+                pod_id=handle.pod_id,
+                reconnect_budget_seconds=_POD_GONE_SECONDS,
+            )
             chunk = follower.drain()
             while args.follow and chunk.running and time.monotonic() < deadline:
                 sleep_in_steps(1.0, time.sleep)
                 chunk = follower.drain()
-        except TrainingError as exc:
-            print(
-                f"pod {handle.pod_id}: no training log to read yet (stage {view.stage}): {exc}",
-                file=sys.stderr,
-            )
-            return 1
+    except (ConsoleError, PodGoneError, TrainingError) as exc:
+        # The pod went away under us (the run ends it right after training): the rest of
+        # the log is in the run's own copy when the run ran on this machine.
+        if _rest_from_copy(view, printed, why=f"pod {handle.pod_id} stopped answering"):
+            return 0
+        print(
+            f"pod {handle.pod_id}: could not read the training log (stage {view.stage}): {exc}",
+            file=sys.stderr,
+        )
+        return 1
     if args.follow and chunk.running:
         print(f"stopped following after {args.max_seconds or lifetime:g} s", file=sys.stderr)
     return 0
+
+
+def _local_copy(view: Any) -> Path | None:
+    from prefect_runpod.flows.finetune import TRAIN_LOG
+
+    copy = Path(view.output_dir) / TRAIN_LOG if view.output_dir else None
+    return copy if copy is not None and copy.is_file() else None
+
+
+def _rest_from_copy(view: Any, skip_lines: int, *, why: str = "") -> bool:
+    """Print the run's own copy of the training log (``<output_dir>/train.log``) past its
+    first ``skip_lines`` lines; False when that copy is not on this machine."""
+    copy = _local_copy(view)
+    if copy is None:
+        return False
+    lines = copy.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    note = f"{why}; " if why else ""
+    where = f"from line {skip_lines + 1} " if skip_lines else ""
+    print(f"source: {note}{copy} {where}(the log as the run followed it)", file=sys.stderr)
+    sys.stdout.write("".join(lines[skip_lines:]))
+    return True
 
 
 def _from_records(view: Any) -> int:
@@ -224,7 +262,6 @@ def run_logs(args: argparse.Namespace) -> int:
     from prefect_runpod.blocks.exceptions import SpecError
     from prefect_runpod.blocks.validation import check_flow_run_id, check_number
     from prefect_runpod.flows.cli.runs import key_path_for, live_pod, provider_for_run, read_run
-    from prefect_runpod.flows.finetune import TRAIN_LOG
 
     run_id = check_flow_run_id(args.run)
     check_number("max_seconds", args.max_seconds, optional=True)
@@ -239,9 +276,6 @@ def run_logs(args: argparse.Namespace) -> int:
         key = key_path_for(handle.provider, out) if handle is not None else None
         if handle is not None and key is not None:
             return _from_pod(view, handle, key, args)
-        copy = Path(out) / TRAIN_LOG if out else None
-        if copy is not None and copy.is_file():
-            print(f"source: {copy} (the log as the run followed it)", file=sys.stderr)
-            sys.stdout.write(copy.read_text(encoding="utf-8", errors="replace"))
+        if _rest_from_copy(view, 0):
             return 0
         return _from_records(view)
