@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,6 +98,18 @@ def _while_the_pod_lives(run_id: str, out: Path, env: dict[str, str], capsys) ->
 
     shown = _ssh_under_a_pty(run_id, env)
     assert "cockpit-42" in shown and pod_id in shown  # the pod's own prompt
+    # The line `ssh --print` shows works when pasted later (its pinned host key kept).
+    assert main(["ssh", run_id, "--print"]) == 0
+    printed = capsys.readouterr().out.strip()
+    pasted = subprocess.run(
+        shlex.split(printed),
+        input="echo pasted-$((6*7))\nexit\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert pasted.returncode == 0 and "pasted-42" in pasted.stdout, pasted.stderr[-2000:]
 
     assert main(["reaper", "--dry-run", "--json"]) == 0
     decisions = [d for d in _json_of(capsys) if d["pod_id"] == pod_id]

@@ -5,10 +5,9 @@ confirmed, recorded) and ``reaper`` (one reaper pass, ``--dry-run`` to only deci
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from prefect_runpod.blocks.provider import DEFAULT_POD_LIFETIME_SECONDS, REAPER_TTL_GRACE_SECONDS
@@ -202,6 +201,7 @@ def run_ssh(args: argparse.Namespace) -> int:
     """``prefect-runpod ssh RUN|POD``: run the OpenSSH client on the pod's gateway in this
     terminal; returns its exit status."""
     from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.local_pod.registry import default_home
     from prefect_runpod.flows.cli.runs import ssh_argv
 
     with api():
@@ -214,14 +214,17 @@ def run_ssh(args: argparse.Namespace) -> int:
             "in its run's output dir; a RunPod pod needs RUNPOD_SSH_KEY_PATH): "
             f"{handle.ssh_command('KEY')}"
         )
-    with tempfile.TemporaryDirectory(prefix="prefect-runpod-ssh-") as tmp:
-        argv = ssh_argv(handle, key, Path(tmp) / "known_hosts")
-        if args.print:
-            print(" ".join(argv))
-            return 0
-        print(f"{handle.pod_id} ({provider_name}): {handle.ssh_command(key)}", file=sys.stderr)
-        sys.stderr.flush()
-        return subprocess.call(argv)
+    # The pinned host key goes in a file of this pod's that outlives the command, so the
+    # line --print shows works when pasted later (while the pod lives).
+    known_hosts = default_home() / "known_hosts" / handle.pod_id
+    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    argv = ssh_argv(handle, key, known_hosts)
+    if args.print:
+        print(shlex.join(argv))
+        return 0
+    print(f"{handle.pod_id} ({provider_name}): {handle.ssh_command(key)}", file=sys.stderr)
+    sys.stderr.flush()
+    return subprocess.call(argv)
 
 
 def run_terminate(args: argparse.Namespace) -> int:
