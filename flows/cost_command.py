@@ -338,6 +338,9 @@ def _run(args: argparse.Namespace, run_id: str | None) -> int:
     if run_id is not None:
         record = latest_record(run_id)
         if record is None:
+            from prefect_runpod.flows.cli.runs import require_run
+
+            require_run(run_id)  # an unknown run is an error, as in every command
             print(f"run {run_id} has no {COST_ARTIFACT_KEY} record (no pod was ever recorded)")
             return 0
         records = [record]

@@ -161,3 +161,15 @@ def test_reaper_prints_a_table_and_says_when_there_is_nothing(prefect_server, ca
     assert "no live pods named nobody-* at local: nothing to reap" in read.err
     assert main(["reaper", "--dry-run", "--name-prefix", "nobody", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+@pytest.mark.slow
+def test_an_unknown_run_is_the_same_error_for_every_command(prefect_server, capsys):
+    """A well-formed id the Prefect API does not know: each command says so alike, exit 2
+    (status answered 1 without ``error:``, cost answered 0 on stdout)."""
+    unknown = "00000000-0000-0000-0000-000000000000"
+    for command in (["status", unknown], ["logs", unknown], ["ssh", unknown], ["cost", unknown]):
+        assert main(command) == 2, command
+        read = capsys.readouterr()
+        assert read.out == "", command
+        assert read.err.startswith(f"error: no flow run {unknown} in the Prefect API"), command

@@ -157,7 +157,13 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
     and the provider's name. Raises ``SpecError`` for a target that names nothing live."""
     from prefect_runpod.blocks.exceptions import SpecError
     from prefect_runpod.blocks.validation import check_flow_run_id, check_pod_id
-    from prefect_runpod.flows.cli.runs import key_path_for, live_pod, provider_for_run, read_run
+    from prefect_runpod.flows.cli.runs import (
+        key_path_for,
+        live_pod,
+        provider_for_run,
+        read_run,
+        require_run,
+    )
     from prefect_runpod.flows.providers import build_provider
     from prefect_runpod.flows.reaper import flow_run_id_from_pod_name
 
@@ -170,9 +176,7 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
     target = args.target.strip()
     if "-" in target:  # a flow run id
         run_id = check_flow_run_id(target)
-        view = read_run(run_id)
-        if view is None:
-            raise SpecError(f"no flow run {run_id} in the Prefect API: `prefect-runpod status`")
+        view = require_run(run_id)
         provider = provider_for_run(view, overrides)
         handle = live_pod(view, provider)
         if handle is None:

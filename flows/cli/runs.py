@@ -122,6 +122,22 @@ def _view(client: Any, run: Any, with_record: bool = True) -> RunView:
     )
 
 
+def require_run(flow_run_id: str) -> RunView:
+    """The run with that id (see ``read_run``).
+
+    Raises:
+        SpecError: the Prefect API does not know the run (every command says it alike).
+    """
+    from prefect_runpod.blocks.exceptions import SpecError
+
+    view = read_run(flow_run_id)
+    if view is None:
+        raise SpecError(
+            f"no flow run {flow_run_id} in the Prefect API: `prefect-runpod status` lists runs"
+        )
+    return view
+
+
 def read_run(flow_run_id: str) -> RunView | None:
     """The run with that id, or None when the Prefect API does not know it."""
     from prefect.client.orchestration import get_client

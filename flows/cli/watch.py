@@ -102,18 +102,14 @@ def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    """``prefect-runpod status [RUN]``; exit 0, 1 when the run is not known."""
+    """``prefect-runpod status [RUN]``; exit 0, 2 when the run is not known."""
     from prefect_runpod.blocks.validation import check_flow_run_id
-    from prefect_runpod.flows.cli.runs import read_run, recent_runs
+    from prefect_runpod.flows.cli.runs import recent_runs, require_run
 
     run_id = None if args.run is None else check_flow_run_id(args.run)
     with api():
         if run_id is not None:
-            view = read_run(run_id)
-            if view is None:
-                print(f"no flow run {run_id} in the Prefect API", file=sys.stderr)
-                return 1
-            rows = [status_row(view)]
+            rows = [status_row(require_run(run_id))]
         else:
             rows = [status_row(v) for v in recent_runs(args.limit)]
     if args.json:
@@ -259,16 +255,18 @@ def _from_records(view: Any) -> int:
 
 def run_logs(args: argparse.Namespace) -> int:
     """``prefect-runpod logs RUN [--follow]``; exit 0 when a log was read, else 1."""
-    from prefect_runpod.blocks.exceptions import SpecError
     from prefect_runpod.blocks.validation import check_flow_run_id, check_number
-    from prefect_runpod.flows.cli.runs import key_path_for, live_pod, provider_for_run, read_run
+    from prefect_runpod.flows.cli.runs import (
+        key_path_for,
+        live_pod,
+        provider_for_run,
+        require_run,
+    )
 
     run_id = check_flow_run_id(args.run)
     check_number("max_seconds", args.max_seconds, optional=True)
     with api():
-        view = read_run(run_id)
-        if view is None:
-            raise SpecError(f"no flow run {run_id} in the Prefect API: `prefect-runpod status`")
+        view = require_run(run_id)
         out = view.output_dir
         handle = None
         if view.live and view.record is not None and view.record.pod_id:
