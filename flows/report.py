@@ -167,9 +167,11 @@ def _fmt_bytes(n: int) -> str:
 
 
 def render_summary(report: RunReport) -> str:
-    """A readable, fixed-width summary for the terminal: stage, state, seconds; the pod;
-    bytes moved; manifest verified; parity verdict; cost."""
-    lines = [f"{'stage':<12} {'state':<10} {'seconds':>8}  note"]
+    """A readable, fixed-width summary for the terminal: the error line first when the run
+    failed; stage, state, seconds; the pod; bytes moved; manifest verified; parity
+    verdict; cost (``nothing billed`` when no pod was created); the result last."""
+    lines = [f"error        {report.error}", ""] if report.error else []
+    lines.append(f"{'stage':<12} {'state':<10} {'seconds':>8}  note")
     for s in report.stages:
         note = s.reason or ""
         lines.append(f"{s.name:<12} {s.state.value:<10} {s.seconds:>8.2f}  {note}")
@@ -216,11 +218,14 @@ def render_summary(report: RunReport) -> str:
             f"{p.accuracy_eval:.3f}, gap {p.accuracy_gap:.3f}, tolerance {p.tolerance})"
         )
     c = report.cost
-    until = "confirmed end" if report.terminated else "now, may still be billing"
-    lines.append(
-        f"cost         {c.usd:.6f} USD ({c.cost_per_hr:.2f} USD/h x {c.billed_seconds:.1f} s "
-        f"billed, create -> {until})"
-    )
+    if report.pod_id is None:
+        lines.append(f"cost         {c.usd:.6f} USD (no pod was created: nothing billed)")
+    else:
+        until = "confirmed end" if report.terminated else "now, may still be billing"
+        lines.append(
+            f"cost         {c.usd:.6f} USD ({c.cost_per_hr:.2f} USD/h x "
+            f"{c.billed_seconds:.1f} s billed, create -> {until})"
+        )
     if report.provider == "runpod" and report.pod_id:
         if c.runpod_usd is not None:
             diff = c.difference_usd if c.difference_usd is not None else 0.0
@@ -232,8 +237,6 @@ def render_summary(report: RunReport) -> str:
     lines.append(
         f"flow run     {report.flow_run_url or report.flow_run_id + ' (no UI address known)'}"
     )
-    if report.error:
-        lines.append(f"error        {report.error}")
     lines.append(f"result       {'PASSED' if report.passed else 'FAILED'}")
     return "\n".join(lines)
 

@@ -228,3 +228,17 @@ def test_the_summary_says_where_the_model_is(tmp_path: Path) -> None:
     report.publish = None
     report.verified = []
     assert "model at     nowhere verified (--download none)" in render_summary(report)
+
+
+def test_a_failed_run_without_a_pod_says_so_and_puts_its_error_first() -> None:
+    """A run refused before any pod (e.g. no Hub token for --publish): the summary's first
+    line is the error and the cost says nothing was billed, not "may still be billing"."""
+    from prefect_runpod.flows.report import RunReport, render_summary
+
+    report = RunReport(error="HFAuthError: no Hugging Face token to publish with")
+    lines = render_summary(report).splitlines()
+    assert lines[0] == "error        HFAuthError: no Hugging Face token to publish with"
+    cost = [line for line in lines if line.startswith("cost ")]
+    assert cost == ["cost         0.000000 USD (no pod was created: nothing billed)"]
+    assert "may still be billing" not in "\n".join(lines)
+    assert lines[-1] == "result       FAILED"
