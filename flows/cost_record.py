@@ -190,6 +190,7 @@ class CostRecord(BaseModel):
                 cause=row.get("end_cause"),
                 inferred=bool(row.get("ended_by_inferred")),
                 detail=row.get("end_detail") or "",
+                recorded_at=_when(row.get("recorded_at_utc")) or datetime.now(UTC),
             )
         return cls(
             flow_run_id=str(row["flow_run_id"]),

@@ -179,7 +179,7 @@ def render_summary(report: RunReport) -> str:
     lines.append(f"pod          {report.pod_id or '-'} ({report.provider}, {report.pod_name})")
     lines.append(f"terminated   {report.end_line()}")
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
-    lines.append(f"bytes moved  {_fmt_bytes(moved)} through the gateway")
+    lines.append(f"bytes moved  {_fmt_bytes(moved)} between this machine and the pod")
     moves = [(n, t) for n, t in (("upload", report.upload), ("download", report.download)) if t]
     if moves:
         lines.append(

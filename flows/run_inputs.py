@@ -152,7 +152,11 @@ def check_run(
             token_env=params.get("hf_token_env") or "HF_TOKEN",
             endpoint=endpoint,
         ),
-        lambda access: f"token from {access.source}",
+        lambda access: (
+            f"token from {access.source}"
+            if access.token is not None
+            else "no token (public models only; a gated repo or --publish needs one)"
+        ),
     )
     if settings is None or built is None:
         return None, checks

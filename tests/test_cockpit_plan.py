@@ -62,9 +62,11 @@ def test_the_catalog_parser_reads_rest_v2_and_leaves_the_unknown_unknown():
 
 
 def test_plan_on_the_local_pod_prices_the_demo_and_rents_nothing(
-    prefect_server, tmp_path, capsys, runpod_home
+    prefect_server, tmp_path, capsys, runpod_home, monkeypatch
 ):
     from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
 
     before = LocalPodProvider().list("")
     code = main(["plan", "--local-cost-per-hr", "0.22", "--output-dir", str(tmp_path), "--json"])
@@ -80,6 +82,8 @@ def test_plan_on_the_local_pod_prices_the_demo_and_rents_nothing(
     ]
     assert {"Hugging Face access", "CUDA floor"} <= set(names)
     assert "pty (asked 'auto')" in data["checks"][3]["detail"]
+    # No token is said as such (it read "token from none", ticked).
+    assert data["checks"][2]["detail"].startswith("no token (public models only")
     (price,) = data["prices"]
     assert price["usd_per_hr"] == 0.22 and data["expected_runtime_seconds"] == 10.0
     assert price["estimate_usd"] == pytest.approx(0.22 * 10 / 3600, abs=1e-6)

@@ -55,6 +55,9 @@ def test_a_record_reads_back_whole_from_its_table() -> None:
     assert back.end is not None
     assert back.end.model_dump(exclude={"recorded_at"}) == end.model_dump(exclude={"recorded_at"})
     assert back.published_bytes == 12_345 and back.published_to == "hf:demo/tiny-classifier"
+    # The end keeps when it was recorded, not when it was read back.
+    assert back.end.recorded_at == record.recorded_at
+    assert CostRecord.from_rows(record.to_rows()).end.recorded_at == record.recorded_at
 
 
 def test_a_run_that_did_not_publish_reads_back_without_published_bytes() -> None:
