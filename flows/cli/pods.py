@@ -196,8 +196,8 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
         )
     handle = found[-1]
     pod_run = flow_run_id_from_pod_name(handle.name, None)
-    view = read_run(str(pod_run)) if pod_run is not None else None
-    out = view.output_dir if view is not None else None
+    pod_view = read_run(str(pod_run)) if pod_run is not None else None
+    out = pod_view.output_dir if pod_view is not None else None
     return handle, key_path_for(handle.provider, out), provider.provider_name
 
 
