@@ -19,6 +19,9 @@ from tests.fixtures.train import WATCHDOG
 TRUST_EXIT = ("--settle-seconds", "0", "--no-api")
 """Trust a command's exit status and skip the API layer: the watchdog's loop alone."""
 
+# The pod's own RunPod key in these tests: obviously fake, never a real key's shape.
+FAKE_POD_KEY = "fake-pod-scoped-key-for-tests"
+
 
 def run_watchdog(run_dir: Path, *args: str, env: dict | None = None, timeout: float = 60.0):
     if "--settle-seconds" not in args:
@@ -331,13 +334,13 @@ class TestLayers:
         env = {
             **pod_env,
             **_runpodctl(tmp_path / "bin", log, ("pod delete", "remove pod")),
-            "RUNPOD_API_KEY": "rpa_podscopedkey0000000000",
+            "RUNPOD_API_KEY": FAKE_POD_KEY,
             "PYTHONPATH": str(site_dir),
         }
         assert _stale(tmp_path, "--api-url", api.url, env=env).returncode == 0
         assert api.calls == [
             (
-                "Bearer rpa_podscopedkey0000000000",
+                f"Bearer {FAKE_POD_KEY}",
                 'mutation { podTerminate(input: {podId: "podtest1"}) }',
             )
         ]
@@ -358,7 +361,7 @@ class TestLayers:
         env = {
             **pod_env,
             **_runpodctl(tmp_path / "bin", log, ("pod delete", "remove pod")),
-            "RUNPOD_API_KEY": "rpa_podscopedkey0000000000",
+            "RUNPOD_API_KEY": FAKE_POD_KEY,
         }
         workload = subprocess.Popen(["sleep", "600"], env=env)
         bystander = subprocess.Popen(["sleep", "600"], env={**env, "RUNPOD_POD_ID": "otherpod"})
