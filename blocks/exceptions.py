@@ -4,6 +4,7 @@ The hierarchy, so a caller can pick what to catch::
 
     RunPodFlowError                     base: anything this package raises on purpose
     ├── SpecError                       bad input, raised before any pod exists (no spend)
+    │   └── SecretShapeError            a key or token holds whitespace or a control character
     ├── ProviderError                   the pod provider (RunPod API or the local pod) failed
     │   ├── CapacityError               no GPU of the requested types/clouds is free
     │   ├── ProviderAuthError           the API key was refused (HTTP 401); never retried
@@ -28,11 +29,15 @@ A published file whose copy at the destination differs from the pod's manifest i
 ``ChecksumMismatchError`` (stage ``publish``), like any other file that arrived wrong.
 
 Each message names the pod (when one exists) and the next step a person should
-take, in the spirit of httpx's exceptions: the class says which phase failed.
+take, in the spirit of httpx's exceptions: the class says which phase failed. Every
+message is redacted as the error is made (``blocks.secret_mask.redact``): an error's
+text, which Prefect copies into state messages, events and results, never holds a
+secret this process has read.
 
 ``GATEWAY_PTY_ERROR`` lives here too: the console recognises it to raise
 ``ExecRefusedError``, and the local pod's daemon, which must stay light (no paramiko,
-no Prefect), writes it. This module imports nothing, so both can.
+no Prefect), writes it. This module imports nothing but ``secret_mask`` (standard
+library only), so both can.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ __all__ = [
     "ProviderTransientError",
     "PublishError",
     "RunPodFlowError",
+    "SecretShapeError",
     "SpecError",
     "TerminateError",
     "TrainingError",
@@ -72,7 +78,9 @@ class RunPodFlowError(Exception):
     """
 
     def __init__(self, message: str, *, pod_id: str | None = None, stage: str | None = None):
-        super().__init__(message)
+        from prefect_runpod.blocks.secret_mask import redact
+
+        super().__init__(redact(message))
         self.pod_id = pod_id
         self.stage = stage
 
@@ -80,6 +88,14 @@ class RunPodFlowError(Exception):
 class SpecError(RunPodFlowError, ValueError):
     """Raised before provisioning when the run's input cannot work (bad name, env, GPU id,
     bundle path, budget). Nothing was created and nothing is billing."""
+
+
+class SecretShapeError(SpecError):
+    """Raised when a secret holds whitespace or a control character — a newline that came
+    along with a copy-paste, a space, a tab — where it is read (``RUNPOD_API_KEY``, a
+    block's field, the Hugging Face token, ``PREFECT_API_KEY``), or when an HTTP
+    library refused the header made from one. The message names the variable or block
+    field and the problem, never the value; nothing was sent."""
 
 
 class ProviderError(RunPodFlowError):

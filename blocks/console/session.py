@@ -60,7 +60,7 @@ from prefect_runpod.blocks.console.shell_lines import (
     tail,
 )
 from prefect_runpod.blocks.console.ssh import exec_command, open_ssh_client
-from prefect_runpod.blocks.console.terminal_text import clean_output, redact
+from prefect_runpod.blocks.console.terminal_text import clean_output
 from prefect_runpod.blocks.exceptions import (
     CommandTimeoutError,
     ConsoleConnectError,
@@ -68,6 +68,7 @@ from prefect_runpod.blocks.exceptions import (
     SpecError,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
+from prefect_runpod.blocks.secret_mask import redact, register
 
 __all__ = ["CommandResult", "PodConsole", "PtyStream", "run_remote"]
 
@@ -136,7 +137,8 @@ class PodConsole:
         self._pod_id = pod_id
         self._connect_timeout_seconds = connect_timeout_seconds
         self._window_bytes = window_bytes
-        self._secret_values = [s.get_secret_value() for s in secrets if s.get_secret_value()]
+        for secret in secrets:  # masked from now on, here and everywhere (secret_mask)
+            register(secret)
         self._secret_env: dict[str, SecretStr] = {}
         self._on_host_key = on_host_key
         self._pinned_host_key = endpoint.host_key
@@ -391,8 +393,7 @@ class PodConsole:
                 f"the value for {name} has line breaks or control characters or is longer "
                 f"than {MAX_LINE_BYTES} bytes; pass such data as a file instead"
             )
-        if raw and raw not in self._secret_values:
-            self._secret_values.append(raw)
+        register(raw)
         self._secret_env[name] = value
         self._apply_secret(self._ready(), name, raw)
 
@@ -623,7 +624,7 @@ class PodConsole:
         return f"{pod} ({ep.user}@{ep.host}:{ep.port})"
 
     def _redact(self, text: str) -> str:
-        return redact(text, self._secret_values) if self._secret_values else text
+        return redact(text)
 
     def _record(self, line: str) -> None:
         self._transcript.append(line)

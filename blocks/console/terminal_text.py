@@ -9,7 +9,7 @@ back each finished line in its final drawn state, so ``10%\\r55%\\r100%\\n`` giv
 character or an escape sequence. Cursor movement across lines (``ESC[A``) is ignored:
 only the current line is modelled.
 
-``redact`` masks secrets in any text that leaves the console.
+Secrets are masked by ``blocks.secret_mask.redact``, the one redaction of the process.
 """
 
 from __future__ import annotations
@@ -17,19 +17,15 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
     "last_json_object",
-    "REDACTED",
     "TerminalDecoder",
     "clean_output",
-    "redact",
     "strip_ansi",
 ]
-
-REDACTED = "***"
 
 # One complete escape sequence (ECMA-48 / xterm):
 #   CSI  ESC [ params intermediates final       colours, erase, cursor moves, queries
@@ -79,17 +75,6 @@ def clean_output(text: str | bytes) -> str:
     if tail:
         lines.append(tail)
     return "\n".join(lines)
-
-
-def redact(text: str, secrets: Iterable[str], mask: str = REDACTED) -> str:
-    """Replace every occurrence of each non-empty secret in ``text`` with ``mask``.
-
-    Longer secrets are replaced first, so a secret containing another is masked whole.
-    """
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, mask)
-    return text
 
 
 class TerminalDecoder:

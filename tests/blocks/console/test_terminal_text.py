@@ -1,14 +1,11 @@
-"""Tests for the terminal-text model: escapes, redraws, split chunks, redaction."""
+"""Tests for the terminal-text model: escapes, redraws, split chunks (redaction is
+``blocks.secret_mask``'s, tested in tests/blocks/test_secret_mask.py)."""
 
 from __future__ import annotations
 
-import pytest
-
 from prefect_runpod.blocks.console.terminal_text import (
-    REDACTED,
     TerminalDecoder,
     clean_output,
-    redact,
     strip_ansi,
 )
 
@@ -95,18 +92,3 @@ class TestTerminalDecoder:
         decoder = TerminalDecoder()
         line = "x" * 10_000
         assert decoder.feed(line + "\r\n") == [line]
-
-
-class TestRedact:
-    def test_every_secret_is_masked(self) -> None:
-        text = "token=hf_abc123 key=rpa_XYZ and hf_abc123 again"
-        assert redact(text, ["hf_abc123", "rpa_XYZ"]) == (
-            f"token={REDACTED} key={REDACTED} and {REDACTED} again"
-        )
-
-    def test_longer_secret_wins_over_its_prefix(self) -> None:
-        assert redact("abcdef", ["abc", "abcdef"]) == REDACTED
-
-    @pytest.mark.parametrize("secrets", [[], [""]])
-    def test_no_secrets_leaves_text_alone(self, secrets: list[str]) -> None:
-        assert redact("plain", secrets) == "plain"
