@@ -23,6 +23,7 @@ from typing import Any, ClassVar, NamedTuple
 from prefect.blocks.abstract import CredentialsBlock
 from pydantic import Field, SecretStr, field_validator
 
+from prefect_runpod.blocks import secret_mask
 from prefect_runpod.blocks.exceptions import SpecError
 
 __all__ = [
@@ -45,7 +46,8 @@ class HuggingFaceCredentials(CredentialsBlock):
     A run names it (``hf_credentials_block`` / ``--hf-credentials NAME``); the token
     reaches a pod only as the ``HF_TOKEN`` environment variable of the console session
     (never on a command line, never as a run parameter). Leave it empty for public
-    models.
+    models. A token with whitespace or a control character in it is refused where a
+    run reads it, naming the block, never the token (docs/secrets.md).
 
     Example:
         ```python
@@ -87,6 +89,7 @@ class HuggingFaceCredentials(CredentialsBlock):
         """
         from huggingface_hub import HfApi
 
+        secret_mask.register(self.token)
         token: str | bool = self.token.get_secret_value() if self.token else False
         return HfApi(endpoint=self.endpoint.rstrip("/"), token=token)
 
@@ -150,6 +153,8 @@ def resolve_hf_access(
     Raises:
         SpecError: both blocks named, a named block that is not saved (the saved ones
             are listed), a Secret that is not text, a malformed variable name or URL.
+        SecretShapeError: the token holds whitespace or a control character (one
+            trailing newline is stripped, and said; ``blocks.secret_mask.check_secret``).
     """
     from prefect_runpod.blocks.validation import check_env_name, check_url, load_block
 
@@ -165,39 +170,55 @@ def resolve_hf_access(
         if endpoint is None and block.endpoint.rstrip("/") != DEFAULT_HF_ENDPOINT:
             endpoint = check_url(block.endpoint, "hf_endpoint")
         source = f"HuggingFaceCredentials block {credentials_block!r}"
-        return HFAccess(block.token, endpoint, source)
+        token = block.token.get_secret_value() if block.token else ""
+        if not token:
+            return HFAccess(None, endpoint, source)
+        what = f"the token of the HuggingFaceCredentials block {credentials_block!r}"
+        fix = "remove it and save the block again"
+        return HFAccess(SecretStr(secret_mask.check_secret(token, what, fix=fix)), endpoint, source)
     if token_secret:
         from prefect.blocks.system import Secret
 
         value = load_block(Secret, token_secret, "hf_token_secret").get()
+        secret_mask.register(value if isinstance(value, str) else None)
         if not isinstance(value, str) or not value.strip():
             raise SpecError(
                 f"the Secret block {token_secret!r} (hf_token_secret) does not hold a token as "
                 "text: save the token itself, e.g. Secret(value='hf_...').save(NAME)."
             )
-        return HFAccess(SecretStr(value.strip()), endpoint, f"Secret block {token_secret!r}")
+        what = f"the Secret block {token_secret!r} (hf_token_secret)"
+        value = secret_mask.check_secret(value, what, fix="remove it and save the block again")
+        return HFAccess(SecretStr(value), endpoint, f"Secret block {token_secret!r}")
     name = check_env_name(token_env)
-    value = os.environ.get(name, "").strip()
-    if value:
-        return HFAccess(SecretStr(value), endpoint, f"environment variable {name}")
+    value = os.environ.get(name, "")
+    if value.strip():
+        token = secret_mask.check_secret(value, name)
+        return HFAccess(SecretStr(token), endpoint, f"environment variable {name}")
     return HFAccess(None, endpoint, "none")
 
 
-def _scrub(text: str | None, secret: str | None) -> str | None:
-    if text and secret:
-        return text.replace(secret, "<redacted>")
-    return text
+_REFUSED = secret_mask.refused_headers(
+    "the Hugging Face Hub",
+    "the Hugging Face token (HF_TOKEN, the variable --hf-token-env names, or the block)",
+)
+"""A header the HTTP client refused, raised as ``SecretShapeError`` (the Hub was never
+asked, so the network is not to blame)."""
 
 
 def _answer_from_exception(exc: BaseException, secret: str | None) -> dict[str, Any]:
-    """The evidence of one failed call: status, X-Error-Code and the server's message."""
+    """The evidence of one failed call: status, X-Error-Code and the server's message
+    (redacted).
+
+    Raises:
+        SecretShapeError: the HTTP client refused the header made from the token.
+    """
+    secret_mask.register(secret)
+    if secret_mask.is_header_error(exc):
+        with _REFUSED:
+            raise exc
     response = getattr(exc, "response", None)
     if response is None:
-        return {
-            "status": None,
-            "error_code": None,
-            "message": _scrub(f"{type(exc).__name__}: {exc}", secret),
-        }
+        return {"status": None, "error_code": None, "message": secret_mask.error_text(exc)}
     message = response.headers.get("X-Error-Message") or getattr(exc, "server_message", None)
     if not message:
         try:
@@ -208,7 +229,7 @@ def _answer_from_exception(exc: BaseException, secret: str | None) -> dict[str, 
     return {
         "status": response.status_code,
         "error_code": response.headers.get("X-Error-Code"),
-        "message": _scrub(message, secret),
+        "message": secret_mask.redact(message) if message else message,
     }
 
 
@@ -240,10 +261,14 @@ def collect_access_evidence(
 
     Returns:
         The evidence dict (``kind == "hf_check"``). Never contains the token.
+
+    Raises:
+        SecretShapeError: the HTTP client refused the header made from the token.
     """
     from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
 
     base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
+    secret_mask.register(token)
     secret = token.get_secret_value() if token else None
     send: str | bool = secret or False
     api = HfApi(endpoint=base, token=send)
@@ -278,12 +303,16 @@ def collect_access_evidence(
 def whoami_evidence(token: SecretStr, endpoint: str | None = None) -> dict[str, Any]:
     """Who the token belongs to, asked of the Hub (``HfApi.whoami``), as evidence: ``status``
     (200, or the HTTP status of the refusal; None when the Hub did not answer), ``user``,
-    ``role`` (``read``/``write``/``fineGrained``), ``message``. Never raises; the token is
-    unwrapped only at the call.
+    ``role`` (``read``/``write``/``fineGrained``), ``message``. The token is unwrapped
+    only at the call.
 
     Args:
         token: the Hugging Face token.
         endpoint: the Hub base URL (default ``DEFAULT_HF_ENDPOINT``).
+
+    Raises:
+        SecretShapeError: the HTTP client refused the header made from the token (any
+            other failure is evidence).
     """
     from huggingface_hub import HfApi
 
@@ -340,10 +369,14 @@ def collect_write_evidence(
         ``{"kind": "hf_write_check", "repo_id", "endpoint", "token_present", "whoami",
         "write_check"}``; each answer is ``{"status", "error_code", "message", …}``.
         Never contains the token.
+
+    Raises:
+        SecretShapeError: the HTTP client refused the header made from the token.
     """
     from huggingface_hub import HfApi
 
     base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
+    secret_mask.register(token)
     secret = token.get_secret_value() if token else None
     evidence: dict[str, Any] = {
         "kind": "hf_write_check",
@@ -397,18 +430,22 @@ def hub_file_records(
     Raises:
         huggingface_hub.errors.HfHubHTTPError: the Hub refused or failed (the caller
             names the pod and the repo).
+        SecretShapeError: the HTTP client refused the header made from the token.
     """
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
     base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
+    secret_mask.register(token)
     send: str | bool = token.get_secret_value() if token else False
     api = HfApi(endpoint=base, token=send)
     out: dict[str, dict[str, Any]] = {}
     for i in range(0, len(paths), batch):
-        for item in api.get_paths_info(
-            repo_id, paths[i : i + batch], revision=revision, repo_type=repo_type, token=send
-        ):
+        with _REFUSED:
+            answer = api.get_paths_info(
+                repo_id, paths[i : i + batch], revision=revision, repo_type=repo_type, token=send
+            )
+        for item in answer:
             if isinstance(item, RepoFile):
                 out[item.path] = {
                     "size": item.size,

@@ -586,6 +586,9 @@ SECRET_ENV_NAME = re.compile(
 """Environment variable names that hold secrets (``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``)."""
 
 
+_BREAKS = re.compile(r"[\s\x00-\x1f\x7f]+")
+
+
 def find_token_shape(data: str | bytes) -> str | None:
     """The kind of the first token found in ``data`` (``a Hugging Face token``), or None.
     Never returns the token itself."""
@@ -617,11 +620,12 @@ def refuse_secret_values(params: Mapping[str, Any]) -> None:
         params: parameter name -> value (strings inside lists and dicts are searched).
 
     Raises:
-        SpecError: naming the parameter and the kind of token, never the token.
+        SpecError: naming the parameter and the kind of token, never the token — found
+            whatever its shape (a stray newline or space inside it is looked through).
     """
     for param, value in params.items():
         for text in _strings(value):
-            what = find_token_shape(text)
+            what = find_token_shape(text) or find_token_shape(_BREAKS.sub("", text))
             if what:
                 raise SpecError(
                     f"parameter {label(param)} holds what looks like {what}; Prefect "

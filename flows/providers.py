@@ -17,6 +17,7 @@ from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.keys import KeyPair, generate_keypair
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.provider import PodProvider
+from prefect_runpod.blocks.secret_mask import check_secret
 from prefect_runpod.blocks.validation import load_block, pydantic_reason
 
 __all__ = ["PlannedPod", "build_provider", "planned_pod"]
@@ -44,6 +45,8 @@ def build_provider(
         SpecError: a named block is not saved (the saved ones of its type are listed),
             RunPod is asked for and no credentials (or, when needed, no SSH key) can be
             found, or ``local_image`` names no image profile.
+        SecretShapeError: the API key holds whitespace or a control character (one
+            trailing newline is stripped, and said; ``blocks.secret_mask.check_secret``).
     """
     kind = params.get("provider", "local")
     if kind == "local":
@@ -78,7 +81,11 @@ def _runpod_provider(params: dict[str, Any], need_ssh_key: bool) -> tuple[PodPro
                 "(prefect block register -m prefect_runpod.blocks) and pass "
                 "--runpod-credentials NAME, or set RUNPOD_API_KEY"
             )
-        creds = RunPodCredentials(api_key=SecretStr(api_key))
+        creds = RunPodCredentials(api_key=SecretStr(check_secret(api_key, "RUNPOD_API_KEY")))
+    else:
+        what = f"the api_key of the RunPodCredentials block {params['runpod_credentials_block']!r}"
+        key = creds.api_key.get_secret_value()
+        creds.api_key = SecretStr(check_secret(key, what, fix="remove it and save the block again"))
     spec = _load(RunPodPodSpec, "runpod_spec_block") or RunPodPodSpec()
     if params.get("gpu_type_ids"):
         spec = spec.model_copy(update={"gpu_type_ids": list(params["gpu_type_ids"])})

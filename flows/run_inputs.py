@@ -12,6 +12,11 @@ deployments, the API and Python callers) share (docs/architecture.md#input-valid
 4. the pod about to be rented (``flows.providers.planned_pod``): the transfer method
    against what it will offer and this machine's end, the bundle's bytes against its disk.
 
+Every secret read on the way — the RunPod key, the Hugging Face token, the S3 keys,
+``PREFECT_API_KEY`` — is checked for its shape and registered for masking where it is
+read (``blocks.secret_mask.check_secret``): whitespace or a control character in one
+stops the run here, naming where it came from and never the value.
+
 ``check_run`` runs the same checks, recording each one instead of stopping at the first:
 ``prefect-runpod plan`` lists them (✔/✘ with the fix). Nothing here rents, uploads or
 logs a secret.
@@ -28,6 +33,7 @@ from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.huggingface import HFAccess, resolve_hf_access
 from prefect_runpod.blocks.keys import KeyPair
 from prefect_runpod.blocks.provider import PodProvider
+from prefect_runpod.blocks.secret_mask import check_secret
 from prefect_runpod.blocks.validation import load_block
 from prefect_runpod.flows.providers import PlannedPod, build_provider, planned_pod
 from prefect_runpod.tasks.preflight import (
@@ -40,7 +46,15 @@ from prefect_runpod.tasks.preflight import (
 if TYPE_CHECKING:
     from prefect_runpod.blocks.transfer.s3 import S3Target
 
-__all__ = ["Check", "PreparedRun", "check_run", "prepare_run", "settings_params"]
+__all__ = [
+    "Check",
+    "PreparedRun",
+    "check_prefect_api_key",
+    "check_run",
+    "load_s3_target",
+    "prepare_run",
+    "settings_params",
+]
 
 
 @dataclass
@@ -75,6 +89,47 @@ def settings_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: val for k, val in params.items() if k in accepted}
 
 
+def check_prefect_api_key() -> None:
+    """``PREFECT_API_KEY`` (Prefect's setting ``api.key``), registered for masking and
+    checked for its shape. A trailing newline is refused rather than stripped: Prefect's
+    own client sends the key as it is set.
+
+    Raises:
+        SecretShapeError: the key holds whitespace or a control character.
+    """
+    from prefect.settings import get_current_settings
+
+    key = get_current_settings().api.key
+    if key is not None and key.get_secret_value():
+        fix = "remove it where it is set (the environment or the Prefect profile)"
+        check_secret(key.get_secret_value(), "PREFECT_API_KEY", strip_newline=False, fix=fix)
+
+
+def load_s3_target(name: str) -> S3Target:
+    """The saved ``S3Target`` named ``name`` (``s3_target_block``), its key pair checked
+    for its shape and registered for masking.
+
+    Raises:
+        SpecError: no such block (the saved ones are listed).
+        SecretShapeError: the access key id or the secret key holds whitespace or a
+            control character (one trailing newline is stripped, and said).
+    """
+    from pydantic import SecretStr
+
+    from prefect_runpod.blocks.transfer.s3 import S3Target
+
+    block = load_block(S3Target, name, "s3_target_block")
+    fix = "remove it and save the block again"
+    if block.access_key_id:
+        what = f"the access_key_id of the S3Target block {name!r}"
+        block.access_key_id = check_secret(block.access_key_id, what, fix=fix)
+    if block.secret_access_key is not None and block.secret_access_key.get_secret_value():
+        what = f"the secret_access_key of the S3Target block {name!r}"
+        value = check_secret(block.secret_access_key.get_secret_value(), what, fix=fix)
+        block.secret_access_key = SecretStr(value)
+    return block
+
+
 @dataclass
 class Check:
     """One named check before renting, as ``plan`` lists it.
@@ -106,6 +161,7 @@ def check_run(
         The ``PreparedRun`` when every check passed (else None), and the checks in order.
     """
     checks: list[Check] = []
+    check_prefect_api_key()  # Prefect has used it already; here it is registered
 
     def step(name: str, fn: Callable[[], Any], describe: Callable[[Any], str]) -> Any:
         try:
@@ -136,11 +192,9 @@ def check_run(
     )
     s3 = None
     if params.get("s3_target_block"):
-        from prefect_runpod.blocks.transfer.s3 import S3Target
-
         s3 = step(
             "S3 target",
-            lambda: load_block(S3Target, params["s3_target_block"], "s3_target_block"),
+            lambda: load_s3_target(params["s3_target_block"]),
             lambda _: f"S3Target block {params['s3_target_block']!r} loaded",
         )
     endpoint = settings.hf_endpoint if settings is not None else params.get("hf_endpoint")

@@ -37,6 +37,7 @@ from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import HFAuthError
 from prefect_runpod.blocks.huggingface import collect_access_evidence
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.secret_mask import redact, register
 from prefect_runpod.tasks.models import HFCause, HFDiagnosis
 
 __all__ = [
@@ -394,9 +395,8 @@ def diagnose_on_pod(
     result = console.run(command, timeout_seconds=timeout_seconds, check=False)
     evidence = parse_hf_check_output(result.output)
     if evidence is None:
-        tail = "\n".join(result.output.strip().splitlines()[-5:])
-        if token is not None:
-            tail = tail.replace(token.get_secret_value(), "<redacted>")
+        register(token)
+        tail = redact("\n".join(result.output.strip().splitlines()[-5:]))
         return classify_hf_access(
             repo_id=repo_id,
             status=None,

@@ -44,6 +44,7 @@ from prefect_runpod.blocks.exceptions import (
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.huggingface import DEFAULT_HF_ENDPOINT
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.secret_mask import error_text
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.models import PublishedFile, PublishReport, PublishTarget
@@ -391,7 +392,7 @@ def _read_back(
     except Exception as exc:  # the read-back is the proof: without it nothing is verified
         raise PublishError(
             f"{handle.pod_id}: the upload finished but reading it back from "
-            f"{_describe(target, s3, '')} failed ({type(exc).__name__}: {str(exc)[:300]}); "
+            f"{_describe(target, s3, '')} failed ({error_text(exc)[:300]}); "
             "nothing is verified — rerun the publish",
             pod_id=handle.pod_id,
             stage="publish",

@@ -74,6 +74,9 @@ _API_TIMEOUT_SECONDS = 30.0
 _MAX_SLEEP_SECONDS = 1.0
 _STOP_GRACE_SECONDS = 5.0
 _POD_ID = re.compile(r"[a-z0-9]{1,64}")
+_ODD = re.compile(r"[\s\x00-\x1f\x7f]")
+"""Whitespace or a control character: never part of a key (``blocks/secret_mask.py``'s
+rule, repeated here because this script runs on the pod with the standard library only)."""
 _BUNDLES = ("certifi/cacert.pem", "pip/_vendor/certifi/cacert.pem")
 _SITE_GLOBS = (
     "/usr/lib/python3*/dist-packages",
@@ -196,7 +199,10 @@ def _tls_failure(exc):
 def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
     """RunPod's GraphQL ``podTerminate`` for ``pod_id`` with the pod's key, through urllib.
 
-    Tries the system CA store, then each of ``bundles``; verification stays on.
+    Tries the system CA store, then each of ``bundles``; verification stays on. The key
+    never appears in ``detail``: one trailing newline is stripped, any other whitespace
+    or control character skips this layer (``http.client`` would quote the header it
+    refuses).
 
     Returns:
         ``(ok, detail)``; ``ok`` when RunPod accepted it or no longer knows the pod.
@@ -205,6 +211,13 @@ def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
         return False, "RUNPOD_POD_ID %r is not a pod id" % (pod_id,)
     if not api_key:
         return False, "no RUNPOD_API_KEY in the pod's environment"
+    if api_key.endswith("\n") and not _ODD.search(api_key[:-1]):
+        api_key = api_key[:-1]
+    if _ODD.search(api_key):
+        return False, (
+            "the pod's RUNPOD_API_KEY holds whitespace or a control character, so it "
+            "cannot be sent (the value is not shown)"
+        )
     query = 'mutation { podTerminate(input: {podId: "%s"}) }' % pod_id
     body = json.dumps({"query": query}).encode()
     headers = {"Content-Type": "application/json", "Authorization": "Bearer " + api_key}
@@ -229,11 +242,16 @@ def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
                 return False, "HTTP %d from %s" % (exc.code, url)
             if exc.code in (401, 403):
                 return False, "HTTP %d: the pod's key was refused" % exc.code
-        except (urllib.error.URLError, ssl.SSLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
             if _tls_failure(exc):
                 problems.append("%s: x509: %s" % (label, getattr(exc, "reason", exc)))
                 continue
             return False, "%s (%s)" % (exc, label)
+        except ValueError as exc:  # http.client refused the request: never quote it
+            return False, "the request was refused before it was sent (%s, %s)" % (
+                type(exc).__name__,
+                label,
+            )
         errors = data.get("errors") if isinstance(data, dict) else None
         if errors:
             message = str((errors[0] or {}).get("message", errors[0]))

@@ -26,6 +26,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr
 
 from prefect_runpod.blocks.exceptions import ProviderAuthError, ProviderTransientError
+from prefect_runpod.blocks.runpod.client import REFUSED_KEY_HEADER
+from prefect_runpod.blocks.secret_mask import register
 from prefect_runpod.blocks.validation import check_pod_id, check_url, utc_timestamp
 
 __all__ = [
@@ -204,6 +206,7 @@ def fetch_pod_bill(
         ProviderAuthError: the key was refused (HTTP 401/403).
         ProviderTransientError: no API answered (network, 5xx, a body that is not JSON).
         SpecError: a malformed pod id or base URL.
+        SecretShapeError: ``requests`` refused the header made from the key.
     """
     import requests
 
@@ -215,6 +218,7 @@ def fetch_pod_bill(
         "startTime": utc_timestamp(created_at - _WINDOW_MARGIN),
         "endTime": utc_timestamp(ended_at + _WINDOW_MARGIN),
     }
+    register(api_key)
     headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"}
     order: list[Literal["v1", "v2"]] = ["v1", "v2"] if api == "auto" else [api]
     problems = []
@@ -222,7 +226,8 @@ def fetch_pod_bill(
         url = f"{v1}/billing/pods" if which == "v1" else f"{v2}/billing/pods"
         query = dict(params, grouping="podId") if which == "v1" else params
         try:
-            answer = requests.get(url, params=query, headers=headers, timeout=timeout_seconds)
+            with REFUSED_KEY_HEADER:
+                answer = requests.get(url, params=query, headers=headers, timeout=timeout_seconds)
         except requests.RequestException as exc:
             problems.append(f"{which}: {type(exc).__name__}")
             continue

@@ -150,7 +150,9 @@ def merge_cuda_versions(spec_versions: list[str], plan_versions: list[str]) -> l
 
 
 class RunPodCredentials(Block):
-    """A RunPod API key. It is unwrapped only at the SDK call and never logged."""
+    """A RunPod API key. It is unwrapped only at the SDK call and never logged. A key
+    with whitespace or a control character in it is refused where a run reads it,
+    naming the block, never the key (docs/secrets.md)."""
 
     _block_type_name = "RunPod Credentials"
     _block_type_slug = "runpod-credentials"

@@ -24,6 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr
 
 from prefect_runpod.blocks.exceptions import ProviderAuthError, ProviderTransientError
+from prefect_runpod.blocks.runpod.client import REFUSED_KEY_HEADER
+from prefect_runpod.blocks.secret_mask import error_text, register
 
 __all__ = ["GpuAvailability", "fetch_gpu_availability", "parse_catalog"]
 
@@ -111,21 +113,26 @@ def fetch_gpu_availability(
     Raises:
         ProviderAuthError: the key was refused (HTTP 401/403).
         ProviderTransientError: no answer, another status, or a body that is not JSON.
+        SecretShapeError: ``requests`` refused the header made from the key.
     """
     import requests
 
     from prefect_runpod.blocks.runpod.billing import rest_endpoints
 
     _, v2 = rest_endpoints()
+    register(api_key)
     try:
-        answer = requests.get(
-            f"{v2}/catalog/gpus",
-            params={"include": "AVAILABILITY", "product": "POD"},
-            headers={"Authorization": f"Bearer {api_key.get_secret_value()}"},
-            timeout=timeout_seconds,
-        )
+        with REFUSED_KEY_HEADER:
+            answer = requests.get(
+                f"{v2}/catalog/gpus",
+                params={"include": "AVAILABILITY", "product": "POD"},
+                headers={"Authorization": f"Bearer {api_key.get_secret_value()}"},
+                timeout=timeout_seconds,
+            )
     except requests.RequestException as exc:
-        raise ProviderTransientError(f"RunPod's GPU catalog did not answer ({exc})") from None
+        raise ProviderTransientError(
+            f"RunPod's GPU catalog did not answer ({error_text(exc)})"
+        ) from None
     if answer.status_code in (401, 403):
         raise ProviderAuthError(
             f"RunPod's GPU catalog refused the API key (HTTP {answer.status_code}); check "

@@ -8,6 +8,9 @@ credentials can live in one process. The key is unwrapped only here, at the call
 The SDK inlines values into GraphQL text unescaped (``f'name: "{name}"'``); callers
 pass values already validated by ``runpod.blocks`` (names, ids) or escaped with
 ``graphql_escape`` (free text).
+
+``requests`` quotes a header it refuses (``InvalidHeader: … 'Bearer rpa_…\n'``): every
+call re-raises that as ``SecretShapeError`` without the header (``REFUSED_KEY_HEADER``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 
 from pydantic import SecretStr
 
-__all__ = ["RunPodClient", "graphql_escape"]
+from prefect_runpod.blocks.secret_mask import refused_headers, register
+
+__all__ = ["REFUSED_KEY_HEADER", "RunPodClient", "graphql_escape"]
 
 
 def graphql_escape(value: str) -> str:
@@ -30,16 +35,25 @@ def graphql_escape(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)[1:-1]
 
 
+REFUSED_KEY_HEADER = refused_headers(
+    "RunPod's API", "the RunPod API key (RUNPOD_API_KEY or the RunPodCredentials block's api_key)"
+)
+"""Wraps every call that sends the API key (the SDK's, the REST billing and catalog
+ones): a header ``requests`` refuses becomes ``SecretShapeError``, without the header."""
+
+
 class RunPodClient:
     """RunPod's GraphQL API through the ``runpod`` SDK, with one bound API key.
 
     Each method may raise what the SDK raises: ``runpod.error.AuthenticationError``
     (HTTP 401), ``runpod.error.QueryError`` (GraphQL ``errors``), ``ValueError``
     (unknown GPU id), ``requests`` errors (network, non-JSON 5xx). The provider
-    classifies them with ``runpod.errors.classify_exception``.
+    classifies them with ``runpod.errors.classify_exception``. A key whose header
+    ``requests`` refuses raises ``SecretShapeError`` (without the header), never retried.
     """
 
     def __init__(self, api_key: SecretStr) -> None:
+        register(api_key)
         self._api_key = api_key
 
     def __repr__(self) -> str:
@@ -48,42 +62,49 @@ class RunPodClient:
     def _key(self) -> str:
         return self._api_key.get_secret_value()
 
+    @REFUSED_KEY_HEADER
     def query(self, query: str) -> dict[str, Any]:
         """Send one GraphQL document; returns the whole JSON answer (``{"data": …}``)."""
         from runpod.api.graphql import run_graphql_query
 
         return run_graphql_query(query, api_key=self._key())
 
+    @REFUSED_KEY_HEADER
     def get_gpus(self) -> list[dict[str, Any]]:
         """``gpuTypes { id displayName memoryInGb }`` (SDK ``get_gpus``)."""
         from runpod.api import ctl_commands
 
         return list(ctl_commands.get_gpus(api_key=self._key()))
 
+    @REFUSED_KEY_HEADER
     def get_gpu(self, gpu_type_id: str, gpu_count: int = 1) -> dict[str, Any]:
         """One GPU type with prices (SDK ``get_gpu``); ``ValueError`` if unknown."""
         from runpod.api import ctl_commands
 
         return ctl_commands.get_gpu(gpu_type_id, gpu_count, api_key=self._key())
 
+    @REFUSED_KEY_HEADER
     def get_pods(self) -> list[dict[str, Any]]:
         """All pods of the account (SDK ``get_pods``: ``myself { pods { … } }``)."""
         from runpod.api import ctl_commands
 
         return list(ctl_commands.get_pods(api_key=self._key()) or [])
 
+    @REFUSED_KEY_HEADER
     def get_pod(self, pod_id: str) -> dict[str, Any] | None:
         """One pod (SDK ``get_pod``), or None when RunPod answers ``pod: null``."""
         from runpod.api import ctl_commands
 
         return ctl_commands.get_pod(pod_id, api_key=self._key())
 
+    @REFUSED_KEY_HEADER
     def get_user(self) -> dict[str, Any]:
         """``myself { id pubKey networkVolumes {…} }`` (SDK ``get_user``)."""
         from runpod.api import ctl_commands
 
         return ctl_commands.get_user(api_key=self._key())
 
+    @REFUSED_KEY_HEADER
     def update_user_settings(self, pub_key: str) -> dict[str, Any]:
         """Replace the account's SSH public keys (``updateUserSettings(input:{pubKey})``)."""
         from runpod.api import ctl_commands

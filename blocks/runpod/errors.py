@@ -20,8 +20,13 @@ HTTP 401 (``Unauthorized request, please check your API key.``)  STOP
 GraphQL syntax / validation error (an invalid id, an unknown field) STOP
 a JSON answer with neither ``errors`` nor ``data`` (``KeyError``)    STOP
 ``pod not found to terminate`` / ``Cluster not found``            GONE
+a header the HTTP library refused (a key with a newline)          STOP
 anything else                                                     STOP
 ===============================================================  ===============
+
+A refused header (``SecretShapeError`` from the client, or ``requests``'
+``InvalidHeader`` raw) is the key's shape, not the network: it is never retried, and
+its message never quotes the header.
 
 Sources: the SDK's ``runpod/api/graphql.py`` and ``ctl_commands.py``; the strings as
 reported in runpod/runpod-python#168 and #239, mlabonne/llm-autoeval#3, and dstack's
@@ -43,8 +48,10 @@ from prefect_runpod.blocks.exceptions import (
     ProviderAuthError,
     ProviderError,
     ProviderTransientError,
+    SecretShapeError,
     SpecError,
 )
+from prefect_runpod.blocks.secret_mask import is_header_error
 
 __all__ = [
     "CAPACITY_MESSAGE",
@@ -130,6 +137,7 @@ class ErrorKind(StrEnum):
     UNKNOWN_GPU = "unknown_gpu"
     INVALID_REQUEST = "invalid_request"
     NOT_FOUND = "not_found"
+    BAD_SECRET = "bad_secret"
     UNKNOWN = "unknown"
 
 
@@ -141,6 +149,7 @@ _ACTIONS: dict[ErrorKind, FailoverAction] = {
     ErrorKind.UNKNOWN_GPU: FailoverAction.STOP,
     ErrorKind.INVALID_REQUEST: FailoverAction.STOP,
     ErrorKind.NOT_FOUND: FailoverAction.GONE,
+    ErrorKind.BAD_SECRET: FailoverAction.STOP,
     ErrorKind.UNKNOWN: FailoverAction.STOP,
 }
 
@@ -209,6 +218,8 @@ def undefined_input_field(message: str) -> tuple[str, str] | None:
 def classify_exception(exc: BaseException) -> RunPodErrorClass:
     """Classify an exception raised by a ``runpod`` SDK call, by its type first:
 
+    - ``SecretShapeError``, or a header the HTTP library refused: the key's shape → stop
+      (its message never quotes the header);
     - ``runpod.error.AuthenticationError``: HTTP 401 (or no key) → AUTH, stop;
     - ``runpod.error.QueryError``: RunPod's ``errors[0].message`` → by its text;
     - ``requests``' ``JSONDecodeError``: a non-JSON body (a proxy's 5xx page) → retry;
@@ -226,6 +237,16 @@ def classify_exception(exc: BaseException) -> RunPodErrorClass:
     from runpod.error import AuthenticationError, QueryError
 
     name = type(exc).__name__
+    if isinstance(exc, SecretShapeError):
+        return RunPodErrorClass(ErrorKind.BAD_SECRET, FailoverAction.STOP, str(exc))
+    if is_header_error(exc):
+        return RunPodErrorClass(
+            ErrorKind.BAD_SECRET,
+            FailoverAction.STOP,
+            f"{name}: the HTTP library refused the Authorization header made from the API "
+            "key: it holds whitespace or a control character; fix RUNPOD_API_KEY or the "
+            "RunPodCredentials block's api_key (the value is not shown). Nothing was sent.",
+        )
     if isinstance(exc, AuthenticationError):
         return classify_message(str(exc) or UNAUTHORIZED_MESSAGE, http_status=401)
     if isinstance(exc, QueryError):
@@ -274,10 +295,13 @@ def to_provider_error(
 
     Returns:
         ``ProviderAuthError`` (401), ``CapacityError``, ``ProviderTransientError``,
-        ``SpecError`` (unknown GPU id, invalid request) or ``ProviderError``.
+        ``SecretShapeError`` (a refused header), ``SpecError`` (unknown GPU id, invalid
+        request) or ``ProviderError``.
     """
     msg = classified.message
     kind = classified.kind
+    if kind is ErrorKind.BAD_SECRET:
+        return SecretShapeError(f"{what}: {msg}", pod_id=pod_id)
     if kind is ErrorKind.AUTH:
         return ProviderAuthError(
             f"{what}: RunPod refused the API key (HTTP 401: {msg}). Nothing was created; "

@@ -114,9 +114,14 @@ class S3Target(Block):
     )
 
     def get_client(self) -> Any:
-        """A boto3 S3 client for this target (the secret is unwrapped only here)."""
+        """A boto3 S3 client for this target (the secret is unwrapped only here, and
+        registered for masking: ``blocks.secret_mask``)."""
         import boto3
         from botocore.config import Config
+
+        from prefect_runpod.blocks.secret_mask import register
+
+        register(self.secret_access_key)
 
         return boto3.client(
             "s3",

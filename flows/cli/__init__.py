@@ -15,7 +15,9 @@ One module per command group (``launch``: finetune; ``checks``: plan, check; ``w
 status, logs; ``pods``: pods, ssh, terminate, reaper; ``flows.cost_command``: cost);
 ``common`` holds what they share and ``runs`` what they read about runs. The exit status
 is 0 on success, ``EXIT_FAILED`` (1) for a run or command that failed, ``EXIT_USAGE`` (2)
-for bad input refused before anything was rented (docs/cli.md).
+for bad input refused before anything was rented (docs/cli.md). Everything a command
+prints, and every log record, is redacted (``blocks.secret_mask``): no secret the
+process read reaches the terminal, whatever its shape.
 """
 
 from __future__ import annotations
@@ -81,12 +83,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prefect.settings import get_current_settings, temporary_settings
 
     from prefect_runpod.blocks.exceptions import RunPodFlowError, SpecError
+    from prefect_runpod.blocks.secret_mask import redacted_output
     from prefect_runpod.flows.cli_session import (
         EXIT_SIGINT,
         EXIT_SIGTERM,
         Terminated,
         orderly_signals,
     )
+    from prefect_runpod.flows.run_inputs import check_prefect_api_key
 
     # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
     # deadline is too short on a busy small machine, and it should not phone home.
@@ -99,17 +103,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         defaults["server.ephemeral.startup_timeout_seconds"] = timeout
     if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
         defaults["server.analytics_enabled"] = False
-    try:
-        with orderly_signals(), temporary_settings(updates=defaults):
-            return _commands()[args.command](args)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except RunPodFlowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except (KeyboardInterrupt, Terminated) as exc:
-        print(
-            f"stopped by {'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'}", file=sys.stderr
-        )
-        return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+    with redacted_output():
+        try:
+            check_prefect_api_key()  # before anything talks to the API with it
+            with orderly_signals(), temporary_settings(updates=defaults):
+                return _commands()[args.command](args)
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except RunPodFlowError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        except (KeyboardInterrupt, Terminated) as exc:
+            signal = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+            print(f"stopped by {signal}", file=sys.stderr)
+            return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT

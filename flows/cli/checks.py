@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from prefect_runpod.blocks.secret_mask import error_text
 from prefect_runpod.flows.cli.common import EXIT_FAILED, api, print_json, print_table
 
 __all__ = ["Item", "add_parsers", "run_check", "run_plan"]
@@ -105,6 +106,7 @@ def _show(title: str, items: list[Item], as_json: bool, extra: dict[str, Any] | 
 
 
 def _hf_item(access: Any) -> Item:
+    from prefect_runpod.blocks.exceptions import SpecError
     from prefect_runpod.blocks.huggingface import whoami_evidence
 
     if access.token is None:
@@ -115,7 +117,10 @@ def _hf_item(access: Any) -> Item:
             "HuggingFaceCredentials block (--hf-credentials NAME)",
             required=False,
         )
-    who = whoami_evidence(access.token, access.endpoint)
+    try:
+        who = whoami_evidence(access.token, access.endpoint)
+    except SpecError as exc:  # the token's header was refused before anything was sent
+        return Item("Hugging Face token", False, f"{access.source}: {exc}")
     if who.get("status") == 200:
         return Item(
             "Hugging Face token",
@@ -154,12 +159,15 @@ def _runpod_items(args: argparse.Namespace, required: bool) -> list[Item]:
     try:
         provider.credentials.get_client().get_user()  # type: ignore[attr-defined]
         items.append(Item("RunPod API key", True, "the API answered for the account", required))
+    except SpecError as exc:  # the key's header was refused: nothing was sent
+        items.append(Item("RunPod API key", False, str(exc), required))
+        return items
     except Exception as exc:  # the SDK's own error classes: say what it said
         items.append(
             Item(
                 "RunPod API key",
                 False,
-                f"RunPod refused or did not answer ({type(exc).__name__}: {exc}); check the "
+                f"RunPod refused or did not answer ({error_text(exc)}); check the "
                 "key at https://www.runpod.io/console/user/settings",
                 required,
             )
@@ -176,7 +184,7 @@ def _account_key_item(provider: Any, required: bool = True) -> Item:
     try:
         held = key.account_has_key(provider.credentials)
     except Exception as exc:  # the SDK's own error: say what it said
-        return Item("account SSH key", False, f"could not read it ({exc})", required)
+        return Item("account SSH key", False, f"could not read it ({error_text(exc)})", required)
     if held:
         return Item("account SSH key", True, "the account holds this key", required)
     if key.add_to_account:
@@ -267,7 +275,7 @@ def _price_rows(provider: Any, expected_seconds: float) -> tuple[list[dict[str, 
 
         catalog = fetch_gpu_availability(provider.credentials.api_key)
     except Exception as exc:  # availability is a hint beside the price, never in its way
-        catalog, note = {}, f"availability unknown: {exc}"
+        catalog, note = {}, f"availability unknown: {error_text(exc)}"
     rows = []
     for gpu_id, price in prices.items():
         offer = catalog.get(gpu_id)
@@ -331,7 +339,7 @@ def run_plan(args: argparse.Namespace) -> int:
                     prepared.provider, settings.bundle.expected_runtime_seconds
                 )
             except Exception as exc:  # a price we cannot read is a failed check, said
-                items.append(Item("price", False, f"{type(exc).__name__}: {exc}"))
+                items.append(Item("price", False, error_text(exc)))
     expected = prepared.settings.bundle.expected_runtime_seconds if prepared else 0.0
     code = _show(
         "prefect-runpod plan (nothing is rented)",

@@ -151,6 +151,15 @@ def test_a_token_in_any_parameter_is_refused_without_repeating_it():
     v.refuse_secret_values({"model_id": "org/m", "bundle": "/srv/bundles/x"})
 
 
+@pytest.mark.parametrize("odd", ["\n", " ", "\t", "\r\n"])
+def test_a_token_with_whitespace_inside_is_still_a_token_in_a_parameter(odd):
+    """Issue 21: the shape of a token never hides it (a copy-paste that split it)."""
+    head, tail = "hf_" + "T" * 10, "U" * 24
+    with pytest.raises(SpecError, match="concurrency_limit.*a Hugging Face token") as info:
+        v.refuse_secret_values({"concurrency_limit": f"{head}{odd}{tail}"})
+    assert head not in str(info.value) and tail not in str(info.value)
+
+
 def test_options_of_the_other_provider_are_refused():
     v.check_provider_options("local", {"local_mode": "direct", "gpu_type_ids": []})
     v.check_provider_options("runpod", {"gpu_type_ids": ["NVIDIA GeForce RTX 3090"]})

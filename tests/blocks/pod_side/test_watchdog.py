@@ -408,3 +408,25 @@ def test_ca_bundles_are_found_where_pip_and_certifi_put_them(tmp_path: Path) -> 
         str(tmp_path / "certifi/cacert.pem"),
         str(tmp_path / "pip/_vendor/certifi/cacert.pem"),
     ]
+
+
+def test_the_pods_key_of_the_wrong_shape_is_never_quoted(tmp_path: Path, api: _API) -> None:
+    """The pod's own key with a newline inside (or a space): ``http.client`` would refuse
+    the header and quote it in its error, which ``deadman.jsonl`` (read back by the flow,
+    the reaper and ``pods``) would keep; the layer says why it cannot run instead. One
+    trailing newline is stripped, and the call goes through (issue 21)."""
+    spec = importlib.util.spec_from_file_location("pod_side_watchdog", WATCHDOG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(api.ca.ca_pem)
+    for bad in (f"{FAKE_POD_KEY}\nsecond-half-of-it", f"{FAKE_POD_KEY} second-half-of-it"):
+        ok, detail = module.api_terminate(api.url, bad, "podtest1", [str(bundle)])
+        assert not ok and "holds whitespace or a control character" in detail
+        assert FAKE_POD_KEY not in detail and "second-half" not in detail
+    assert api.calls == []
+    ok, detail = module.api_terminate(api.url, FAKE_POD_KEY + "\n", "podtest1", [str(bundle)])
+    assert ok, detail
+    assert api.calls == [
+        (f"Bearer {FAKE_POD_KEY}", 'mutation { podTerminate(input: {podId: "podtest1"}) }')
+    ]
