@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 from prefect_runpod.blocks.costs import round_usd, settle
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import EndedBy, PodEnd, PodProvider, end_command
+from prefect_runpod.blocks.secret_mask import error_text, redact, redact_data
 
 __all__ = [
     "COST_ARTIFACT_KEY",
@@ -305,8 +306,8 @@ def publish_record(record: CostRecord) -> None:
             ArtifactCreate(
                 key=COST_ARTIFACT_KEY,
                 type="table",
-                data=record.to_rows(),
-                description=description,
+                data=redact_data(record.to_rows()),
+                description=redact(description),
                 flow_run_id=record.flow_run_id,  # type: ignore[arg-type]
             )
         )
@@ -348,7 +349,7 @@ def fetch_runpod_bill(provider: PodProvider | None, record: CostRecord) -> None:
     try:
         bill = credentials.fetch_pod_bill(record.pod_id, record.created_at, ended)
     except Exception as exc:  # billing is beside the record, never in its way
-        record.billing_note = f"RunPod's billing did not answer ({type(exc).__name__}): {exc}"[:300]
+        record.billing_note = f"RunPod's billing did not answer ({error_text(exc)})"[:300]
         return
     if bill is None:
         record.billing_note = (

@@ -24,6 +24,7 @@ from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
 from pydantic import SecretStr
 
+from prefect_runpod.blocks import secret_mask
 from prefect_runpod.blocks.console.reconnect import (
     DEFAULT_RECONNECT_BUDGET_SECONDS,
     ReconnectPolicy,
@@ -322,6 +323,7 @@ def finetune(
     guards = _Guards()
 
     install_quiet_engine()
+    secret_mask.install_log_filter()
     on_stage = stage_logger(logger, report)
 
     # The concurrency slot (one per live pod) is released only after terminate.
@@ -352,8 +354,11 @@ def finetune(
                 guards=guards,
             )
         except BaseException as exc:
-            report.error = report.error or f"{type(exc).__name__}: {str(exc).strip()[:400]}"
+            report.error = report.error or secret_mask.error_text(exc).strip()[:400]
             in_flight: BaseException | None = exc
+            masked = secret_mask.masked_error(exc)
+            if masked is not exc:  # Prefect copies the text into states, events, results
+                raise masked from None
             raise
         else:
             in_flight = None
@@ -373,7 +378,7 @@ def finetune(
             if unconfirmed is not None and (in_flight is None or isinstance(in_flight, Exception)):
                 raise unconfirmed from in_flight
     if deferred is not None:
-        report.error = f"{type(deferred).__name__}: {deferred}"
+        report.error = secret_mask.error_text(deferred)
         write_report(report)
         raise deferred
     return report.to_json_dict()

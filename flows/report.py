@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import PodEnd, end_command
+from prefect_runpod.blocks.secret_mask import redact, redact_data
 from prefect_runpod.tasks.models import (
     STAGES,
     CostReport,
@@ -115,11 +116,12 @@ class RunReport(BaseModel):
         return None
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (datetimes as ISO strings)."""
+        """The report as JSON-ready data (datetimes as ISO strings), every string redacted
+        (``blocks.secret_mask``): it becomes ``run-report.json`` and the flow's result."""
         data = self.model_dump(mode="json")
         data["passed"] = self.passed
         data["model_location"] = self.model_location
-        return data
+        return redact_data(data)
 
     def apply_cost_record(self, record: CostRecord) -> None:
         """Take the pod's end and the cost from the run's ``finetune-costs`` record (the
@@ -238,7 +240,7 @@ def render_summary(report: RunReport) -> str:
         f"flow run     {report.flow_run_url or report.flow_run_id + ' (no UI address known)'}"
     )
     lines.append(f"result       {'PASSED' if report.passed else 'FAILED'}")
-    return "\n".join(lines)
+    return redact("\n".join(lines))
 
 
 def flow_run_url(flow_run_id: str) -> str | None:

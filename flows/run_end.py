@@ -25,6 +25,7 @@ from prefect_runpod.blocks.provider import (
     TerminateResult,
     end_command,
 )
+from prefect_runpod.blocks.secret_mask import error_text, redact
 from prefect_runpod.blocks.validation import utc_timestamp
 from prefect_runpod.flows.cost_record import (
     CostRecord,
@@ -186,7 +187,8 @@ def end_run(
                     stage="terminate",
                 )
                 report.pod_end = PodEnd(
-                    pod_id=report.pod_id, detail=f"terminate not confirmed: {exc}"[:300]
+                    pod_id=report.pod_id,
+                    detail=f"terminate not confirmed: {redact(str(exc))}"[:300],
                 )
                 report.error = str(unconfirmed)
     elif report.pod_id is None:
@@ -205,7 +207,7 @@ def end_run(
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
+    lines = error_text(exc).split(": ", 1)[-1].strip().splitlines()
     return lines[0] if lines else type(exc).__name__
 
 

@@ -16,6 +16,7 @@ from prefect_runpod.blocks.exceptions import (
 )
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.provider import PodWatch
+from prefect_runpod.blocks.secret_mask import error_text, is_header_error, redact
 from prefect_runpod.flows.report import RunReport
 from prefect_runpod.tasks.models import StageState
 
@@ -92,7 +93,9 @@ def skip_stage(report: RunReport, name: str, reason: str) -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    if is_header_error(exc):
+        return error_text(exc)[:500]
+    text = redact(str(exc)).strip().splitlines()
     first = text[0] if text else ""
     if not first and type(exc).__name__ in ("TerminationSignal", "KeyboardInterrupt"):
         first = "stopped by a signal (SIGTERM or Ctrl-C); the pod is terminated next"

@@ -27,6 +27,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from prefect_runpod.blocks.exceptions import EvalParityError
+from prefect_runpod.blocks.secret_mask import redact
 from prefect_runpod.tasks.models import ParityRecordDiff, ParityReport
 from prefect_runpod.tasks.parity_render import (
     DEFAULT_OUTPUT_FORMAT,
@@ -382,7 +383,7 @@ def eval_parity(
         load_jsonl(train_jsonl), load_jsonl(eval_jsonl), output_format, tolerance, max_divergent
     )
     create_markdown_artifact(
-        markdown=render_parity_markdown(report),
+        markdown=redact(render_parity_markdown(report)),  # records quote the job's own text
         key="eval-parity",
         description=f"eval parity {report.verdict} on pod {pod_id or '-'}",
     )
