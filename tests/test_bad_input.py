@@ -27,8 +27,10 @@ from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.flows.cli import EXIT_USAGE, main
 from tests.emulators.runpod_api import RunPodEmulator
 from tests.fixtures.demo_bundle import copy_demo_bundle
+from tests.fixtures.leaks import sentinel_pieces, shaped_sentinels
 
 TOKEN = "hf_" + "Sentinel" * 4 + "x1"
+SHAPED = shaped_sentinels("rpa_")
 KEY_TEXT = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
 
 
@@ -143,6 +145,11 @@ CASES = [
     Case("runpod-without-api-key", rp(), "RunPod needs an API key", runpod=True, env={"RUNPOD_API_KEY": None}),
     Case("runpod-without-ssh-key", rp(), "no SSH key for RunPod", runpod=True, env={"RUNPOD_SSH_KEY_PATH": "{tmp}/no-key"}),
     Case("runpod-gpu-type-garbage", rp("--gpu-type", 'RTX" }) { id }'), "invalid GPU type id", runpod=True),
+    # --- issue 21: a key or token of the wrong shape, named, never shown ---
+    Case("runpod-key-with-a-space", rp(), "RUNPOD_API_KEY has a space inside it: remove it", runpod=True, env={"RUNPOD_API_KEY": SHAPED["space"]}),
+    Case("runpod-key-two-newlines", rp(), "RUNPOD_API_KEY ends with a newline: remove it", runpod=True, env={"RUNPOD_API_KEY": SHAPED["trailing_newline"] + "\n"}),
+    Case("hf-token-newline-inside", ft(), "HF_TOKEN has a newline inside it: remove it", env={"HF_TOKEN": SHAPED["inner_newline"]}),
+    Case("hf-token-env-with-a-tab", ft("--hf-token-env", "MY_HF_TOKEN"), "MY_HF_TOKEN has a tab inside it: remove it", env={"MY_HF_TOKEN": SHAPED["tab"]}),
     # --- publishing from the pod ---
     Case("download-none-without-publish", ft("--download", "none"), "--download none leaves the model only on the pod"),
     Case("publish-without-namespace", ft("--publish", "hf:tiny-classifier"), "must name the namespace and the repo"),
@@ -267,6 +274,8 @@ def _run_case(case: Case, tmp_path: Path, monkeypatch, capfd, emu: RunPodEmulato
     assert case.match in err, err
     assert "Traceback" not in out + err
     assert TOKEN not in out + err, "a token is never repeated"
+    for value in SHAPED.values():
+        assert not [p for p in sentinel_pieces(value) if p in out + err], "a key is never shown"
     assert {h.pod_id for h in LocalPodProvider().list("")} == pods_before, "a pod was created"
     if emu is not None:
         assert emu.requests[requests_before:] == [], "RunPod's API was called"

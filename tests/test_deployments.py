@@ -450,6 +450,52 @@ def test_hf_token_reaches_a_served_run_only_through_a_block(prefect_api, served,
     assert token not in hf_hub.hub.log_text()
 
 
+@pytest.mark.slow
+def test_secrets_of_the_wrong_shape_stop_a_served_run_and_are_stored_nowhere(
+    prefect_api, served, tmp_path
+):
+    """Issue 21 through a served deployment: a saved ``RunPodCredentials`` key with a
+    newline inside and a ``HuggingFaceCredentials`` token with a tab. The run fails its
+    preflight naming the block and the problem; neither value (nor any piece of it) is
+    in the server's database and WAL, the runner's Prefect home (result storage), the
+    run's output directory or the runner's log."""
+    from prefect.deployments import run_deployment
+
+    from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
+    from prefect_runpod.blocks.runpod.blocks import RunPodCredentials
+    from tests.fixtures.leaks import assert_found_nowhere, shaped_sentinels
+
+    _wait_deployment("runpod-finetune/on-demand", served)
+    key = shaped_sentinels("rpa_")["inner_newline"]
+    token = shaped_sentinels("hf_")["tab"]
+    RunPodCredentials(api_key=key).save("dep-shape-creds", overwrite=True)
+    HuggingFaceCredentials(token=token).save("dep-shape-hf", overwrite=True)
+    out = tmp_path / "out"
+    run = run_deployment(
+        "runpod-finetune/on-demand",
+        parameters={
+            "provider": "runpod",
+            "runpod_credentials_block": "dep-shape-creds",
+            "hf_credentials_block": "dep-shape-hf",
+            "output_dir": str(out),
+        },
+        timeout=0,
+    )
+    done = _wait_run(run.id, served, timeout_seconds=240)
+    assert done.state.type.value == "FAILED", (done.state, _runner_log(served))
+    assert "the api_key of the RunPodCredentials block 'dep-shape-creds' has a newline" in (
+        done.state.message or ""
+    )
+    report = json.loads((out / "run-report.json").read_text())
+    assert report["pod_id"] is None
+    db = prefect_api.home / "prefect.db"
+    assert_found_nowhere(
+        [key, token],
+        roots=[db, db.with_name("prefect.db-wal"), served["home"], out, served["log"]],
+        texts={"state message": done.state.message or ""},
+    )
+
+
 def test_deployments_take_the_publish_parameters():
     """``publish``, ``publish_public`` and ``download`` are flow parameters, in the schema
     every fine-tune deployment (and ``run_deployment``) validates against (issue 17)."""
