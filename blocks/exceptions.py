@@ -10,7 +10,9 @@ The hierarchy, so a caller can pick what to catch::
     │   ├── ProviderAuthError           the API key was refused (HTTP 401); never retried
     │   ├── ProviderTransientError      5xx / "Something went wrong" / network; retried with backoff
     │   ├── PodGoneError                the pod is gone under the run (terminated outside, exited, host lost)
-    │   └── TerminateError              terminate could not be confirmed: the pod may still bill
+    │   ├── TerminateError              terminate could not be confirmed: the pod may still bill
+    │   ├── RunPodAPIError              RunPod's REST v2 answered an RFC 9457 problem object
+    │   └── AccountKeysError            a write that would drop an account SSH key, refused unsent
     ├── PodTimeoutError                 a bounded wait on a pod ran out
     ├── ConsoleError                    the PTY console failed
     │   ├── ConsoleConnectError         could not open the SSH session / PTY (``retryable`` or not)
@@ -43,6 +45,7 @@ library only), so both can.
 from __future__ import annotations
 
 __all__ = [
+    "AccountKeysError",
     "BudgetExceededError",
     "CapacityError",
     "ChecksumMismatchError",
@@ -60,6 +63,7 @@ __all__ = [
     "ProviderError",
     "ProviderTransientError",
     "PublishError",
+    "RunPodAPIError",
     "RunPodFlowError",
     "SecretShapeError",
     "SpecError",
@@ -144,6 +148,53 @@ class PodGoneError(ProviderError):
 class TerminateError(ProviderError):
     """Raised when terminate could not be confirmed. The pod may still be billing:
     the message gives the command to terminate it by hand."""
+
+
+class RunPodAPIError(ProviderError):
+    """Raised when RunPod's REST v2 API answers an error status with an RFC 9457 problem
+    object (``application/problem+json``: ``title``, ``status``, ``detail``,
+    ``errors[]``). ``runpod.errors.classify_exception`` maps it to what happens next; the
+    message holds RunPod's own words, never the API key.
+
+    Attributes:
+        status: the HTTP status (400, 401, 404, 410, 422, 429, 5xx …).
+        title: the problem's ``title`` (``Bad Request``).
+        detail: the problem's ``detail`` (``There are no longer any instances …``).
+        errors: the problem's ``errors`` (one line per request-validation failure).
+        operation: what was asked (``POST /v2/pods``).
+        retry_after_seconds: how long RunPod asked to wait (429), when it said.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        title: str = "",
+        detail: str = "",
+        errors: list[str] | None = None,
+        operation: str = "",
+        retry_after_seconds: float | None = None,
+        **kw: object,
+    ):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.errors = list(errors or [])
+        self.operation = operation
+        self.retry_after_seconds = retry_after_seconds
+
+
+class AccountKeysError(ProviderError):
+    """Raised before a write to the RunPod account's SSH keys is sent when the new list
+    is empty or misses a key the account held when it was read: ``PUT
+    /v2/account/ssh-keys`` replaces the whole list, so such a write would lock someone
+    out. ``missing`` holds the fingerprints (``SHA256:…``) the write would have dropped."""
+
+    def __init__(self, message: str, *, missing: list[str] | None = None, **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.missing = list(missing or [])
 
 
 class PodTimeoutError(RunPodFlowError):

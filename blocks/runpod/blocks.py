@@ -9,6 +9,7 @@ must fail here, with ``SpecError``, before any request is sent.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import TYPE_CHECKING, Literal
 
 from prefect.blocks.core import Block
@@ -20,7 +21,6 @@ from prefect_runpod.blocks.validation import (
     SECRET_ENV_NAME,
     check_name_prefix,
     check_pod_id,
-    check_url,
     constrained,
     find_token_shape,
 )
@@ -28,6 +28,7 @@ from prefect_runpod.blocks.validation import (
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from prefect_runpod.blocks.runpod.api import RunPodApi
     from prefect_runpod.blocks.runpod.billing import RunPodBill
     from prefect_runpod.blocks.runpod.client import RunPodClient
     from prefect_runpod.blocks.runpod.provider import RunPodProvider
@@ -150,9 +151,10 @@ def merge_cuda_versions(spec_versions: list[str], plan_versions: list[str]) -> l
 
 
 class RunPodCredentials(Block):
-    """A RunPod API key. It is unwrapped only at the SDK call and never logged. A key
-    with whitespace or a control character in it is refused where a run reads it,
-    naming the block, never the key (docs/secrets.md)."""
+    """A RunPod API key, where RunPod is, and which API to speak. The key is unwrapped
+    only at the call and never logged. A key with whitespace or a control character in
+    it is refused where a run reads it, naming the block, never the key
+    (docs/secrets.md)."""
 
     _block_type_name = "RunPod Credentials"
     _block_type_slug = "runpod-credentials"
@@ -168,17 +170,50 @@ client = credentials.get_client()
         description="RunPod API key (console → Settings → API Keys); sent only as the "
         "Authorization header.",
     )
+    api_base_url: str | None = Field(
+        default=None,
+        title="API base URL",
+        description="Where RunPod is, without a path (REST v2 at <base>/v2, GraphQL at "
+        "<base>/graphql); empty means $RUNPOD_API_BASE_URL or https://api.runpod.io.",
+    )
+    api: Literal["v2", "graphql"] | None = Field(
+        default=None,
+        title="API",
+        description="Which RunPod API pod calls use: v2 (REST) or graphql (the runpod SDK, "
+        "until RunPod retires it); empty means the package default.",
+    )
     rest_base_url: str | None = Field(
         default=None,
-        title="REST base URL",
-        description="RunPod's REST v1 base URL for billing records; empty means "
-        "$RUNPOD_REST_BASE_URL or https://rest.runpod.io/v1.",
+        title="REST base URL (obsolete)",
+        description="Obsolete and ignored: REST v1 was retired on 2026-11-15; kept so "
+        "blocks saved before still load. Use api_base_url.",
     )
+
+    @field_validator("api_base_url")
+    @classmethod
+    def _check_api_base_url(cls, value: str | None) -> str | None:
+        from prefect_runpod.blocks.runpod.rest import resolve_base_url
+
+        return None if value is None else resolve_base_url(value)
 
     @field_validator("rest_base_url")
     @classmethod
-    def _check_rest_base_url(cls, value: str | None) -> str | None:
-        return None if value is None else check_url(value, "rest_base_url")
+    def _obsolete_rest_base_url(cls, value: str | None) -> str | None:
+        if value:
+            warnings.warn(
+                "RunPodCredentials.rest_base_url is obsolete and ignored: RunPod retired "
+                "REST v1 on 2026-11-15; set api_base_url (a base URL without a path)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        return value
+
+    @property
+    def api_name(self) -> Literal["v2", "graphql"]:
+        """The API pod calls use: ``api``, else ``runpod.api.DEFAULT_API``."""
+        from prefect_runpod.blocks.runpod.api import DEFAULT_API
+
+        return self.api or DEFAULT_API
 
     def get_client(self) -> RunPodClient:
         """A ``RunPodClient`` bound to this key (the ``runpod`` SDK underneath)."""
@@ -186,19 +221,36 @@ client = credentials.get_client()
 
         return RunPodClient(self.api_key)
 
+    def get_api(self) -> RunPodApi:
+        """The RunPod client for pod calls: ``RestApi`` (v2) or ``GraphQLApi`` (the
+        SDK), per ``api_name``; both fill in ``runpod.api.RunPodApi``.
+
+        Raises:
+            SpecError: ``api_base_url`` (or ``$RUNPOD_API_BASE_URL``) is not a base URL.
+        """
+        from prefect_runpod.blocks.runpod.graphql_api import GraphQLApi
+        from prefect_runpod.blocks.runpod.rest import RestApi
+
+        rest = RestApi(self.api_key, base_url=self.api_base_url)
+        if self.api_name == "v2":
+            return rest
+        return GraphQLApi(self.get_client(), rest)
+
     def fetch_pod_bill(
         self, pod_id: str, created_at: datetime, ended_at: datetime
     ) -> RunPodBill | None:
-        """RunPod's own bill for ``pod_id`` over its life, from the REST billing API
-        (``runpod.billing.fetch_pod_bill``); None while RunPod has no record yet.
+        """RunPod's own bill for ``pod_id`` over its life, from REST v2's billing API
+        (``runpod.billing.fetch_pod_bill``; whichever ``api`` pod calls use, billing is
+        v2's); None while RunPod has no record yet.
 
         Raises:
-            ProviderAuthError / ProviderTransientError: as ``fetch_pod_bill``.
+            ProviderAuthError / ProviderTransientError / ProviderError: as
+                ``fetch_pod_bill``.
         """
         from prefect_runpod.blocks.runpod.billing import fetch_pod_bill
 
         return fetch_pod_bill(
-            self.api_key, pod_id, created_at, ended_at, rest_base_url=self.rest_base_url
+            self.api_key, pod_id, created_at, ended_at, base_url=self.api_base_url
         )
 
 

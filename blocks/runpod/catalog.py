@@ -1,17 +1,13 @@
-"""What a GPU type costs and whether RunPod has it now, for ``prefect-runpod plan``.
+"""What a GPU type costs and whether RunPod has it now: REST v2's catalog.
 
-Two sources, each for what it is good at:
-
-- **the price** comes from the SDK's GPU query (GraphQL ``gpuTypes(input:{id})``:
-  ``securePrice``, ``communityPrice``, ``lowestPrice { uninterruptablePrice }``), the same
-  number the provider compares with ``max_usd_per_hour`` before renting
-  (``RunPodProvider.gpu_prices``); never a spot or bid price (RunPod is removing them);
-- **availability** comes from REST v2's catalog, ``GET {api}/v2/catalog/gpus?include=
-  AVAILABILITY&product=POD`` (``api`` = ``$RUNPOD_API_BASE_URL``, default
-  ``https://api.runpod.io``), which answers per GPU ``price.secure``/``price.community``
-  (USD per GPU-hour), ``maxCount`` and ``availability`` (``NONE``, ``LOW``, ``MEDIUM``,
-  ``HIGH``) overall and per data center. REST v2 is a beta: the parser reads those
-  fields wherever a GPU list is found and leaves what is missing as unknown.
+``GET {base}/v2/catalog/gpus?include=AVAILABILITY&product=POD`` answers
+``{"gpus": [GpuType]}`` (RunPod's v2 OpenAPI schema): per GPU type its ``id`` (the exact
+id a create needs), ``name``, ``memory`` (GB), ``price.secure`` / ``price.community``
+(USD per GPU-hour), ``maxCount.secure`` / ``maxCount.community``, and with
+availability asked for, ``availability`` (``NONE`` … ``HIGH``), ``dataCenters[]`` and
+``cudaVersions[]`` (``{version, available}``). ``parse_catalog`` reads it tolerantly
+(what is missing stays unknown); the GraphQL fallback fills the same ``GpuAvailability``
+from the SDK's ``gpuTypes`` prices.
 
 Availability is a hint, not a promise: RunPod can still answer "no longer any instances
 available" at create (the provider then fails over to the next GPU type).
@@ -23,15 +19,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr
 
-from prefect_runpod.blocks.exceptions import ProviderAuthError, ProviderTransientError
-from prefect_runpod.blocks.runpod.client import REFUSED_KEY_HEADER
-from prefect_runpod.blocks.secret_mask import error_text, register
-
 __all__ = ["GpuAvailability", "fetch_gpu_availability", "parse_catalog"]
 
-Availability = Literal["NONE", "LOW", "MEDIUM", "HIGH", "UNKNOWN"]
+CloudType = Literal["SECURE", "COMMUNITY", "ALL"]
 
-_TIMEOUT_SECONDS = 15.0
+Availability = Literal["NONE", "LOW", "MEDIUM", "HIGH", "UNKNOWN"]
 
 
 class GpuAvailability(BaseModel):
@@ -39,18 +31,46 @@ class GpuAvailability(BaseModel):
 
     Attributes:
         gpu_type_id: RunPod's GPU type id (``NVIDIA GeForce RTX 3090``).
+        name: its short name (``RTX 3090``), when said.
+        memory_gb: its memory (GB), when said.
         availability: ``NONE`` … ``HIGH`` overall, ``UNKNOWN`` when not said.
         secure_usd_per_hr / community_usd_per_hr: the catalog's prices per GPU-hour.
-        max_count: the most GPUs of this type one pod can have, when said.
+        lowest_usd_per_hr: the lowest price per GPU-hour over both clouds (GraphQL's
+            ``lowestPrice.uninterruptablePrice``, else the lower of the two).
+        max_count: the most GPUs of this type one pod can have (the larger cloud's).
+        max_count_secure / max_count_community: the same per cloud, when said.
         data_centers: data center id → its availability.
+        cuda_versions: CUDA version → whether a machine on it is free now.
     """
 
     gpu_type_id: str
+    name: str | None = None
+    memory_gb: int | None = None
     availability: Availability = "UNKNOWN"
     secure_usd_per_hr: float | None = None
     community_usd_per_hr: float | None = None
+    lowest_usd_per_hr: float | None = None
     max_count: int | None = None
+    max_count_secure: int | None = None
+    max_count_community: int | None = None
     data_centers: dict[str, Availability] = Field(default_factory=dict)
+    cuda_versions: dict[str, bool] = Field(default_factory=dict)
+
+    def usd_per_hr(self, cloud: CloudType, gpu_count: int) -> float | None:
+        """The price of ``gpu_count`` GPUs of this type in ``cloud`` (USD/h), None when
+        the catalog gives none: SECURE's, COMMUNITY's, or for ALL the lowest."""
+        if cloud == "SECURE":
+            price = self.secure_usd_per_hr
+        elif cloud == "COMMUNITY":
+            price = self.community_usd_per_hr
+        else:
+            known = [
+                p for p in (self.secure_usd_per_hr, self.community_usd_per_hr) if p is not None
+            ]
+            price = self.lowest_usd_per_hr
+            if price is None and known:
+                price = min(known)
+        return None if price is None else round(price * gpu_count, 6)
 
 
 def _level(value: Any) -> Availability:
@@ -63,6 +83,10 @@ def _price(value: Any) -> float | None:
         return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def parse_catalog(data: Any) -> dict[str, GpuAvailability]:
@@ -82,67 +106,60 @@ def parse_catalog(data: Any) -> dict[str, GpuAvailability]:
         centers = item.get("dataCenters") or (
             avail.get("dataCenters") if isinstance(avail, dict) else None
         )
-        max_count = item.get("maxCount")
+        found_max = item.get("maxCount")
+        per_cloud: dict[str, Any] = found_max if isinstance(found_max, dict) else {}
+        secure_max = _count(per_cloud.get("secure")) if per_cloud else _count(found_max)
+        community_max = _count(per_cloud.get("community")) if per_cloud else _count(found_max)
+        counts = [c for c in (secure_max, community_max) if c is not None]
+        memory = item.get("memory", item.get("memoryInGb"))
         out[str(item["id"])] = GpuAvailability(
             gpu_type_id=str(item["id"]),
+            name=item.get("name") if isinstance(item.get("name"), str) else None,
+            memory_gb=_count(memory),
             availability=_level(overall),
             secure_usd_per_hr=_price(price.get("secure")),
             community_usd_per_hr=_price(price.get("community")),
-            max_count=int(max_count) if isinstance(max_count, int | float) else None,
+            max_count=max(counts) if counts else None,
+            max_count_secure=secure_max,
+            max_count_community=community_max,
             data_centers={
                 str(dc.get("id")): _level(dc.get("availability"))
                 for dc in centers or []
                 if isinstance(dc, dict) and dc.get("id")
+            },
+            cuda_versions={
+                str(c["version"]): bool(c.get("available"))
+                for c in item.get("cudaVersions") or []
+                if isinstance(c, dict) and c.get("version")
             },
         )
     return out
 
 
 def fetch_gpu_availability(
-    api_key: SecretStr, *, timeout_seconds: float = _TIMEOUT_SECONDS
+    api_key: SecretStr, *, base_url: str | None = None
 ) -> dict[str, GpuAvailability]:
-    """REST v2's GPU catalogue with availability (see the module docstring).
+    """REST v2's GPU catalog with availability for pods (``RestApi.gpu_catalog``).
 
     Args:
-        api_key: the account's key (unwrapped here, at the call).
-        timeout_seconds: the request's deadline, s.
+        api_key: the account's key (unwrapped at the call).
+        base_url: RunPod's base URL (``rest.resolve_base_url``).
 
     Returns:
         GPU type id → ``GpuAvailability``.
 
     Raises:
         ProviderAuthError: the key was refused (HTTP 401/403).
-        ProviderTransientError: no answer, another status, or a body that is not JSON.
-        SecretShapeError: ``requests`` refused the header made from the key.
+        ProviderTransientError: no answer, a 5xx, or still rate-limited.
+        ProviderError: any other refusal, in RunPod's words.
     """
-    import requests
+    from prefect_runpod.blocks.runpod.errors import classify_exception, to_provider_error
+    from prefect_runpod.blocks.runpod.rest import RestApi
 
-    from prefect_runpod.blocks.runpod.billing import rest_endpoints
-
-    _, v2 = rest_endpoints()
-    register(api_key)
+    api = RestApi(api_key, base_url=base_url)
     try:
-        with REFUSED_KEY_HEADER:
-            answer = requests.get(
-                f"{v2}/catalog/gpus",
-                params={"include": "AVAILABILITY", "product": "POD"},
-                headers={"Authorization": f"Bearer {api_key.get_secret_value()}"},
-                timeout=timeout_seconds,
-            )
-    except requests.RequestException as exc:
-        raise ProviderTransientError(
-            f"RunPod's GPU catalog did not answer ({error_text(exc)})"
-        ) from None
-    if answer.status_code in (401, 403):
-        raise ProviderAuthError(
-            f"RunPod's GPU catalog refused the API key (HTTP {answer.status_code}); check "
-            "the RunPodCredentials block's api_key"
-        )
-    if answer.status_code != 200:
-        raise ProviderTransientError(f"RunPod's GPU catalog answered HTTP {answer.status_code}")
-    try:
-        return parse_catalog(answer.json())
-    except ValueError:
-        raise ProviderTransientError(
-            "RunPod's GPU catalog answered a body that is not JSON"
-        ) from None
+        return api.gpu_catalog()
+    except Exception as exc:
+        raise to_provider_error(classify_exception(exc), what="RunPod's GPU catalog") from exc
+    finally:
+        api.close()

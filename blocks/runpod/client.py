@@ -20,9 +20,10 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from prefect_runpod.blocks.secret_mask import refused_headers, register
+from prefect_runpod.blocks.runpod.errors import REFUSED_KEY_HEADER
+from prefect_runpod.blocks.secret_mask import register
 
-__all__ = ["REFUSED_KEY_HEADER", "RunPodClient", "graphql_escape"]
+__all__ = ["RunPodClient", "graphql_escape"]
 
 
 def graphql_escape(value: str) -> str:
@@ -33,13 +34,6 @@ def graphql_escape(value: str) -> str:
     SDK's ``"{value}"`` templates.
     """
     return json.dumps(value, ensure_ascii=False)[1:-1]
-
-
-REFUSED_KEY_HEADER = refused_headers(
-    "RunPod's API", "the RunPod API key (RUNPOD_API_KEY or the RunPodCredentials block's api_key)"
-)
-"""Wraps every call that sends the API key (the SDK's, the REST billing and catalog
-ones): a header ``requests`` refuses becomes ``SecretShapeError``, without the header."""
 
 
 class RunPodClient:

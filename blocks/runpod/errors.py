@@ -1,6 +1,33 @@
-"""Classify RunPod's error answers into what the provider does next.
+"""Classify RunPod's error answers into what the provider does next: the one error map,
+for both APIs.
 
-RunPod's GraphQL API answers most failures with HTTP 200 and an ``errors`` array; the
+**REST v2** answers errors as RFC 9457 problem objects (``application/problem+json``:
+``title``, ``status``, ``detail``, ``errors[]``; ``rest.RestApi`` raises them as
+``RunPodAPIError``), classified by status first and ``detail`` second
+(``classify_problem``):
+
+=================================================================  ===============
+answer                                                              action
+=================================================================  ===============
+401 / 403 (the key)                                                 STOP
+402 (no balance)                                                    STOP
+404 (the pod is not there)                                          GONE
+409 (the pod's state forbids it)                                    STOP
+410 Gone (a retired API: the message names it and the setting)      STOP
+400 ``There are no longer any instances available…``               NEXT_OPTION
+any other 400 / 422 (our request: ``detail`` and ``errors[]`` kept)  STOP
+429 (still limited after the waits ``RestApi`` made)               RETRY
+5xx, and the network before the request went out                   RETRY
+the network after it went out (timeout/dropped answer)             RESOLVE
+=================================================================  ===============
+
+RESOLVE means "it may have been carried out": a create is then resolved by reading
+(get by id, list by name), never by creating again; any other call is simply retried.
+A 400 is capacity only by its text, which is safe because the GPU ids are confirmed in
+the catalog first and ``gpu.count`` is always sent (RunPod answers a missing count or an
+inexact id with the same text: runpod-mcp PR #77, runpodctl PR #260).
+
+**GraphQL** (the ``runpod`` SDK's fallback): RunPod's GraphQL API answers most failures with HTTP 200 and an ``errors`` array; the
 ``runpod`` SDK (1.12) turns that into ``runpod.error.QueryError(errors[0].message)``,
 an HTTP 401 into ``AuthenticationError``, a non-JSON body (a proxy's 5xx page) into
 ``requests``' ``JSONDecodeError``, a body with neither ``errors`` nor ``data`` into a
@@ -44,17 +71,20 @@ from enum import StrEnum
 from urllib.parse import urlsplit
 
 from prefect_runpod.blocks.exceptions import (
+    AccountKeysError,
     CapacityError,
     ProviderAuthError,
     ProviderError,
     ProviderTransientError,
     SecretShapeError,
+    RunPodAPIError,
     SpecError,
 )
-from prefect_runpod.blocks.secret_mask import is_header_error
+from prefect_runpod.blocks.secret_mask import is_header_error, refused_headers
 
 __all__ = [
     "CAPACITY_MESSAGE",
+    "REFUSED_KEY_HEADER",
     "HOST_GPUS_BUSY_MESSAGE",
     "NOT_FOUND_TO_TERMINATE_MESSAGE",
     "SOMETHING_WENT_WRONG_MESSAGE",
@@ -65,9 +95,17 @@ __all__ = [
     "RunPodErrorClass",
     "classify_exception",
     "classify_message",
+    "classify_problem",
     "to_provider_error",
     "undefined_input_field",
 ]
+
+REFUSED_KEY_HEADER = refused_headers(
+    "RunPod's API", "the RunPod API key (RUNPOD_API_KEY or the RunPodCredentials block's api_key)"
+)
+"""Wraps every call that sends the API key (the SDK's GraphQL calls and every REST v2
+request): a header the HTTP library refuses becomes ``SecretShapeError``, without the
+header."""
 
 CAPACITY_MESSAGE = (
     "There are no longer any instances available with the requested specifications. "
@@ -125,6 +163,9 @@ class FailoverAction(StrEnum):
     """Give up at once: retrying cannot help (bad key, bad input, unknown answer)."""
     GONE = "gone"
     """The pod does not exist: for terminate, that is success."""
+    RESOLVE = "resolve"
+    """The request may have been carried out (its answer was lost): read before doing
+    anything else; a create is never sent again."""
 
 
 class ErrorKind(StrEnum):
@@ -138,6 +179,11 @@ class ErrorKind(StrEnum):
     INVALID_REQUEST = "invalid_request"
     NOT_FOUND = "not_found"
     BAD_SECRET = "bad_secret"
+    STATE_CONFLICT = "state_conflict"
+    RETIRED = "retired"
+    NO_BALANCE = "no_balance"
+    RATE_LIMITED = "rate_limited"
+    ANSWER_LOST = "answer_lost"
     UNKNOWN = "unknown"
 
 
@@ -150,8 +196,19 @@ _ACTIONS: dict[ErrorKind, FailoverAction] = {
     ErrorKind.INVALID_REQUEST: FailoverAction.STOP,
     ErrorKind.NOT_FOUND: FailoverAction.GONE,
     ErrorKind.BAD_SECRET: FailoverAction.STOP,
+    ErrorKind.STATE_CONFLICT: FailoverAction.STOP,
+    ErrorKind.RETIRED: FailoverAction.STOP,
+    ErrorKind.NO_BALANCE: FailoverAction.STOP,
+    ErrorKind.RATE_LIMITED: FailoverAction.RETRY,
+    ErrorKind.ANSWER_LOST: FailoverAction.RESOLVE,
     ErrorKind.UNKNOWN: FailoverAction.STOP,
 }
+
+RETIRED_APIS = {
+    "/v1": "REST v1 (retired by RunPod on 2026-11-15)",
+    "/graphql": "RunPod's GraphQL API (retired by RunPod)",
+}
+"""Which API a 410 Gone names, by the path asked."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +263,74 @@ def classify_message(
     return RunPodErrorClass(kind=kind, action=_ACTIONS[kind], message=message)
 
 
+def classify_problem(
+    status: int, detail: str = "", errors: list[str] | None = None, *, operation: str = ""
+) -> RunPodErrorClass:
+    """Classify one REST v2 problem object by its status, then its ``detail`` (see the
+    module docstring's table).
+
+    Args:
+        status: the HTTP status.
+        detail: the problem's ``detail``.
+        errors: the problem's ``errors[]``, kept in the message for a 400/422.
+        operation: what was asked (``POST /v2/pods``), for a 410's message.
+
+    Returns:
+        A ``RunPodErrorClass`` whose message holds RunPod's own words.
+    """
+    text = detail or ""
+    lowered = text.lower()
+    message = text + (f" ({'; '.join(errors)})" if errors else "")
+    message = f"HTTP {status}: {message}" if message else f"HTTP {status}"
+    if status in (401, 403):
+        kind = ErrorKind.AUTH
+    elif status == 402:
+        kind = ErrorKind.NO_BALANCE
+    elif status == 404:
+        kind = ErrorKind.NOT_FOUND
+    elif status == 409:
+        kind = ErrorKind.STATE_CONFLICT
+    elif status == 410:
+        path = operation.split(" ", 1)[-1]
+        name = next((v for k, v in RETIRED_APIS.items() if path.startswith(k)), "this API")
+        kind = ErrorKind.RETIRED
+        message = (
+            f"{message}: {name} is gone; set api='v2' on the RunPodCredentials block (or "
+            "RUNPOD_API_BASE_URL to RunPod's base URL without a path)"
+        )
+    elif status == 429:
+        kind = ErrorKind.RATE_LIMITED
+    elif status >= 500:
+        kind = ErrorKind.TRANSIENT
+    elif status == 400 and any(m in lowered for m in _CAPACITY_MARKERS):
+        kind = ErrorKind.CAPACITY
+    elif status == 400 and any(m in lowered for m in _HOST_BUSY_MARKERS):
+        kind = ErrorKind.HOST_GPUS_BUSY
+    elif status in (400, 422):
+        kind = ErrorKind.INVALID_REQUEST
+    else:
+        kind = ErrorKind.UNKNOWN
+    return RunPodErrorClass(kind=kind, action=_ACTIONS[kind], message=message)
+
+
+def _classify_httpx(exc: BaseException) -> RunPodErrorClass | None:
+    """httpx's network errors: before the request went out → RETRY; after → RESOLVE."""
+    import httpx
+
+    name = type(exc).__name__
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return RunPodErrorClass(
+            ErrorKind.TRANSIENT, FailoverAction.RETRY, f"{name}: cannot reach RunPod ({exc})"
+        )
+    if isinstance(exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError):
+        return RunPodErrorClass(
+            ErrorKind.ANSWER_LOST,
+            FailoverAction.RESOLVE,
+            f"{name}: RunPod's answer was lost ({exc or 'no answer'})",
+        )
+    return None
+
+
 def undefined_input_field(message: str) -> tuple[str, str] | None:
     """``(field, input type)`` when RunPod answered that a field is not defined on an
     input type (``Field "terminateAfter" is not defined by type
@@ -247,6 +372,17 @@ def classify_exception(exc: BaseException) -> RunPodErrorClass:
             "key: it holds whitespace or a control character; fix RUNPOD_API_KEY or the "
             "RunPodCredentials block's api_key (the value is not shown). Nothing was sent.",
         )
+    if isinstance(exc, RunPodAPIError):
+        return classify_problem(exc.status, exc.detail, exc.errors, operation=exc.operation)
+    lost = _classify_httpx(exc)
+    if lost is not None:
+        return lost
+    if isinstance(exc, AccountKeysError):
+        return RunPodErrorClass(ErrorKind.INVALID_REQUEST, FailoverAction.STOP, str(exc))
+    if isinstance(exc, requests.exceptions.ReadTimeout | requests.exceptions.ChunkedEncodingError):
+        return RunPodErrorClass(
+            ErrorKind.ANSWER_LOST, FailoverAction.RESOLVE, f"{name}: RunPod's answer was lost"
+        )
     if isinstance(exc, AuthenticationError):
         return classify_message(str(exc) or UNAUTHORIZED_MESSAGE, http_status=401)
     if isinstance(exc, QueryError):
@@ -273,7 +409,8 @@ def classify_exception(exc: BaseException) -> RunPodErrorClass:
         return RunPodErrorClass(
             ErrorKind.UNKNOWN,
             FailoverAction.STOP,
-            f"RunPod's answer held neither data nor errors (missing {exc})",
+            f"RunPod's answer held neither data nor errors (missing {exc}); a retired "
+            "GraphQL API answers so: then set api='v2' on the RunPodCredentials block",
         )
     return classify_message(str(exc))
 
@@ -303,9 +440,10 @@ def to_provider_error(
     if kind is ErrorKind.BAD_SECRET:
         return SecretShapeError(f"{what}: {msg}", pod_id=pod_id)
     if kind is ErrorKind.AUTH:
+        said = msg if msg.startswith("HTTP ") else f"HTTP 401: {msg}"
         return ProviderAuthError(
-            f"{what}: RunPod refused the API key (HTTP 401: {msg}). Nothing was created; "
-            "check the RunPodCredentials block's api_key (RunPod console → Settings → API Keys).",
+            f"{what}: RunPod refused the API key ({said}). Nothing was created; check the "
+            "RunPodCredentials block's api_key (RunPod console → Settings → API Keys).",
             pod_id=pod_id,
         )
     if kind is ErrorKind.CAPACITY:
@@ -315,7 +453,13 @@ def to_provider_error(
             pod_id=pod_id,
             attempts=attempts,
         )
-    if kind is ErrorKind.TRANSIENT:
+    if kind is ErrorKind.NO_BALANCE:
+        return ProviderError(
+            f"{what}: RunPod refused for lack of balance ({msg}); add credit in the RunPod "
+            "console → Billing. Nothing was created.",
+            pod_id=pod_id,
+        )
+    if kind in (ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED, ErrorKind.ANSWER_LOST):
         return ProviderTransientError(
             f"{what}: RunPod had trouble ({msg}); retried with backoff and still failing. "
             "Check https://uptime.runpod.io and try again.",

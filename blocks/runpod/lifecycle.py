@@ -3,8 +3,10 @@ key-exchange probe, and a terminate that returns only once RunPod confirms the p
 
 Terminate mirrors the lesson from dstack's RunPod backend, which marks an instance
 terminated after 15 minutes of failed attempts anyway (a known orphan path): here a
-pod is gone only when RunPod reads it back as ``pod: null``/TERMINATED or answers
-``pod not found``; a timeout raises ``TerminateError`` with the manual next step.
+pod is gone only when RunPod reads it back as gone (REST v2: 404 or TERMINATED; GraphQL:
+``pod: null``/TERMINATED) or answers that it is not there; a timeout raises
+``TerminateError`` with the manual next step. Everything here reads ``PodRecord``s
+through ``RunPodApi``, whichever API answers.
 """
 
 from __future__ import annotations
@@ -14,14 +16,13 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import paramiko
 
 from prefect_runpod.blocks.exceptions import TerminateError
 from prefect_runpod.blocks.pod_handle import SSHEndpoint
 from prefect_runpod.blocks.provider import PodCause, PodStatus, TerminateResult, end_command
-from prefect_runpod.blocks.runpod.client import RunPodClient
+from prefect_runpod.blocks.runpod.api import PodRecord, RunPodApi
 from prefect_runpod.blocks.runpod.errors import ErrorKind, FailoverAction, classify_exception
 
 __all__ = [
@@ -36,20 +37,21 @@ __all__ = [
 logger = logging.getLogger("prefect_runpod.runpod")
 
 GONE_STATUSES = frozenset({"TERMINATED"})
-"""``desiredStatus`` values of a pod that is gone: terminate counts one as confirmed,
-and the provider's ``find`` and ``list`` leave it out."""
+"""Statuses of a pod that is gone: terminate counts one as confirmed, and the
+provider's ``find`` and ``list`` leave it out."""
 
 
-LOST_STATUSES = frozenset({"ERROR", "DEAD"})
-"""``desiredStatus`` values of a pod whose host failed it (REST v2 says ``ERROR``)."""
+LOST_STATUSES = frozenset({"ERROR"})
+"""Statuses of a pod whose host failed it (GraphQL's ``DEAD`` reads as ``ERROR``)."""
 
 
-def status_from_pod(pod_id: str, pod: dict[str, Any] | None) -> PodStatus:
-    """Map one ``pod(input:{podId})`` answer to a ``PodStatus``.
+def status_from_pod(pod_id: str, pod: PodRecord | None) -> PodStatus:
+    """Map one read of a pod to a ``PodStatus``.
 
-    ``pod: null`` (RunPod forgets terminated pods) or TERMINATED → ``terminated_outside``;
-    EXITED → ``exited``; ERROR/DEAD → ``host_lost``; RUNNING with a ``runtime`` →
-    ``alive``; anything else (``runtime: null``, CREATED, RESTARTING) → ``starting``.
+    None (RunPod forgets terminated pods: 404, ``pod: null``) or TERMINATED →
+    ``terminated_outside``; EXITED → ``exited``; ERROR → ``host_lost``; RUNNING with a
+    runtime → ``alive``; anything else (PROVISIONING, STARTING, runtime null) →
+    ``starting``.
     """
     if pod is None:
         return PodStatus(
@@ -57,37 +59,26 @@ def status_from_pod(pod_id: str, pod: dict[str, Any] | None) -> PodStatus:
             cause=PodCause.TERMINATED_OUTSIDE,
             provider_status="RunPod no longer knows it",
         )
-    status = str(pod.get("desiredStatus") or "?")
-    runtime = "up" if pod.get("runtime") else "null"
-    said = f"RunPod: desiredStatus={status} runtime={runtime}"
-    if status in GONE_STATUSES:
+    if pod.status in GONE_STATUSES:
         cause = PodCause.TERMINATED_OUTSIDE
-    elif status == "EXITED":
+    elif pod.status == "EXITED":
         cause = PodCause.EXITED
-    elif status in LOST_STATUSES:
+    elif pod.status in LOST_STATUSES:
         cause = PodCause.HOST_LOST
-    elif status == "RUNNING" and pod.get("runtime"):
+    elif pod.status == "RUNNING" and pod.runtime_up:
         cause = PodCause.ALIVE
     else:
         cause = PodCause.STARTING
-    return PodStatus(pod_id=pod_id, cause=cause, provider_status=said)
+    return PodStatus(pod_id=pod_id, cause=cause, provider_status=f"RunPod: {pod.said()}")
 
 
-def direct_endpoint(pod: dict[str, Any]) -> SSHEndpoint | None:
-    """The direct-TCP SSH endpoint of a pod answer: ``runtime.ports`` holding
-    ``privatePort 22``, type ``tcp``, on a public IP (as the SDK's own CLI connects)."""
-    for port in ((pod.get("runtime") or {}).get("ports")) or []:
-        if (
-            port.get("privatePort") == 22
-            and port.get("type") == "tcp"
-            and port.get("isIpPublic")
-            and port.get("ip")
-            and port.get("publicPort")
-        ):
-            return SSHEndpoint(
-                host=port["ip"], port=int(port["publicPort"]), user="root", mode="direct"
-            )
-    return None
+def direct_endpoint(pod: PodRecord) -> SSHEndpoint | None:
+    """The direct-TCP SSH endpoint of a pod (REST v2 ``ssh.direct``; GraphQL: 22/tcp on
+    a public IP in ``runtime.ports``), or None."""
+    login = pod.direct
+    if login is None or not login.host or not login.port:
+        return None
+    return SSHEndpoint(host=login.host, port=login.port, user=login.username, mode="direct")
 
 
 def probe_ssh_host_key(host: str, port: int, timeout_seconds: float) -> str | None:
@@ -110,7 +101,7 @@ def probe_ssh_host_key(host: str, port: int, timeout_seconds: float) -> str | No
 
 
 def terminate_until_gone(
-    client: RunPodClient,
+    client: RunPodApi,
     pod_id: str,
     *,
     timeout_seconds: float = 120.0,
@@ -120,14 +111,14 @@ def terminate_until_gone(
 ) -> TerminateResult:
     """Terminate ``pod_id`` and return once RunPod reads it back as gone.
 
-    Idempotent: ``pod not found to terminate`` and ``pod: null`` count as gone.
-    Transient failures (``Something went wrong``, 5xx, network) are retried until
-    the deadline; the terminate call is repeated while the pod still reads back. An
+    Idempotent: a pod RunPod does not know (404, ``pod not found to terminate``,
+    ``pod: null``) counts as gone. Transient failures (``Something went wrong``, 5xx,
+    429 after its waits, network) are retried until the deadline; the terminate call is repeated while the pod still reads back. An
     answer that retrying cannot change (HTTP 401, a GraphQL validation error, an
     unrecognised answer) stops at once with RunPod's message.
 
     Args:
-        client: the bound SDK client.
+        client: the RunPod client (either API).
         pod_id: a validated pod id.
         timeout_seconds: how long to try before giving up (raising, never "gone").
         initial_delay_seconds: first pause after a failed call (doubles, up to the poll).
@@ -157,12 +148,12 @@ def terminate_until_gone(
                 if classified.action is FailoverAction.GONE:
                     already_gone = calls == 1
                     send = False
-                elif classified.action is not FailoverAction.RETRY:
+                elif classified.action not in (FailoverAction.RETRY, FailoverAction.RESOLVE):
                     raise _refused(pod_id, classified.kind, classified.message) from exc
         if not send:
             try:
                 pod = client.get_pod(pod_id)
-                if pod is None or pod.get("desiredStatus") in GONE_STATUSES:
+                if pod is None or pod.status in GONE_STATUSES:
                     logger.info("%s: terminate confirmed", pod_id)
                     return TerminateResult(
                         pod_id=pod_id,
@@ -170,7 +161,7 @@ def terminate_until_gone(
                         already_gone=already_gone,
                         attempts=calls,
                     )
-                last = f"still desiredStatus={pod.get('desiredStatus')}"
+                last = f"still status={pod.status}"
                 send = True  # ask again while it still reads back
             except Exception as exc:
                 classified = classify_exception(exc)

@@ -1,9 +1,10 @@
 """The SSH key block for RunPod: the key pair, the gateway, and its pinned host key.
 
-RunPod's proxied SSH (``ssh <podHostId>@ssh.runpod.io``) authorises the keys stored at
-account level (``myself { pubKey }``); the ``PUBLIC_KEY`` env on create reaches the
-pod's own sshd for direct TCP. The field guide's advice is a dedicated ed25519 key for
-this, added at account level: ``RunPodSSHKey.generate`` and ``register_with_account``.
+RunPod's proxied SSH (``ssh <ssh.proxy.username>@ssh.runpod.io``) authorises the keys
+stored at account level (REST v2 ``/v2/account/ssh-keys``; GraphQL ``myself { pubKey }``);
+the ``PUBLIC_KEY`` env on create reaches the pod's own sshd for direct TCP. A dedicated
+ed25519 key for this, added at account level, is the way: ``RunPodSSHKey.generate`` and
+``register_with_account`` (which never drops anyone else's key: ``runpod.account_keys``).
 """
 
 from __future__ import annotations
@@ -156,34 +157,27 @@ print(ssh_key.get_public_key())
         )
 
     def account_has_key(self, credentials: RunPodCredentials) -> bool:
-        """True when the RunPod account's SSH keys (``myself { pubKey }``) hold ours.
+        """True when the RunPod account's SSH keys hold ours (read only).
 
         Raises:
-            whatever the SDK raises (``AuthenticationError`` on a bad key, …).
+            whatever the credentials' RunPod client raises (``RunPodAPIError`` 401 …).
         """
-        user = credentials.get_client().get_user()
-        return key_in_authorized(self.get_public_key(), user.get("pubKey"))
+        keys = credentials.get_api().get_account_keys()
+        return key_in_authorized(self.get_public_key(), "\n".join(keys))
 
     def register_with_account(self, credentials: RunPodCredentials) -> bool:
-        """Add our public key to the account's SSH keys, keeping the others
-        (``updateUserSettings(input:{pubKey})``); a no-op when already there.
+        """Add our public key to the account's SSH keys, keeping everyone else's
+        (``runpod.account_keys.ensure_account_key``); a no-op when already there.
 
         Returns:
             True when the key was added now, False when it was already there.
 
         Raises:
             SpecError: when the account still lacks the key after the update.
+            AccountKeysError: a write would have dropped a key (never sent).
         """
-        client = credentials.get_client()
-        ours = self.get_public_key()
-        current = client.get_user().get("pubKey") or ""
-        if key_in_authorized(ours, current):
-            return False
-        lines = [line for line in current.splitlines() if line.strip()]
-        client.update_user_settings("\n".join([*lines, ours]))
-        if not key_in_authorized(ours, client.get_user().get("pubKey")):
-            raise SpecError(
-                "RunPod did not keep the SSH public key; add it by hand in the RunPod "
-                "console → Settings → SSH Public Keys"
-            )
-        return True
+        from prefect_runpod.blocks.runpod.account_keys import ensure_account_key
+
+        return ensure_account_key(
+            credentials.get_api(), self.get_public_key(), add=True, where=self.gateway_host
+        )

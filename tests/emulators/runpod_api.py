@@ -1,4 +1,5 @@
-"""A loopback emulator of RunPod's GraphQL API, for the real ``runpod`` SDK.
+"""A loopback emulator of RunPod's APIs: GraphQL for the real ``runpod`` SDK, and REST
+v2 (``/v2/...`` on the same port, ``runpod_v2``) for prefect-runpod's own client.
 
 ``POST <base>/graphql`` with ``{"query": …}``, parsed and validated by graphql-core
 against ``runpod_schema.graphql`` (the subset served): a syntax error or unknown field
@@ -20,12 +21,14 @@ Like a real pod, each one gets a pod-scoped ``RUNPOD_API_KEY`` (accepted for tha
 address of this API whose certificate a throwaway CA signed: a CA bundle that trusts it
 sits where pip's ``certifi`` would (``~/.local/lib/python3.X/site-packages/certifi``),
 unless ``faults.pod_ca_bundle`` is off (an image where TLS verification fails).
-``terminateAfter`` on create is honoured on the emulator's clock (``clock``).
+A GraphQL create's ``terminateAfter`` is honoured on the emulator's clock (``clock``);
+REST v2 has no such field, so a pod created over v2 never has a lease.
 
 Billing: ``emulator.ledger`` (``runpod_billing.Ledger``) bills each pod to the
-millisecond; ``GET /v1/billing/pods`` and ``GET /v2/billing/pods`` answer from it in
-RunPod's REST v1 and v2 shapes (``rest_base_url`` is the value for
-``RUNPOD_REST_BASE_URL``). The rule is the emulator's own assumption (see that module).
+millisecond; ``GET /v2/billing/pods`` answers from it. REST v1 (``/v1/...``) answers
+410 Gone, as RunPod's has since 2026-11-15; ``retired`` (``--retire graphql``) makes
+GraphQL answer 410 too. Every v2 request and answer is checked against RunPod's schema,
+strict (``runpod_contract``); what breaks it is kept in ``violations``.
 
 Faults are set through ``emulator.faults`` (Python) or ``POST /admin/faults`` (JSON);
 ``GET /admin/requests`` returns the request log, in which the key is redacted.
@@ -35,7 +38,8 @@ key), ``podTerminate (pod key)`` (from inside, with the pod's own key),
 does), ``terminateAfter`` or ``vanished``; ``emulator.links`` lists the gateway's
 sessions (bytes relayed, cut or not).
 
-Run standalone: ``python -m tests.emulators.runpod_api --port 8911 --api-key KEY``.
+Run standalone: ``python -m tests.emulators.runpod_api --port 8911 --api-key KEY
+[--retire graphql,v1]``.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ from prefect_runpod.blocks.runpod.errors import (
 from tests.emulators.runpod_billing import Ledger
 from tests.emulators.runpod_gateway import GatewayLink, Route, SSHGateway
 from tests.emulators.runpod_resolvers import Root
-from tests.emulators.runpod_state import DEFAULT_GPU_TYPES, EmulatedPod, Faults, PodEnd
+from tests.emulators.runpod_state import DEFAULT_GPU_TYPES, EmulatedPod, Faults, LogEvent, PodEnd
+from tests.emulators.runpod_v2 import HOST_CUDA, Answer, V2Api, log_stamp, problem
 from tests.emulators.tls import make_loopback_ca
 
 __all__ = ["DEFAULT_GPU_TYPES", "Faults", "GatewayLink", "PodEnd", "RunPodEmulator"]
@@ -96,6 +101,7 @@ class RunPodEmulator:
         pub_key: the account's SSH public keys (``myself { pubKey }``), newline-separated.
         gpu_types: the GPU catalogue (id → fields); ``DEFAULT_GPU_TYPES`` by default.
         port: the HTTP port (0 = a free one).
+        retire: APIs that answer 410 Gone besides REST v1 (``{"graphql"}``).
     """
 
     def __init__(
@@ -107,8 +113,16 @@ class RunPodEmulator:
         pub_key: str = "",
         gpu_types: dict[str, dict[str, Any]] | None = None,
         port: int = 0,
+        retire: set[str] | None = None,
     ) -> None:
         self.api_key = api_key
+        self.retired = {"v1", *(retire or set())}
+        """APIs answering 410 Gone: REST v1 always (RunPod retired it on 2026-11-15)."""
+        self.violations: list[str] = []
+        """Breaks of RunPod's v2 contract (strict) by a request or an answer."""
+        self.validate_contract = True
+        self.key_writes: list[list[str]] = []
+        """Every list ``PUT /v2/account/ssh-keys`` received, in order."""
         self.mode = mode
         self.pub_key = pub_key
         self.gpu_types = dict(gpu_types or DEFAULT_GPU_TYPES)
@@ -132,6 +146,7 @@ class RunPodEmulator:
             self._https.socket, server_side=True
         )
         self.gateway = SSHGateway(self._route, self._take_drop, self._drop_spent, self._refusing)
+        self.v2 = V2Api(self)
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
 
@@ -144,7 +159,7 @@ class RunPodEmulator:
 
     @property
     def rest_base_url(self) -> str:
-        """The REST v1 base, the value for ``RUNPOD_REST_BASE_URL`` (``<base>/v1``)."""
+        """REST v1's old base (``<base>/v1``): it answers 410 Gone, as RunPod's does."""
         return f"{self.base_url}/v1"
 
     @property
@@ -240,6 +255,39 @@ class RunPodEmulator:
         """The whole request log as one string (for secret-sentinel checks)."""
         return json.dumps(self.requests)
 
+    def check_request(
+        self, method: str, url: str, headers: dict[str, str], body: bytes
+    ) -> list[str]:
+        """The strict contract's violations by one v2 request (recorded)."""
+        if not self.validate_contract:
+            return []
+        from tests.emulators.runpod_contract import check_request
+
+        found = check_request(method, url, headers, body)
+        with self._lock:
+            self.violations += found
+        return found
+
+    def check_answer(
+        self, method: str, url: str, request_headers: dict[str, str], answer: Answer
+    ) -> None:
+        """Record the strict contract's violations by one v2 answer (a stream's headers
+        only: the schema gives its body as a string)."""
+        if not self.validate_contract or answer.drop:
+            return
+        from tests.emulators.runpod_contract import check_response
+
+        body = b": a stream of events\n" if answer.stream is not None else answer.body
+        found = check_response(method, url, request_headers, answer.status, answer.headers, body)
+        with self._lock:
+            self.violations += found
+
+    def take_violations(self) -> list[str]:
+        """The violations so far, cleared (for tests that break the contract on purpose)."""
+        with self._lock:
+            found, self.violations = self.violations, []
+        return found
+
     def _end(self, pod_id: str, how: str, at: float) -> None:
         """Record that ``pod_id`` left (billing stops at ``at``). Call with the lock held."""
         if self.pods.pop(pod_id, None) is not None:
@@ -318,6 +366,9 @@ class RunPodEmulator:
         auth = headers.get("authorization", "")
         if auth.startswith("Bearer "):
             key = auth[len("Bearer ") :]
+        if "graphql" in self.retired:
+            entry["status"] = 410
+            return _gone("RunPod's GraphQL API is retired; use REST v2 at /v2")
         accepted, scope = self._scope(key)
         if not accepted:
             entry["status"] = 401
@@ -366,45 +417,56 @@ class RunPodEmulator:
             entry["errors"] = [e["message"] for e in payload["errors"]]
         return _json(200, payload)
 
-    def handle_rest(self, path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
-        """Answer one REST billing request (v1 or v2 shape) from the ledger."""
-        url = urlparse(path)
-        auth = headers.get("authorization", "")
-        key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+    def handle_v2(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
+        """Answer one REST v2 request (``runpod_v2``), logged and checked against the
+        contract both ways."""
+        from tests.emulators.runpod_v2 import route
+
+        found = route(method, urlparse(path).path)
+        entry: dict[str, Any] = {
+            "time": datetime.now(UTC).isoformat(),
+            "method": method,
+            "path": urlparse(path).path,
+            "operation": found[0] if found else "v2",
+            "authorization": "Bearer ***" if headers.get("authorization") else None,
+        }
+        if entry["operation"] == "createPod":
+            try:
+                entry["body"] = json.loads(body or b"null")
+            except ValueError:
+                entry["body"] = None
         with self._lock:
-            self.requests.append(
-                {"time": datetime.now(UTC).isoformat(), "path": url.path, "operation": "rest"}
-            )
-            self._reconcile()
-        if key != self.api_key:
-            return _json(401, {"title": "Unauthorized", "status": 401, "detail": "invalid api key"})
-        query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        with self._lock:
-            if url.path == "/v1/billing/pods":
-                return 200, "application/json", json.dumps(self.ledger.v1(query)).encode()
-            if url.path == "/v2/billing/pods":
-                return _json(200, self.ledger.v2(query))
-            if url.path == "/v2/catalog/gpus":
-                return _json(200, self.catalog(query))
-        return _json(404, {"title": "Not Found", "status": 404, "detail": url.path})
+            self.requests.append(entry)
+        answer = self.v2.handle(method, path, headers, body)
+        entry["status"] = answer.status
+        self.check_answer(method, path, headers, answer)
+        return answer
 
     def catalog(self, query: dict[str, str]) -> dict[str, Any]:
-        """REST v2 ``/v2/catalog/gpus`` from the GPU catalogue: per GPU its prices per
-        GPU-hour, ``maxCount`` and, with ``include=AVAILABILITY``, ``availability`` (a GPU's
-        ``availability`` field, ``HIGH`` by default) overall and per data center."""
+        """REST v2 ``/v2/catalog/gpus`` from the GPU catalogue, in the schema's shape: per
+        GPU its prices per GPU-hour and ``maxCount`` per cloud and, with
+        ``include=AVAILABILITY``, ``availability`` (a GPU's ``availability`` field,
+        ``HIGH`` by default) overall, per data center and per CUDA version."""
         gpus = []
         for gpu_id, gpu in self.gpu_types.items():
             item: dict[str, Any] = {
                 "id": gpu_id,
-                "displayName": gpu.get("displayName", gpu_id),
-                "memoryInGb": gpu.get("memoryInGb"),
+                "name": gpu.get("displayName", gpu_id),
+                "pool": None,
+                "manufacturer": "NVIDIA",
+                "memory": int(gpu.get("memoryInGb") or 0),
+                "secure": True,
+                "community": True,
                 "price": {"secure": gpu["securePrice"], "community": gpu["communityPrice"]},
-                "maxCount": 8,
+                "maxCount": {"secure": 8, "community": 8},
             }
             if "AVAILABILITY" in query.get("include", "").upper().split(","):
                 level = gpu.get("availability", "HIGH")
                 item["availability"] = level
-                item["dataCenters"] = [{"id": "US-TX-3", "availability": level}]
+                item["dataCenters"] = [
+                    {"id": "US-TX-3", "name": "US Texas 3", "availability": level}
+                ]
+                item["cudaVersions"] = [{"version": HOST_CUDA, "available": level != "NONE"}]
             gpus.append(item)
         return {"gpus": gpus}
 
@@ -488,13 +550,46 @@ class RunPodEmulator:
                     extensions={"code": "BAD_USER_INPUT"},
                 ) from None
         env = {e["key"]: e["value"] for e in data.get("env") or []}
+        count = int(data.get("gpuCount") or 1)
+        pod = self.spawn(
+            name=data["name"],
+            gpu_id=gpu_id,
+            count=count,
+            cloud=data.get("cloudType") or "SECURE",
+            env=env,
+            spec={
+                "containerDiskInGb": data.get("containerDiskInGb"),
+                "imageName": data.get("imageName"),
+                "dockerArgs": data.get("dockerArgs") or "",
+                "ports": data.get("ports"),
+                "volumeInGb": float(data.get("volumeInGb") or 0),
+            },
+            terminate_after=lease.timestamp() if lease else None,
+        )
+        with self._lock:
+            return self.pod_dict(pod)
+
+    def spawn(
+        self,
+        *,
+        name: str,
+        gpu_id: str,
+        count: int,
+        cloud: str,
+        env: dict[str, str],
+        spec: dict[str, Any],
+        v2: dict[str, Any] | None = None,
+        terminate_after: float | None = None,
+    ) -> EmulatedPod:
+        """A real local pod behind a new emulated pod (either API's create), billed from
+        now; its system log says it pulled the image and started."""
         public_key = env.get("PUBLIC_KEY") or (self.pub_key.splitlines() or [""])[0]
         public_key = public_key or generate_keypair().public_key
         pod_key = f"rpa_pod_{secrets.token_hex(16)}"
         inside = dict(env, RUNPOD_API_KEY=pod_key, RUNPOD_API_BASE_URL=self.tls_base_url)
         if self.faults.pod_faults:
             inside["PREFECT_RUNPOD_POD_FAULTS"] = self.faults.pod_faults
-        handle = self.local.create(PodRequest(public_key=public_key, env=inside), data["name"])
+        handle = self.local.create(PodRequest(public_key=public_key, env=inside), name)
         handle = self.local.wait_ready(handle, timeout_seconds=60)
         paths = PodPaths.of(self.local.home, handle.pod_id)
         with open(paths.authorized_keys, "a") as fh:  # the gateway logs in with its own key
@@ -505,39 +600,78 @@ class RunPodEmulator:
             bundle.mkdir(parents=True, exist_ok=True)
             (bundle / "cacert.pem").write_bytes(self._ca.ca_pem)
         gpu = self.gpu_types[gpu_id]
-        price = (
-            gpu["communityPrice"] if data.get("cloudType") == "COMMUNITY" else gpu["securePrice"]
-        )
-        count = int(data.get("gpuCount") or 1)
-        spec = {
-            "containerDiskInGb": data.get("containerDiskInGb"),
+        price = gpu["communityPrice"] if cloud == "COMMUNITY" else gpu["securePrice"]
+        full_spec = {
             "gpuCount": count,
-            "imageName": data.get("imageName"),
-            "dockerArgs": data.get("dockerArgs") or "",
             "memoryInGb": 31.0 * count,
-            "ports": data.get("ports"),
             "vcpuCount": 8.0 * count,
-            "volumeInGb": float(data.get("volumeInGb") or 0),
+            "dockerArgs": "",
+            "volumeInGb": 0.0,
+            **spec,
         }
         assert handle.ssh is not None and handle.pod_host_id
+        created = self.clock()
         pod = EmulatedPod(
             pod_id=handle.pod_id,
-            name=data["name"],
+            name=name,
             pod_host_id=handle.pod_host_id,
             gpu_type_id=gpu_id,
             cost_per_hr=round(price * count, 4),
-            spec=spec,
+            spec=full_spec,
             env=env,
-            created=self.clock(),
+            created=created,
             port=handle.ssh.port,
             workdir=handle.workdir,
             pod_key=pod_key,
-            terminate_after=lease.timestamp() if lease else None,
+            terminate_after=terminate_after,
+            v2=dict(v2 or {}),
+            listed_at=time.time() + self.faults.list_delay_seconds,
         )
+        image = full_spec.get("imageName") or "image"
+        for line in (f"Pulling image {image}", f"Image {image} pulled", "Container started"):
+            self._log(pod, "system", line)
         with self._lock:
             self.pods[pod.pod_id] = pod
             self.ledger.open(pod.pod_id, gpu_id, pod.cost_per_hr, pod.created)
-        return self.pod_dict(pod)
+        return pod
+
+    def _log(self, pod: EmulatedPod, source: str, line: str) -> None:
+        last = pod.logs[-1].id if pod.logs else None
+        pod.logs.append(LogEvent(log_stamp(last), source, line))
+
+    def write_log(self, pod_id: str, line: str, source: str = "container") -> None:
+        """Add one line to a pod's log stream (for tests)."""
+        with self._lock:
+            self._log(self.pods[pod_id], source, line)
+
+    def sync_container_log(self, pod: EmulatedPod) -> None:
+        """Take the local pod's new stdout/stderr lines into its container log. Call with
+        the lock held."""
+        path = PodPaths.of(self.local.home, pod.pod_id).log
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(pod.log_offset)
+                data = fh.read()
+        except OSError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        pod.log_offset += len(complete)
+        for raw in complete.splitlines():
+            self._log(pod, "container", raw.decode(errors="replace"))
+
+    def end_pod(self, pod_id: str, how: str) -> None:
+        """End a pod now (its local pod too) and record how; billing stops."""
+        with self._lock:
+            if pod_id not in self.pods:
+                return
+            self._terminating.add(pod_id)
+        try:
+            self.local.terminate(pod_id)
+        finally:
+            with self._lock:
+                self._terminating.discard(pod_id)
+                if self.local.get(pod_id) is None:
+                    self._end(pod_id, how, self.clock())
 
     def terminate(self, pod_id: str, scope: str | None = None) -> None:
         """``podTerminate``: ends the local pod, then the pod reads back as null."""
@@ -557,15 +691,7 @@ class RunPodEmulator:
                 raise GraphQLError(NOT_FOUND_TO_TERMINATE_MESSAGE)
             if self.faults.terminate_ignored:
                 return None
-            self._terminating.add(pod_id)
-        how = "podTerminate (pod key)" if scope else "podTerminate"
-        try:
-            self.local.terminate(pod_id)
-        finally:
-            with self._lock:
-                self._terminating.discard(pod_id)
-                if self.local.get(pod_id) is None:
-                    self._end(pod_id, how, self.clock())
+        self.end_pod(pod_id, "podTerminate (pod key)" if scope else "podTerminate")
         return None
 
 
@@ -604,8 +730,15 @@ def _json(status: int, payload: dict[str, Any]) -> tuple[int, str, bytes]:
     return status, "application/json", json.dumps(payload).encode()
 
 
+def _gone(detail: str) -> tuple[int, str, bytes]:
+    answer = problem(410, "Gone", detail)
+    return answer.status, answer.headers["Content-Type"], answer.body
+
+
 def _handler_for(emu: RunPodEmulator) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, and chunked SSE a cut can break
+
         def log_message(self, *args: object) -> None:  # quiet; the emulator keeps its own log
             pass
 
@@ -616,10 +749,57 @@ def _handler_for(emu: RunPodEmulator) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _headers(self) -> dict[str, str]:
+            return {k.lower(): v for k, v in self.headers.items()}
+
+        def _body(self) -> bytes:
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+        def _v2(self, method: str, body: bytes = b"") -> None:
+            answer = emu.handle_v2(method, self.path, self._headers(), body)
+            if answer.drop:  # the pod exists; its create's answer never arrives
+                self.close_connection = True
+                return
+            self.send_response(answer.status)
+            for name, value in answer.headers.items():
+                self.send_header(name, value)
+            if answer.stream is None:
+                if answer.status != 204:
+                    self.send_header("Content-Length", str(len(answer.body)))
+                self.end_headers()
+                self.wfile.write(answer.body)
+                return
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for chunk in answer.stream:
+                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except (ConnectionError, OSError):
+                pass  # cut on purpose, or the client went away: no closing chunk
+            self.close_connection = True
+
+        def _gone_v1(self) -> bool:
+            if self.path.startswith("/v1/") and "v1" in emu.retired:
+                with emu._lock:
+                    emu.requests.append(
+                        {
+                            "time": datetime.now(UTC).isoformat(),
+                            "path": urlparse(self.path).path,
+                            "operation": "v1",
+                            "status": 410,
+                        }
+                    )
+                self._reply(*_gone("REST v1 was retired on 2026-11-15; use REST v2 at /v2"))
+                return True
+            return False
+
         def do_GET(self) -> None:
-            if self.path.startswith(("/v1/billing/", "/v2/billing/", "/v2/catalog/")):
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                self._reply(*emu.handle_rest(self.path, headers))
+            if self._gone_v1():
+                return
+            if self.path.startswith("/v2/"):
+                self._v2("GET")
             elif self.path.startswith("/admin/requests"):
                 self._reply(200, "application/json", emu.log_text().encode())
             elif self.path.startswith("/admin/pods"):
@@ -627,9 +807,25 @@ def _handler_for(emu: RunPodEmulator) -> type[BaseHTTPRequestHandler]:
             else:
                 self._reply(404, "text/plain", b"not found")
 
+        def do_DELETE(self) -> None:
+            if self.path.startswith("/v2/"):
+                self._v2("DELETE", self._body())
+            else:
+                self._reply(404, "text/plain", b"not found")
+
+        def do_PUT(self) -> None:
+            if self.path.startswith("/v2/"):
+                self._v2("PUT", self._body())
+            else:
+                self._reply(404, "text/plain", b"not found")
+
         def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.path.startswith("/admin/faults"):
+            body = self._body()
+            if self._gone_v1():
+                return
+            if self.path.startswith("/v2/"):
+                self._v2("POST", body)
+            elif self.path.startswith("/admin/faults"):
                 with emu._lock:
                     for name, value in json.loads(body or b"{}").items():
                         current = getattr(emu.faults, name)
@@ -639,8 +835,7 @@ def _handler_for(emu: RunPodEmulator) -> type[BaseHTTPRequestHandler]:
                 emu.vanish(self.path.rsplit("/", 1)[1])
                 self._reply(*_json(200, {"ok": True}))
             elif urlparse(self.path).path == "/graphql":
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                self._reply(*emu.handle(self.path, headers, body))
+                self._reply(*emu.handle(self.path, self._headers(), body))
             else:
                 self._reply(404, "text/plain", b"not found")
 
@@ -654,15 +849,26 @@ def main() -> None:
     parser.add_argument("--api-key", default="rpa_emulator")
     parser.add_argument("--home", default=None, help="local pods' home (default: a temp dir)")
     parser.add_argument("--mode", choices=["gateway", "direct"], default="gateway")
+    parser.add_argument(
+        "--retire",
+        default="",
+        help="comma-separated APIs answering 410 Gone: graphql, v1 (v1 always is)",
+    )
     args = parser.parse_args()
     import tempfile
 
+    retire = {name.strip() for name in args.retire.split(",") if name.strip()}
+    unknown = retire - {"graphql", "v1"}
+    if unknown:
+        parser.error(f"--retire: unknown API {', '.join(sorted(unknown))} (graphql, v1)")
     home = Path(args.home or tempfile.mkdtemp(prefix="runpod-emulator-"))
-    emu = RunPodEmulator(api_key=args.api_key, home=home, mode=args.mode, port=args.port)
+    emu = RunPodEmulator(
+        api_key=args.api_key, home=home, mode=args.mode, port=args.port, retire=retire
+    )
     emu.start()
     print(
-        f"RUNPOD_API_BASE_URL={emu.base_url}  RUNPOD_REST_BASE_URL={emu.rest_base_url}  "
-        f"gateway=127.0.0.1:{emu.gateway_port}",
+        f"RUNPOD_API_BASE_URL={emu.base_url}  gateway=127.0.0.1:{emu.gateway_port}  "
+        f"retired={','.join(sorted(emu.retired))}",
         flush=True,
     )
     try:

@@ -1,4 +1,4 @@
-"""The RunPod emulator's ledger, and its REST billing answers in both of RunPod's shapes.
+"""The RunPod emulator's ledger, and its REST v2 billing answer.
 
 **Billing rule (an assumption, to confirm on a real account).** The emulator bills each
 pod from the moment its create answered to the moment it ended (terminate, the pod
@@ -6,24 +6,64 @@ removed from inside, its lease, a vanished host), to the millisecond, at the pod
 ``costPerHr``, with no minimum and no rounding of the time; the amount is rounded to
 1e-8 USD. It answers one record per pod, in the hour bucket of its create, and only
 once ``lag_seconds`` have passed since the pod ended (or, for a running pod, up to
-``lag_seconds`` ago). RunPod documents neither its rounding nor its lag; the figures it
-answers may differ, which is why the run's record keeps RunPod's amount beside ours and
-``prefect-runpod cost --reconcile`` fills RunPod's in later.
+``lag_seconds`` ago), split into the buckets asked for. RunPod documents neither its
+rounding nor its lag; the figures it answers may differ, which is why the run's record
+keeps RunPod's amount beside ours and ``prefect-runpod cost --reconcile`` fills RunPod's
+in later.
 
-- REST v1 ``GET /v1/billing/pods`` → ``[{time, amount, timeBilledMs, diskSpaceBilledGb,
-  podId, gpuTypeId}]`` (runpodctl 2.x ``internal/api/billing.go``);
-- REST v2 ``GET /v2/billing/pods`` → ``{records: [{startTime, endTime, podId,
-  totalAmount, gpuAmount, cpuAmount, diskAmount}], metadata: {totals}}``.
+REST v2 ``GET /v2/billing/pods?podId=&bucketSize=&startTime=&endTime=`` or ``…&lastN=``
+→ ``{records: [{startTime, endTime, podId, totalAmount, gpuAmount, cpuAmount,
+diskAmount}], metadata: {query, recordCount, uniquePodCount, totals}}``, as RunPod's
+schema says: ``bucketSize`` defaults to ``day``; ``startTime`` (default 30 days ago) is
+snapped down to its bucket's start, ``endTime`` (default now) up to its bucket's end
+unless on a boundary; ``lastN`` is the last N buckets ending with the current one, and
+cannot go with a window (400). One record per pod per bucket it billed in. REST v1 is
+retired: the emulator answers it 410 (``runpod_api``).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-__all__ = ["Ledger", "LedgerEntry"]
+__all__ = ["BillingQueryError", "Ledger", "LedgerEntry", "bucket_floor", "bucket_next"]
+
+BUCKETS = ("hour", "day", "week", "month", "year")
+
+
+class BillingQueryError(ValueError):
+    """A billing query RunPod answers with 400 (``lastN`` with a window, a bad size)."""
+
+
+def bucket_floor(moment: datetime, size: str) -> datetime:
+    """The start of the ``size`` bucket holding ``moment`` (UTC; weeks start Monday)."""
+    moment = moment.astimezone(UTC)
+    if size == "hour":
+        return moment.replace(minute=0, second=0, microsecond=0)
+    day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if size == "day":
+        return day
+    if size == "week":
+        return day - timedelta(days=day.weekday())
+    if size == "month":
+        return day.replace(day=1)
+    return day.replace(month=1, day=1)
+
+
+def bucket_next(start: datetime, size: str) -> datetime:
+    """The start of the bucket after the one starting at ``start``."""
+    if size == "hour":
+        return start + timedelta(hours=1)
+    if size == "day":
+        return start + timedelta(days=1)
+    if size == "week":
+        return start + timedelta(weeks=1)
+    if size == "month":
+        year, month = divmod(start.month, 12)
+        return start.replace(year=start.year + year, month=month + 1)
+    return start.replace(year=start.year + 1)
 
 
 def _iso(epoch: float) -> str:
@@ -94,71 +134,99 @@ class Ledger:
         """What the pod cost by now, whatever the lag (for tests to compare with)."""
         return self.entries[pod_id].usd(self.clock())
 
-    def _visible(self, pod_id: str | None, start: str | None, end: str | None) -> list[LedgerEntry]:
-        now = self.clock()
-        lo, hi = _epoch(start), _epoch(end)
-        out = []
-        for entry in self.entries.values():
-            if pod_id and entry.pod_id != pod_id:
-                continue
-            if (
-                lo is not None
-                and (entry.ended or now) < lo
-                or hi is not None
-                and entry.created > hi
-            ):
-                continue
-            upto = entry.ended if entry.ended is not None else now - self.lag_seconds
-            if entry.ended is not None and now < entry.ended + self.lag_seconds:
-                continue
-            if upto <= entry.created:
-                continue
-            out.append(entry)
-        return out
+    def window(self, query: dict[str, str]) -> tuple[str, datetime, datetime]:
+        """``(bucketSize, start, end)`` of a query, snapped as RunPod's schema says.
 
-    def _billed(self, entry: LedgerEntry) -> tuple[int, float]:
-        now = self.clock()
-        upto = now if entry.ended is not None else now - self.lag_seconds
-        ms = entry.billed_ms(upto)
-        return ms, round(entry.cost_per_hr * ms / 3_600_000, 8)
+        Raises:
+            BillingQueryError: a bad ``bucketSize``/``lastN``, or ``lastN`` with a window.
+        """
+        size = query.get("bucketSize") or "day"
+        if size not in BUCKETS:
+            raise BillingQueryError(f"bucketSize {size!r} is not one of {', '.join(BUCKETS)}")
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        if query.get("lastN"):
+            if query.get("startTime") or query.get("endTime"):
+                raise BillingQueryError("lastN is mutually exclusive with startTime/endTime")
+            count = int(query["lastN"])
+            if count < 1:
+                raise BillingQueryError("lastN must be at least 1")
+            end = bucket_next(bucket_floor(now, size), size)
+            start = end
+            for _ in range(count):
+                start = bucket_floor(start - timedelta(microseconds=1), size)
+            return size, start, end
+        start_at = _epoch(query.get("startTime"))
+        end_at = _epoch(query.get("endTime"))
+        start = bucket_floor(
+            datetime.fromtimestamp(start_at, UTC)
+            if start_at is not None
+            else now - timedelta(days=30),
+            size,
+        )
+        end_moment = datetime.fromtimestamp(end_at, UTC) if end_at is not None else now
+        end = bucket_floor(end_moment, size)
+        if end < end_moment:
+            end = bucket_next(end, size)
+        return size, start, end
 
-    def v1(self, query: dict[str, str]) -> list[dict[str, Any]]:
-        """The REST v1 answer to ``/billing/pods?podId=&startTime=&endTime=``."""
-        rows = []
-        for entry in self._visible(
-            query.get("podId"), query.get("startTime"), query.get("endTime")
-        ):
-            ms, usd = self._billed(entry)
-            rows.append(
-                {
-                    "time": _iso(entry.created - entry.created % 3600),
-                    "amount": usd,
-                    "timeBilledMs": ms,
-                    "diskSpaceBilledGb": 0,
-                    "podId": entry.pod_id,
-                    "gpuTypeId": entry.gpu_type_id,
-                }
-            )
-        return rows
+    def _billed_between(self, entry: LedgerEntry, lo: float, hi: float) -> int:
+        """Milliseconds ``entry`` billed in ``[lo, hi)``, as visible now (the lag)."""
+        now = self.clock()
+        if entry.ended is not None:
+            if now < entry.ended + self.lag_seconds:
+                return 0
+            upto = entry.ended
+        else:
+            upto = now - self.lag_seconds
+        return max(0, round((min(upto, hi) - max(entry.created, lo)) * 1000))
 
     def v2(self, query: dict[str, str]) -> dict[str, Any]:
-        """The REST v2 answer to ``/v2/billing/pods?podId=&startTime=&endTime=``."""
+        """The REST v2 answer to ``/v2/billing/pods`` (see the module docstring).
+
+        Raises:
+            BillingQueryError: as ``window``.
+        """
+        size, start, end = self.window(query)
+        pod_id = query.get("podId")
         records = []
-        for entry in self._visible(
-            query.get("podId"), query.get("startTime"), query.get("endTime")
-        ):
-            _, usd = self._billed(entry)
-            bucket = entry.created - entry.created % 3600
-            records.append(
-                {
-                    "startTime": _iso(bucket),
-                    "endTime": _iso(bucket + 3600),
-                    "podId": entry.pod_id,
-                    "totalAmount": usd,
-                    "gpuAmount": usd,
-                    "cpuAmount": 0,
-                    "diskAmount": 0,
-                }
-            )
-        total = round(sum(r["totalAmount"] for r in records), 8)
-        return {"records": records, "metadata": {"totals": {"totalAmount": total}}}
+        bucket = start
+        while bucket < end:
+            following = bucket_next(bucket, size)
+            for entry in self.entries.values():
+                if pod_id and entry.pod_id != pod_id:
+                    continue
+                ms = self._billed_between(entry, bucket.timestamp(), following.timestamp())
+                if ms <= 0:
+                    continue
+                usd = round(entry.cost_per_hr * ms / 3_600_000, 8)
+                records.append(
+                    {
+                        "startTime": _iso(bucket.timestamp()),
+                        "endTime": _iso(following.timestamp()),
+                        "podId": entry.pod_id,
+                        "totalAmount": usd,
+                        "gpuAmount": usd,
+                        "cpuAmount": 0.0,
+                        "diskAmount": 0.0,
+                    }
+                )
+            bucket = following
+        totals = {
+            key: round(sum(r[key] for r in records), 8)
+            for key in ("totalAmount", "gpuAmount", "cpuAmount", "diskAmount")
+        }
+        echo: dict[str, Any] = {
+            "startTime": _iso(start.timestamp()),
+            "endTime": _iso(end.timestamp()),
+            "bucketSize": size,
+            "podId": pod_id,
+        }
+        return {
+            "records": records,
+            "metadata": {
+                "query": echo,
+                "recordCount": len(records),
+                "uniquePodCount": len({r["podId"] for r in records}),
+                "totals": totals,
+            },
+        }

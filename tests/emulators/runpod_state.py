@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_GPU_TYPES", "EmulatedPod", "Faults", "PodEnd"]
+__all__ = ["DEFAULT_GPU_TYPES", "EmulatedPod", "Faults", "LogEvent", "PodEnd"]
 
 DEFAULT_GPU_TYPES: dict[str, dict[str, Any]] = {
     "NVIDIA GeForce RTX 3090": {
@@ -71,6 +71,22 @@ class Faults:
             RunPod would answer: the field is not defined on the input type).
         empty_answers: op name (or ``*``) → N answers of HTTP 200 ``{}``: neither
             ``data`` nor ``errors`` (the SDK's helpers then raise ``KeyError``).
+
+    REST v2 (``http_5xx``, ``something_wrong``, the capacity and terminate faults apply
+    there too, keyed by v2's operation ids: ``createPod``, ``getPod``, ``listPods``,
+    ``deletePod``, ``getSshKeys``, ``updateSshKeys``, ``listGpuTypes``,
+    ``listPodBilling``, ``getPodLogs``):
+
+    Attributes:
+        list_delay_seconds: a pod created from now on shows in ``GET /v2/pods`` only this
+            long after its create answered (RunPod lists new pods late: skypilot #10171).
+        create_answer_lost: the next N creates make the pod, then drop the connection
+            without answering (a create whose answer is lost).
+        ssh_keys_read_barrier: the next N ``GET /v2/account/ssh-keys`` wait for each other
+            (up to 10 s), so N writers read the same list before any writes: two adders
+            "at the same moment", by count, never by timing.
+        log_cut_after_events: the next log stream is cut (no closing chunk) after this
+            many events; spent once it fires.
     """
 
     capacity_first_n: int = 0
@@ -89,6 +105,10 @@ class Faults:
     pod_ca_bundle: bool = True
     lease_field_unknown: bool = False
     empty_answers: dict[str, int] = field(default_factory=dict)
+    list_delay_seconds: float = 0.0
+    create_answer_lost: int = 0
+    ssh_keys_read_barrier: int = 0
+    log_cut_after_events: int = 0
 
     def take(self, table: dict[str, int], op: str) -> bool:
         """Consume one count for ``op`` (or ``*``); True when a fault fires."""
@@ -100,7 +120,19 @@ class Faults:
 
 
 @dataclass
+class LogEvent:
+    """One line of a pod's log stream: ``id`` is its RFC 3339 timestamp (unique)."""
+
+    id: str
+    source: str
+    line: str
+
+
+@dataclass
 class EmulatedPod:
+    """One pod the emulator holds (``spec`` is its GraphQL container fields; ``v2`` its
+    REST v2 ones: image, ports, disk, mounts, cloud, data centre, GPU count)."""
+
     pod_id: str
     name: str
     pod_host_id: str
@@ -114,6 +146,10 @@ class EmulatedPod:
     pod_key: str = ""
     terminate_after: float | None = None
     status: str = "RUNNING"
+    v2: dict[str, Any] = field(default_factory=dict)
+    listed_at: float = 0.0
+    logs: list[LogEvent] = field(default_factory=list)
+    log_offset: int = 0
 
 
 @dataclass

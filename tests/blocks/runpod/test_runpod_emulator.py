@@ -174,7 +174,7 @@ class TestErrors:
 def test_standalone_module(tmp_path, monkeypatch) -> None:
     """``python -m tests.emulators.runpod_api --port P``, driven by the real SDK, creates,
     lists and terminates RunPod-shaped pods (ids ``[a-z0-9]``, no hyphen; podHostId
-    ``<id>-<8 hex>``), and bills them in both REST shapes (issue 14)."""
+    ``<id>-<8 hex>``), bills them over REST v2, and answers REST v1 410 Gone."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen(
         [
@@ -208,13 +208,17 @@ def test_standalone_module(tmp_path, monkeypatch) -> None:
         for pod_id in ids:
             assert runpod.terminate_pod(pod_id) is None
         assert runpod.get_pods() == []
+        base, auth = fields["RUNPOD_API_BASE_URL"], {"Authorization": "Bearer k"}
         bills = requests.get(
-            f"{fields['RUNPOD_REST_BASE_URL']}/billing/pods",
-            headers={"Authorization": "Bearer k"},
+            f"{base}/v2/billing/pods",
+            params={"lastN": 2, "bucketSize": "day"},
+            headers=auth,
             timeout=30,
         ).json()
-        assert sorted(b["podId"] for b in bills) == sorted(ids)
-        assert all(b["amount"] > 0 and b["timeBilledMs"] > 0 for b in bills)
+        assert sorted(b["podId"] for b in bills["records"]) == sorted(ids)
+        assert all(b["totalAmount"] > 0 for b in bills["records"])
+        gone = requests.get(f"{base}/v1/billing/pods", headers=auth, timeout=30)
+        assert gone.status_code == 410 and "retired" in gone.json()["detail"]
     finally:
         runpod.api_key = saved
         proc.terminate()

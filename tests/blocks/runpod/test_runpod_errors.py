@@ -83,12 +83,19 @@ class TestClassifyException:
         "exc",
         [
             requests.exceptions.ConnectionError("refused"),
-            requests.exceptions.ReadTimeout("slow"),
             requests.exceptions.JSONDecodeError("Expecting value", "<html>502</html>", 0),
         ],
     )
     def test_network_and_non_json_5xx_are_transient(self, exc: Exception) -> None:
         assert classify_exception(exc).action is FailoverAction.RETRY
+
+    def test_a_read_timeout_may_have_been_carried_out(self) -> None:
+        """The request went out: a create is resolved by reading, never sent again."""
+        classified = classify_exception(requests.exceptions.ReadTimeout("slow"))
+        assert (classified.kind, classified.action) == (
+            ErrorKind.ANSWER_LOST,
+            FailoverAction.RESOLVE,
+        )
 
 
 class TestToProviderError:

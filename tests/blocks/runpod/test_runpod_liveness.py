@@ -1,10 +1,12 @@
 """What RunPod says about a pod, and what the provider does with it (issue 14): the
 liveness causes, terminate that stops at once when retrying cannot help, the
-``terminateAfter`` lease, and a stopped pod of the run's name replaced, never adopted.
-All through the real ``runpod`` SDK against the emulator."""
+``terminateAfter`` lease (GraphQL only: REST v2 has none), and a stopped pod of the run's
+name replaced, never adopted. Against the emulator over both APIs where they behave
+alike (REST v2, and GraphQL through the real ``runpod`` SDK)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -18,6 +20,16 @@ from prefect_runpod.blocks.runpod.lifecycle import status_from_pod
 from tests.emulators.runpod_api import RunPodEmulator
 
 pytestmark = pytest.mark.slow
+BOTH = pytest.mark.parametrize("runpod_api", ["graphql", "v2"], indirect=True)
+OPS = {
+    "get": {"graphql": "pod", "v2": "getPod"},
+    "terminate": {"graphql": "podTerminate", "v2": "deletePod"},
+    "ended": {"graphql": "podTerminate", "v2": "DELETE /v2/pods"},
+}
+
+
+def _op(emu: RunPodEmulator, what: str) -> str:
+    return OPS[what][emu.client_api]  # type: ignore[attr-defined]
 
 
 def _name() -> str:
@@ -42,10 +54,33 @@ def _request(ssh_key, lifetime_seconds: float | None = None) -> PodRequest:  # t
         ({"desiredStatus": "RESTARTING", "runtime": None}, PodCause.STARTING),
     ],
 )
-def test_every_status_maps_to_a_cause(pod, cause) -> None:  # type: ignore[no-untyped-def]
-    assert status_from_pod("abc123", pod).cause is cause
+def test_every_graphql_status_maps_to_a_cause(pod, cause) -> None:  # type: ignore[no-untyped-def]
+    from prefect_runpod.blocks.runpod.graphql_api import record_from_graphql
+
+    record = None if pod is None else record_from_graphql({"id": "abc123", **pod})
+    assert status_from_pod("abc123", record).cause is cause
 
 
+@pytest.mark.parametrize(
+    ("status", "runtime", "cause"),
+    [
+        ("PROVISIONING", None, PodCause.STARTING),
+        ("STARTING", None, PodCause.STARTING),
+        ("RUNNING", {"uptime": 3}, PodCause.ALIVE),
+        ("RUNNING", None, PodCause.STARTING),
+        ("EXITED", None, PodCause.EXITED),
+        ("ERROR", None, PodCause.HOST_LOST),
+        ("TERMINATED", None, PodCause.TERMINATED_OUTSIDE),
+    ],
+)
+def test_every_v2_status_maps_to_a_cause(status, runtime, cause) -> None:  # type: ignore[no-untyped-def]
+    from prefect_runpod.blocks.runpod.v2_models import V2Pod
+
+    record = V2Pod(id="abc123", status=status, runtime=runtime).record()
+    assert status_from_pod("abc123", record).cause is cause
+
+
+@BOTH
 class TestStatus:
     def test_alive_then_exited_then_gone(
         self, runpod_emulator: RunPodEmulator, runpod_blocks, runpod_provider
@@ -73,7 +108,7 @@ class TestStatus:
         provider = runpod_provider()
         handle = provider.create(_request(runpod_blocks[2]), _name())
         try:
-            runpod_emulator.faults.http_5xx["pod"] = 1
+            runpod_emulator.faults.http_5xx[_op(runpod_emulator, "get")] = 1
             status = provider.status(handle.pod_id)
             assert status.cause is PodCause.UNKNOWN and not status.gone
         finally:
@@ -113,6 +148,7 @@ class TestStatus:
             provider.terminate(handle.pod_id)
 
 
+@BOTH
 class TestTerminateStopsWhenRetryingCannotHelp:
     def test_a_validation_answer_is_one_call_and_runpods_message(
         self, runpod_emulator, runpod_blocks, runpod_provider
@@ -125,9 +161,8 @@ class TestTerminateStopsWhenRetryingCannotHelp:
         before = len(runpod_emulator.requests)
         with pytest.raises(TerminateError, match=re.escape(answer)) as info:
             provider.terminate(handle.pod_id, timeout_seconds=60)
-        calls = [
-            r for r in runpod_emulator.requests[before:] if r.get("operation") == "podTerminate"
-        ]
+        op = _op(runpod_emulator, "terminate")
+        calls = [r for r in runpod_emulator.requests[before:] if r.get("operation") == op]
         assert len(calls) == 1
         assert "may still be billing" in str(info.value)
         assert f"prefect-runpod terminate --provider runpod {handle.pod_id}" in str(info.value)
@@ -142,16 +177,17 @@ class TestTerminateStopsWhenRetryingCannotHelp:
         result = provider.terminate(handle.pod_id, timeout_seconds=60)
         assert result.attempts == 4 and not result.already_gone
 
-    def test_the_cli_refuses_an_id_with_a_newline_before_any_call(
-        self, runpod_emulator, monkeypatch, capsys
-    ) -> None:  # type: ignore[no-untyped-def]
-        from prefect_runpod.flows.cli import EXIT_USAGE, main
 
-        monkeypatch.setenv("RUNPOD_API_KEY", runpod_emulator.api_key)
-        before = len(runpod_emulator.requests)
-        assert main(["terminate", "--provider", "runpod", "abcdefgh\n"]) == EXIT_USAGE
-        assert "is not a pod id" in capsys.readouterr().err
-        assert len(runpod_emulator.requests) == before
+def test_the_cli_refuses_an_id_with_a_newline_before_any_call(
+    runpod_emulator, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    from prefect_runpod.flows.cli import EXIT_USAGE, main
+
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod_emulator.api_key)
+    before = len(runpod_emulator.requests)
+    assert main(["terminate", "--provider", "runpod", "abcdefgh\n"]) == EXIT_USAGE
+    assert "is not a pod id" in capsys.readouterr().err
+    assert len(runpod_emulator.requests) == before
 
 
 class TestLease:
@@ -211,6 +247,32 @@ class TestLease:
             provider.terminate(handle.pod_id)
 
 
+@pytest.mark.parametrize("runpod_api", ["v2"], indirect=True)
+def test_a_v2_create_carries_no_lease_and_the_emulator_keeps_none(
+    runpod_emulator, runpod_blocks, runpod_provider
+) -> None:  # type: ignore[no-untyped-def]
+    """REST v2 has no ``terminateAfter``: the body has none, the handle records no lease,
+    and the emulator ends no v2 pod on its own clock."""
+    provider = runpod_provider()
+    handle = provider.create(_request(runpod_blocks[2], lifetime_seconds=3600), _name())
+    try:
+        body = next(
+            r["body"] for r in runpod_emulator.requests if r.get("operation") == "createPod"
+        )
+        assert "terminateAfter" not in json.dumps(body) and not provider.lease_supported
+        assert handle.terminate_after is None and handle.lifetime_seconds == 3600
+        assert provider.attempts == [
+            f"NVIDIA GeForce RTX 3090/SECURE: created {handle.pod_id}, no server-side lease"
+        ]
+        assert runpod_emulator.pods[handle.pod_id].terminate_after is None
+        runpod_emulator.clock = lambda: time.time() + 7200
+        assert provider.status(handle.pod_id).cause is PodCause.ALIVE
+    finally:
+        runpod_emulator.clock = time.time
+        provider.terminate(handle.pod_id)
+
+
+@BOTH
 def test_an_exited_pod_of_our_name_is_terminated_and_replaced_in_the_same_attempt(
     runpod_emulator, runpod_blocks, runpod_provider
 ) -> None:  # type: ignore[no-untyped-def]
@@ -222,13 +284,14 @@ def test_an_exited_pod_of_our_name_is_terminated_and_replaced_in_the_same_attemp
     fresh = again.create(_request(runpod_blocks[2]), name)
     try:
         assert fresh.pod_id != first.pod_id
-        assert runpod_emulator.ended[first.pod_id].how == "podTerminate"
+        assert runpod_emulator.ended[first.pod_id].how == _op(runpod_emulator, "ended")
         assert again.attempts[0].startswith(f"replaced {first.pod_id}")
         assert again.wait_ready(fresh, 60).pod_id == fresh.pod_id
     finally:
         again.terminate(fresh.pod_id)
 
 
+@BOTH
 def test_two_pods_at_once_each_reached_by_its_own_user(
     runpod_emulator, runpod_blocks, runpod_provider
 ) -> None:  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
-"""RunPodProvider against the RunPod emulator, through the real ``runpod`` SDK, with
-every pod backed by a real local pod: failover, auth, retries, adoption, validation
-before any request, confirmed termination, costs and SSH through the gateway."""
+"""RunPodProvider against the RunPod emulator, over both APIs (REST v2 with the
+emulator's GraphQL retired, and GraphQL through the real ``runpod`` SDK), with every pod
+backed by a real local pod: failover, auth, retries, adoption, validation before any
+request, confirmed termination, costs and SSH through the gateway."""
 
 from __future__ import annotations
 
@@ -36,7 +37,20 @@ from tests.fixtures.runpod_emulator import RunPodBlocks, blocks_for
 R3090, R4090, A5000 = "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000"
 Make = Callable[..., RunPodProvider]
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("runpod_api", ["graphql", "v2"], indirect=True),
+]
+
+OPS = {
+    "create": {"graphql": "podFindAndDeployOnDemand", "v2": "createPod"},
+    "get": {"graphql": "pod", "v2": "getPod"},
+}
+"""The emulator's operation names per API (its request log and fault tables)."""
+
+
+def _op(emu: RunPodEmulator, what: str) -> str:
+    return OPS[what][emu.client_api]  # type: ignore[attr-defined]
 
 
 def _name() -> str:
@@ -48,7 +62,7 @@ def _request(ssh_key: RunPodSSHKey, **kw) -> PodRequest:
 
 
 def _creates(emu: RunPodEmulator) -> int:
-    return sum("podFindAndDeployOnDemand" in (e.get("operation") or "") for e in emu.requests)
+    return sum(_op(emu, "create") == e.get("operation") for e in emu.requests)
 
 
 def _shell_echo(handle: PodHandle, ssh_key: RunPodSSHKey, text: str) -> str:
@@ -162,7 +176,8 @@ class TestCreateAndReady:
         handle = provider.create(_request(runpod_blocks[2]), _name())
         try:
             assert provider.wait_ready(handle, timeout_seconds=60).ssh is not None
-            polls = [e for e in runpod_emulator.requests if e.get("operation") == "pod"]
+            get = _op(runpod_emulator, "get")
+            polls = [e for e in runpod_emulator.requests if e.get("operation") == get]
             assert len(polls) >= 2  # runtime was null at least once
         finally:
             provider.terminate(handle.pod_id)
@@ -175,7 +190,7 @@ class TestCreateAndReady:
         handle = provider.create(_request(runpod_blocks[2]), _name())
         with pytest.raises(PodTimeoutError, match=f"{handle.pod_id}.*runtime=null") as info:
             provider.wait_ready(handle, timeout_seconds=1.0)
-        assert info.value.last_status == "desiredStatus=RUNNING runtime=null"
+        assert re.fullmatch(r"status=(RUNNING|STARTING) runtime=null", info.value.last_status)
         assert runpod_emulator.pods == {}
 
     def test_vanished_pod_is_reported(
@@ -238,7 +253,7 @@ class TestFailover:
         runpod_provider: Make,
         fault: str,
     ) -> None:
-        getattr(runpod_emulator.faults, fault)["podFindAndDeployOnDemand"] = 2
+        getattr(runpod_emulator.faults, fault)[_op(runpod_emulator, "create")] = 2
         provider = runpod_provider()
         handle = provider.create(_request(runpod_blocks[2]), _name())
         try:
@@ -252,7 +267,7 @@ class TestFailover:
     def test_transient_forever_gives_up(
         self, runpod_emulator: RunPodEmulator, runpod_blocks: RunPodBlocks, runpod_provider: Make
     ) -> None:
-        runpod_emulator.faults.http_5xx["podFindAndDeployOnDemand"] = 99
+        runpod_emulator.faults.http_5xx[_op(runpod_emulator, "create")] = 99
         provider = runpod_provider(retry_max_attempts=3)
         with pytest.raises(ProviderTransientError, match="retried"):
             provider.create(_request(runpod_blocks[2]), _name())
@@ -276,7 +291,8 @@ class TestFailover:
         self, runpod_emulator: RunPodEmulator, runpod_blocks: RunPodBlocks
     ) -> None:
         _, spec, ssh_key = runpod_blocks
-        provider = RunPodProvider(RunPodCredentials(api_key="rpa_wrong_key"), spec, ssh_key)
+        wrong = RunPodCredentials(api_key="rpa_wrong_key", api=runpod_emulator.client_api)  # type: ignore[attr-defined]
+        provider = RunPodProvider(wrong, spec, ssh_key)
         with pytest.raises(ProviderAuthError, match="401.*api_key"):
             provider.create(_request(ssh_key), _name())
         assert runpod_emulator.pods == {} and _creates(runpod_emulator) == 0
@@ -365,9 +381,16 @@ class TestValidationBeforeRequests:
             create = next(
                 e
                 for e in runpod_emulator.requests
-                if e.get("operation") == "podFindAndDeployOnDemand"
+                if e.get("operation") == _op(runpod_emulator, "create")
             )
-            assert 'allowedCudaVersions: ["12.4"]' in create["query"]
+            if "query" in create:  # GraphQL has only the list form
+                assert 'allowedCudaVersions: ["12.4"]' in create["query"]
+            else:  # REST v2: the floor as a floor
+                assert create["body"]["gpu"] == {
+                    "id": R3090,
+                    "count": 1,
+                    "minCudaVersion": "12.4",
+                }
         finally:
             provider.terminate(handle.pod_id)
 
