@@ -4,7 +4,7 @@ Two backends fill in ``RunPodApi``:
 
 - ``rest.RestApi``: RunPod's REST v2 (``{base}/v2``) on httpx — every pod call, the
   account's SSH keys, the GPU catalog, billing and pod logs;
-- ``graphql.GraphQLApi``: the ``runpod`` SDK's GraphQL (``{base}/graphql``) for the pod
+- ``graphql_api.GraphQLApi``: the ``runpod`` SDK's GraphQL (the same base) for the pod
   calls and the account's keys, the fallback until GraphQL's retirement (early 2027);
   catalog availability, billing and logs exist only on v2, so it asks ``RestApi`` for them.
 

@@ -173,8 +173,8 @@ client = credentials.get_client()
     api_base_url: str | None = Field(
         default=None,
         title="API base URL",
-        description="Where RunPod is, without a path (REST v2 at <base>/v2, GraphQL at "
-        "<base>/graphql); empty means $RUNPOD_API_BASE_URL or https://api.runpod.io.",
+        description="Where RunPod is, without a path (REST v2 at <base>/v2, the runpod "
+        "SDK's GraphQL beside it); empty means $RUNPOD_API_BASE_URL or https://api.runpod.io.",
     )
     api: Literal["v2", "graphql"] | None = Field(
         default=None,

@@ -55,7 +55,7 @@ A refused header (``SecretShapeError`` from the client, or ``requests``'
 ``InvalidHeader`` raw) is the key's shape, not the network: it is never retried, and
 its message never quotes the header.
 
-Sources: the SDK's ``runpod/api/graphql.py`` and ``ctl_commands.py``; the strings as
+Sources: the SDK's ``runpod.api.graphql`` and ``runpod.api.ctl_commands``; the strings as
 reported in runpod/runpod-python#168 and #239, mlabonne/llm-autoeval#3, and dstack's
 RunPod backend (``pod not found to terminate``). Unknown answers stop rather than
 loop, so an unrecognised failure never keeps spending.
@@ -205,10 +205,10 @@ _ACTIONS: dict[ErrorKind, FailoverAction] = {
 }
 
 RETIRED_APIS = {
-    "/v1": "REST v1 (retired by RunPod on 2026-11-15)",
-    "/graphql": "RunPod's GraphQL API (retired by RunPod)",
+    "v1": "REST v1 (retired by RunPod on 2026-11-15)",
+    "graphql": "RunPod's GraphQL API (retired by RunPod)",
 }
-"""Which API a 410 Gone names, by the path asked."""
+"""Which API a 410 Gone names, by the first part of the path asked."""
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,8 @@ def classify_problem(
         kind = ErrorKind.STATE_CONFLICT
     elif status == 410:
         path = operation.split(" ", 1)[-1]
-        name = next((v for k, v in RETIRED_APIS.items() if path.startswith(k)), "this API")
+        first = path.strip("/").split("/")[0]
+        name = RETIRED_APIS.get(first, "this API")
         kind = ErrorKind.RETIRED
         message = (
             f"{message}: {name} is gone; set api='v2' on the RunPodCredentials block (or "

@@ -150,21 +150,26 @@ class PodPlacement:
         missing = [gpu for gpu in ids if gpu not in offers]
         if missing:
             raise SpecError(
-                f"unknown GPU type id {missing[0]!r}{self._did_you_mean(missing[0])}; fix "
-                "the pod spec's gpu_type_ids (RunPod answers an inexact id as if no machine "
-                "were free) — nothing was created"
+                f"unknown GPU type id {missing[0]!r} ({self._did_you_mean(missing[0])}); "
+                "fix the pod spec's gpu_type_ids (RunPod answers an inexact id as if no "
+                "machine were free) — nothing was created"
             )
         return offers
 
     def _did_you_mean(self, gpu_id: str) -> str:
+        """The catalog's ids holding every word of ``gpu_id`` (``NVIDIA RTX 4090`` →
+        ``NVIDIA GeForce RTX 4090``), else the closest by spelling; REST v2 only."""
+        unknown = "RunPod does not know it"
         if self._api.name != "v2":
-            return " (RunPod does not know it)"
+            return unknown
         try:
             known = list(self._api.gpu_catalog())
         except Exception:  # the hint is a courtesy: never in the error's way
-            return " (RunPod does not know it)"
-        close = difflib.get_close_matches(gpu_id, known, n=2, cutoff=0.6)
-        return f": did you mean {' or '.join(close)}?" if close else " (RunPod does not know it)"
+            return unknown
+        words = set(gpu_id.lower().split())
+        close = [k for k in known if words <= set(k.lower().split())][:2]
+        close = close or difflib.get_close_matches(gpu_id, known, n=2, cutoff=0.6)
+        return f"did you mean {' or '.join(close)}?" if close else unknown
 
     def create(self, request: PodRequest, name: str) -> PodHandle:
         """Rent a pod named ``name`` (or adopt the live one of that name).

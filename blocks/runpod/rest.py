@@ -66,7 +66,7 @@ logger = logging.getLogger("prefect_runpod.runpod")
 DEFAULT_API_BASE_URL = "https://api.runpod.io"
 API_BASE_ENV = "RUNPOD_API_BASE_URL"
 """Where RunPod is (no path): REST v2 at ``{base}/v2``; the ``runpod`` SDK reads the same
-variable for GraphQL (``{base}/graphql``)."""
+variable for GraphQL, at the same base."""
 OBSOLETE_REST_ENV = "RUNPOD_REST_BASE_URL"
 """REST v1's base, retired with v1 on 2026-11-15: read only to warn that it is ignored."""
 
@@ -79,8 +79,8 @@ def resolve_base_url(explicit: str | None = None) -> str:
     ``https://api.runpod.io``; warns once when ``$RUNPOD_REST_BASE_URL`` is set.
 
     Raises:
-        SpecError: not an http(s) URL, or one with a path (``…/v2``, ``…/graphql``: give
-            the base only).
+        SpecError: not an http(s) URL, or one with a path (``…/v2`` and the like: give the
+            base only).
     """
     if os.environ.get(OBSOLETE_REST_ENV):
         warnings.warn(
@@ -93,7 +93,7 @@ def resolve_base_url(explicit: str | None = None) -> str:
     if urlsplit(base).path not in ("", "/") or urlsplit(base).query:
         raise SpecError(
             f"RunPod's API base URL {base!r} has a path; give the base only "
-            f"(e.g. {DEFAULT_API_BASE_URL}): REST v2 is <base>/v2, GraphQL <base>/graphql"
+            f"(e.g. {DEFAULT_API_BASE_URL}): REST v2 is <base>/v2, GraphQL beside it"
         )
     return base.rstrip("/")
 

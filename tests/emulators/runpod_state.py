@@ -82,8 +82,9 @@ class Faults:
             long after its create answered (RunPod lists new pods late: skypilot #10171).
         create_answer_lost: the next N creates make the pod, then drop the connection
             without answering (a create whose answer is lost).
-        ssh_keys_read_barrier: the next N ``GET /v2/account/ssh-keys`` wait for each other
-            (up to 10 s), so N writers read the same list before any writes: two adders
+        ssh_keys_barrier: the next N ``GET /v2/account/ssh-keys`` wait for each other (up
+            to 10 s), so N writers read the same list; then their N ``PUT``s wait for each
+            other and land together, in arrival order, before any is answered: N adders
             "at the same moment", by count, never by timing.
         log_cut_after_events: the next log stream is cut (no closing chunk) after this
             many events; spent once it fires.
@@ -107,7 +108,7 @@ class Faults:
     empty_answers: dict[str, int] = field(default_factory=dict)
     list_delay_seconds: float = 0.0
     create_answer_lost: int = 0
-    ssh_keys_read_barrier: int = 0
+    ssh_keys_barrier: int = 0
     log_cut_after_events: int = 0
 
     def take(self, table: dict[str, int], op: str) -> bool:

@@ -148,7 +148,9 @@ class V2Api:
         self.log_idle_close_seconds = 1.0
         self.answered_429 = 0
         self._windows: dict[str, tuple[float, int]] = {}
-        self._barrier: threading.Barrier | None = None
+        self._reads: threading.Barrier | None = None
+        self._writes: threading.Barrier | None = None
+        self._pending: list[list[str]] = []
 
     # -- rate limit ---------------------------------------------------------------------
 
@@ -387,25 +389,44 @@ class V2Api:
     def _getSshKeys(self, **_: Any) -> Answer:
         emu = self.emu
         with emu._lock:
-            if emu.faults.ssh_keys_read_barrier > 1 and self._barrier is None:
-                self._barrier = threading.Barrier(emu.faults.ssh_keys_read_barrier)
-                emu.faults.ssh_keys_read_barrier = 0
-            barrier = self._barrier
-            keys = [k for k in emu.pub_key.splitlines() if k.strip()]
-        if barrier is not None:
+            if emu.faults.ssh_keys_barrier > 1:
+                count, emu.faults.ssh_keys_barrier = emu.faults.ssh_keys_barrier, 0
+                self._reads = threading.Barrier(count)
+                self._writes = threading.Barrier(count, action=self._land_writes)
+            reads = self._reads
+        if reads is not None:
             with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=10)
+                reads.wait(timeout=10)
             with emu._lock:
-                if self._barrier is barrier and barrier.n_waiting == 0:
-                    self._barrier = None
-                keys = [k for k in emu.pub_key.splitlines() if k.strip()]
-        return _json(200, {"keys": keys})
+                if self._reads is reads:
+                    self._reads = None
+        with emu._lock:
+            return _json(200, {"keys": [k for k in emu.pub_key.splitlines() if k.strip()]})
+
+    def _land_writes(self) -> None:
+        """The held writes, applied in arrival order (the barrier's action)."""
+        with self.emu._lock:
+            for keys in self._pending:
+                self.emu.pub_key = "\n".join(keys)
+                self.emu.key_writes.append(list(keys))
+            self._pending = []
 
     def _updateSshKeys(self, data: dict[str, Any], **_: Any) -> Answer:
+        keys = list(data["keys"])
         with self.emu._lock:
-            self.emu.pub_key = "\n".join(data["keys"])
-            self.emu.key_writes.append(list(data["keys"]))
-            return _json(200, {"keys": list(data["keys"])})
+            writes = self._writes
+            if writes is None:
+                self.emu.pub_key = "\n".join(keys)
+                self.emu.key_writes.append(keys)
+            else:
+                self._pending.append(keys)
+        if writes is not None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                writes.wait(timeout=10)
+            with self.emu._lock:
+                if self._writes is writes:
+                    self._writes = None
+        return _json(200, {"keys": keys})
 
     def _listGpuTypes(self, query: dict[str, str], **_: Any) -> Answer:
         return _json(200, self.emu.catalog(query))

@@ -58,9 +58,35 @@ class TestCredentials:
             repr(credentials),
             str(credentials),
             repr(client),
+            repr(RunPodCredentials(api_key="rpa_SENTINEL_KEY", api="v2").get_api()),
+            repr(RunPodCredentials(api_key="rpa_SENTINEL_KEY", api="graphql").get_api()),
             credentials.model_dump_json(),
         ):
             assert "SENTINEL" not in text
+
+    def test_one_setting_chooses_the_api(self) -> None:
+        from prefect_runpod.blocks.runpod.api import DEFAULT_API, RunPodApi
+
+        assert RunPodCredentials(api_key="k").get_api().name == DEFAULT_API
+        for name in ("v2", "graphql"):
+            api = RunPodCredentials(api_key="k", api=name).get_api()
+            assert isinstance(api, RunPodApi) and api.name == name
+        with pytest.raises(ValidationError):
+            RunPodCredentials(api_key="k", api="v1")
+
+    def test_the_base_url_has_no_path(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.delenv("RUNPOD_API_BASE_URL", raising=False)
+        v2 = RunPodCredentials(api_key="k", api="v2")
+        assert v2.get_api().base_url == "https://api.runpod.io"  # type: ignore[attr-defined]
+        there = RunPodCredentials(api_key="k", api="v2", api_base_url="http://127.0.0.1:9")
+        assert there.get_api().base_url == "http://127.0.0.1:9"  # type: ignore[attr-defined]
+        with pytest.raises(ValidationError, match="has a path"):
+            RunPodCredentials(api_key="k", api_base_url="https://api.runpod.io/v2")
+
+    def test_rest_base_url_is_accepted_only_to_warn(self) -> None:
+        with pytest.warns(DeprecationWarning, match="rest_base_url is obsolete"):
+            old = RunPodCredentials(api_key="k", rest_base_url="https://rest.runpod.io/v1")
+        assert old.api_base_url is None
 
 
 class TestPodSpec:
@@ -189,6 +215,43 @@ class TestSSHKey:
         kind, body, _ = ours.split()
         assert key_in_authorized(ours, f"ssh-rsa AAAAother x\n{kind} {body} other-comment")
         assert not key_in_authorized(ours, "ssh-rsa AAAAother x")
+
+
+@pytest.mark.slow
+def test_a_credentials_block_saved_by_the_previous_release_still_loads(
+    prefect_server: None,
+) -> None:
+    """The previous release's ``RunPodCredentials`` had ``api_key`` and ``rest_base_url``
+    only; its saved document loads into today's block, warns that ``rest_base_url`` is
+    obsolete, and speaks the default API."""
+    import warnings
+
+    from prefect.utilities.dispatch import register_type
+
+    from prefect_runpod.blocks.runpod.api import DEFAULT_API
+
+    with warnings.catch_warnings():  # it takes over the slug in Prefect's registry …
+        warnings.simplefilter("ignore", UserWarning)
+
+        class PreviousRunPodCredentials(Block):
+            _block_type_name = "RunPod Credentials"
+            _block_type_slug = "runpod-credentials"
+            api_key: SecretStr
+            rest_base_url: str | None = None
+
+    name = f"old-{__import__('uuid').uuid4().hex[:8]}"
+    try:
+        PreviousRunPodCredentials(
+            api_key=SecretStr("rpa_OLD"), rest_base_url="https://rest.runpod.io/v1"
+        ).save(name)
+    finally:
+        with warnings.catch_warnings():  # … until today's class takes it back
+            warnings.simplefilter("ignore", UserWarning)
+            register_type(RunPodCredentials)
+    with pytest.warns(DeprecationWarning, match="rest_base_url is obsolete"):
+        loaded = RunPodCredentials.load(name)
+    assert loaded.api_key.get_secret_value() == "rpa_OLD"
+    assert loaded.api_name == DEFAULT_API and loaded.api_base_url is None
 
 
 @pytest.mark.slow
