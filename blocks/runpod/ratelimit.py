@@ -53,14 +53,18 @@ class WindowState:
     """One window as last answered.
 
     Attributes:
-        remaining: requests left (``r``).
+        remaining: requests left (``r``), less those sent since.
         reset_at: when the window resets, on the budget's clock (s).
         quota: the window's quota (``q``), when the policy said it.
+        length: the window's length (``w``, s), when the policy said it.
+        last_sent: when a request last went out in this window (the budget's clock).
     """
 
     remaining: int
     reset_at: float
     quota: int | None = None
+    length: float | None = None
+    last_sent: float | None = None
 
 
 def _members(value: str | None) -> list[tuple[str, dict[str, Any]]]:
@@ -138,37 +142,59 @@ class RateBudget:
         """Every wait so far, summed (s)."""
         self._lock = threading.Lock()
 
+    def _roll(self, now: float) -> None:
+        """A window past its reset starts again full, for its whole length (what RunPod
+        answers next corrects it); one whose policy is unknown is forgotten."""
+        for name, window in list(self.windows.items()):
+            if now < window.reset_at:
+                continue
+            if window.quota is None or not window.length:
+                del self.windows[name]
+            else:
+                window.remaining, window.reset_at = window.quota, now + window.length
+                window.last_sent = None
+
     def _delay(self, now: float) -> float:
+        """Nothing while a window has more than its reserve left; then the time left
+        spread over what is left, counted from the last request sent; the whole reset
+        when nothing is left."""
         delay = 0.0
         for window in self.windows.values():
             left = window.reset_at - now
-            if left <= 0:
-                continue
             if window.remaining <= 0:
                 delay = max(delay, left)
                 continue
             floor = (window.quota or 0) * self.reserve
-            if window.remaining <= max(floor, 1):
-                delay = max(delay, left / window.remaining)
+            if window.remaining <= max(floor, 1) and window.last_sent is not None:
+                due = window.last_sent + left / window.remaining
+                delay = max(delay, due - now)
         return delay
 
     def before_request(self, what: str = "a request") -> float:
         """Wait as long as the budget says before sending; returns the wait (s). The
-        request is counted at once, so callers in several threads space out too."""
-        with self._lock:
-            now = self.clock()
-            delay = self._delay(now)
-            for window in self.windows.values():
-                if window.reset_at > now + delay:
-                    window.remaining -= 1
-        if delay > 0:
+        request is counted when it may go, under the lock, so callers in several threads
+        space out too; after a wait the budget is asked again."""
+        waited = 0.0
+        while True:
+            with self._lock:
+                now = self.clock()
+                self._roll(now)
+                delay = self._delay(now)
+                if delay <= 0:
+                    for window in self.windows.values():
+                        window.remaining -= 1
+                        window.last_sent = now
+                    return waited
             logger.info("RunPod rate budget: waiting %.1f s before %s", delay, what)
             self.waited_seconds += delay
+            waited += delay
             self.sleep(delay)
-        return delay
 
     def after_response(self, headers: Mapping[str, str]) -> None:
-        """Take in one answer's ``RateLimit`` / ``RateLimit-Policy``."""
+        """Take in one answer's ``RateLimit`` / ``RateLimit-Policy``. Within a window
+        already known the lower count wins (answers of several threads arrive out of
+        order, and requests counted here may not have reached RunPod yet); a later
+        reset starts a new window; an earlier one is an answer from a window gone by."""
         limits = parse_rate_limit(headers.get("RateLimit"))
         if not limits:
             return
@@ -176,8 +202,15 @@ class RateBudget:
         with self._lock:
             now = self.clock()
             for name, (remaining, reset) in limits.items():
-                quota = policy.get(name, (None, 0.0))[0]
-                self.windows[name] = WindowState(remaining, now + reset, quota)
+                quota, length = policy.get(name, (None, None))
+                known = self.windows.get(name)
+                sent, reset_at = None, now + reset
+                if known is not None and now < known.reset_at:
+                    if reset_at < known.reset_at - 1:  # an answer from a window gone by
+                        continue
+                    if reset_at <= known.reset_at + 1:  # this window: the lower count wins
+                        remaining, sent = min(remaining, known.remaining), known.last_sent
+                self.windows[name] = WindowState(remaining, reset_at, quota, length, sent)
 
     def wait_429(self, headers: Mapping[str, str], what: str) -> float:
         """After a 429: take in its headers, then wait as RunPod asked; returns the wait

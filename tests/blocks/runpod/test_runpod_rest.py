@@ -28,18 +28,24 @@ BASE = {"name": "prft-x", "image": "img:1", "gpu_type_id": GPU, "gpu_count": 2}
 
 
 class FakeClock:
-    """Monotonic seconds that move only when something sleeps."""
+    """Monotonic seconds that move only when something sleeps; threads sleeping at the
+    same time wake together (the clock moves to the latest wake), as real time would."""
 
     def __init__(self) -> None:
         self.now = 1000.0
         self.slept: list[float] = []
+        self._lock = threading.Lock()
+        self._read = threading.local()
 
     def __call__(self) -> float:
+        self._read.at = self.now  # a sleep counts from this thread's last look
         return self.now
 
     def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
+        with self._lock:
+            self.slept.append(seconds)
+            start = getattr(self._read, "at", self.now)
+            self.now = max(self.now, start + seconds)
 
 
 @pytest.fixture
@@ -183,17 +189,25 @@ class TestRateBudget:
         assert runpod_emulator.v2.answered_429 == 0
         assert clock.now - 1000.0 >= 120.0  # 25 requests at 10 a minute: two resets
 
-    def test_several_threads_share_one_budget(
+    def test_two_clients_of_one_account_share_its_budget(
         self, runpod_emulator: RunPodEmulator, api: RestApi, clock: FakeClock
     ) -> None:
+        """Two runs in one process, one account: their requests count against one
+        budget (``budget_for``: one per base URL and key), so together they stay under
+        the quota."""
+        from prefect_runpod.blocks.runpod.ratelimit import budget_for
+
         runpod_emulator.v2.quota = {"minute": (8, 60.0)}
-        api.get_account_keys()  # the budget learns the window
-        threads = [threading.Thread(target=api.get_account_keys) for _ in range(12)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-        assert runpod_emulator.v2.answered_429 == 0
+        key = SecretStr(runpod_emulator.api_key)
+        shared = budget_for(runpod_emulator.base_url, runpod_emulator.api_key)
+        shared.clock, shared.sleep = clock, clock.sleep
+        runs = [RestApi(key, base_url=runpod_emulator.base_url) for _ in range(2)]
+        assert runs[0].budget is runs[1].budget is shared
+        for n in range(20):
+            runs[n % 2].get_account_keys()
+        assert runpod_emulator.v2.answered_429 == 0 and shared.waited_seconds >= 60
+        for run in runs:
+            run.close()
 
 
 class TestProblems:
