@@ -1,12 +1,18 @@
-"""RunPod: the blocks a user saves, the SDK client, the error map, the pod lifecycle and
-the provider that rents pods through the ``runpod`` SDK (GraphQL).
+"""RunPod: the blocks a user saves, the one client interface and its two backends, the
+error map, the pod lifecycle and the provider that rents pods through it.
 
-- ``blocks``     ``RunPodCredentials``, ``RunPodPodSpec`` and the input validators
-- ``ssh_key``    ``RunPodSSHKey``: the key pair, the gateway and its pinned host key
-- ``client``     ``RunPodClient``: the SDK bound to one API key
-- ``errors``     RunPod's exact error strings -> what the provider does next
-- ``lifecycle``  endpoints from a pod answer, the host-key probe, terminate-until-gone
-- ``provider``   ``RunPodProvider``, filling in the provider protocol
+- ``blocks``       ``RunPodCredentials`` (key, base URL, which API), ``RunPodPodSpec``, validators
+- ``ssh_key``      ``RunPodSSHKey``: the key pair, the gateway and its pinned host key
+- ``api``          ``RunPodApi`` (the interface) and the records both backends answer with
+- ``rest``         ``RestApi``: REST v2 on httpx (``v2_models``: the shapes it sends and reads)
+- ``graphql_api``  ``GraphQLApi``: the GraphQL fallback through the SDK (``client``: ``RunPodClient``)
+- ``ratelimit``    the process-wide rate budget read from RunPod's ``RateLimit`` headers
+- ``errors``       RunPod's answers (problem objects, SDK errors) -> what happens next
+- ``account_keys`` the account's SSH keys, changed without dropping anyone's
+- ``catalog`` / ``billing``  the GPU catalog and RunPod's own bill (REST v2)
+- ``lifecycle``    endpoints from a pod, the host-key probe, terminate-until-gone
+- ``placement`` / ``provider``  ``RunPodProvider``, filling in the provider protocol
+- ``poller``       one pod-list read per interval shared by several pods' status asks
 
 Names load lazily, so importing this package does not import the SDK.
 """
