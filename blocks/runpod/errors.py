@@ -76,8 +76,8 @@ from prefect_runpod.blocks.exceptions import (
     ProviderAuthError,
     ProviderError,
     ProviderTransientError,
-    SecretShapeError,
     RunPodAPIError,
+    SecretShapeError,
     SpecError,
 )
 from prefect_runpod.blocks.secret_mask import is_header_error, refused_headers

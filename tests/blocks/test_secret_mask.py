@@ -208,7 +208,10 @@ def test_the_cli_output_is_redacted(capsys):
     assert out == "printed ***\n" and err == "to stderr ***\n"
 
 
-def test_a_create_with_a_refused_key_names_the_key_not_the_network(runpod_blocks, runpod_emulator):
+@pytest.mark.parametrize("api", ["graphql", "v2"])
+def test_a_create_with_a_refused_key_names_the_key_not_the_network(
+    runpod_blocks, runpod_emulator, api
+):
     """The finetune's message blamed the network ("cannot reach the RunPod API") for a
     key ``requests`` would not send: now the create stops at once (never retried), says
     what is wrong with the key, and RunPod's API sees no request."""
@@ -219,7 +222,10 @@ def test_a_create_with_a_refused_key_names_the_key_not_the_network(runpod_blocks
     _, spec, ssh_key = runpod_blocks
     key = _fresh()["inner_newline"]
     provider = RunPodProvider(
-        RunPodCredentials(api_key=key), spec, ssh_key, retry_initial_delay_seconds=0.01
+        RunPodCredentials(api_key=key, api=api, api_base_url=runpod_emulator.base_url),
+        spec,
+        ssh_key,
+        retry_initial_delay_seconds=0.01,
     )
     with pytest.raises(SecretShapeError) as info:
         provider.create(PodRequest(public_key=ssh_key.get_public_key()), "prft-shape-check")
