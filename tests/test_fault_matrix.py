@@ -28,9 +28,11 @@ stage by default, every stage under the full matrix), the terminate API down for
 the pod's ``runpodctl`` failing with x509 (the dead-man's GraphQL layer ends it), a
 SIGKILL during ``wait_ready`` (RunPod's ``terminateAfter`` lease ends it), and two runs
 at once on emulated RunPod. Every cell asserts no pod left, the run's final Prefect
-state, and that the run's recorded cost (its ``finetune-costs`` record, completed by
-``prefect-runpod cost --reconcile`` where no layer of the run could write it) equals the
-emulator's ledger within 1 %.
+state, and the run's recorded cost (its ``finetune-costs`` record, completed by
+``prefect-runpod cost --reconcile`` where no layer of the run could write it): its
+billing window sits on the emulator's record of the pod's life, compared on the one
+clock both read (no tolerance a busy machine could exceed), its USD is the price times
+that window, and RunPod's bill in it equals the emulator's ledger.
 
 All cells share one Prefect server, one served runner and one RunPod emulator (pods
 backed by real local pods, reached through the emulator's gateway), one cell at a time.
@@ -51,11 +53,13 @@ import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from prefect_runpod.blocks.costs import settle
 from prefect_runpod.blocks.faults import (
     InjectedFault,
     fault_point,
@@ -65,6 +69,7 @@ from prefect_runpod.blocks.faults import (
 )
 from prefect_runpod.flows.cost_record import CostRecord, latest_record
 from tests.fixtures.fault_matrix import FaultLab, wait_until
+from tests.fixtures.runpod_emulator import assert_billed_as_the_ledger
 
 STAGES = ("provision", "env", "upload", "train", "download")
 """Every stage the matrix fires faults in."""
@@ -210,26 +215,28 @@ def _pods_gone(lab: FaultLab, prefix: str, timeout_seconds: float) -> None:
     )
 
 
-CLOCK_SKEW_SECONDS = 0.1
-"""Our create and end times are read on this side of the API, a few ms from the
-emulator's: for a pod that lived under 10 s (a cell failing in provision) 1 % of its
-cost is less than that, so the check allows this much billing time instead."""
-
-
-def _cost_matches_ledger(lab: FaultLab, run_id: uuid.UUID | str, pod_id: str) -> CostRecord:
-    """The run's recorded cost equals the emulator's ledger within 1 % (ours), and RunPod's
-    bill in the record equals it (the emulator's billing rule, see runpod_billing)."""
+def _cost_matches_ledger(
+    lab: FaultLab, run_id: uuid.UUID | str, pod_id: str, ended_by: datetime | None = None
+) -> CostRecord:
+    """The run's recorded billing window sits on the emulator's record of the pod's life
+    (same clock, see ``assert_billed_as_the_ledger``; its end no later than ``ended_by``,
+    default now), our USD is the price times that window, and RunPod's bill in the record
+    equals the emulator's ledger (its billing rule, see runpod_billing)."""
     record = latest_record(str(run_id))
     assert record is not None, f"run {run_id} has no finetune-costs record"
     assert record.end is not None and record.end.confirmed, record.state_line()
+    assert record.created_at is not None and record.end.ended_at is not None, record
     ledger = lab.emulator.ledger.usd(pod_id)
     assert ledger > 0
-    skew = record.cost_per_hr * CLOCK_SKEW_SECONDS / 3600
-    assert record.usd == pytest.approx(ledger, rel=0.01, abs=skew), (
-        record.usd,
-        ledger,
-        record.end,
+    assert_billed_as_the_ledger(
+        lab.emulator,
+        pod_id,
+        record.created_at,
+        record.end.ended_at,
+        ended_by=ended_by or datetime.now(UTC),
     )
+    bill = settle(record.cost_per_hr, record.created_at, record.end.ended_at)
+    assert (record.billed_seconds, record.usd) == (bill.billed_seconds, bill.usd), record
     assert record.runpod_usd == pytest.approx(ledger, rel=1e-6), record.billing_note
     return record
 
@@ -375,6 +382,7 @@ def _script_cell(lab: FaultLab, stage: str, cell: Path) -> Cell:
         assert end.how == "removed-from-inside", end
         # No layer of the run could write the end: the record is completed afterwards.
         record = _reconcile(run_id)
+        ended_by = datetime.now(UTC)
         assert record.end is not None and record.end.ended_by.value == "deadman"
         layer, message = "3 dead-man", "run left Running; the pod removed itself"
     else:
@@ -391,6 +399,7 @@ def _script_cell(lab: FaultLab, stage: str, cell: Path) -> Cell:
             stale_running_seconds=REAPER_STALE_SECONDS,
             grace_seconds=0.0,
         )
+        ended_by = datetime.now(UTC)  # the reaper confirmed the end before it returned
         assert [(r["pod_id"], r["reap"], r["terminated"]) for r in rows] == [
             (report["pod_id"], True, True)
         ], rows
@@ -400,7 +409,7 @@ def _script_cell(lab: FaultLab, stage: str, cell: Path) -> Cell:
         assert end.how == "podTerminate", end
         assert latest_record(str(run_id)).end.ended_by.value == "reaper"  # type: ignore[union-attr]
         layer, message = "4 reaper", f"run left Running; reaper: {rows[0]['reason']}"
-    _cost_matches_ledger(lab, run_id, report["pod_id"])
+    _cost_matches_ledger(lab, run_id, report["pod_id"], ended_by)
     return Cell(stage, "sigkill", layer, round(end.at - t0, 1), "RUNNING", message[:160], 0)
 
 
@@ -501,6 +510,7 @@ def test_pod_terminated_from_outside(fault_lab: FaultLab, matrix_table, stage: s
     run_id, own = _pause_run(lab, params, point)
     pod_id = lab.pods_named(prefix)[0]
     assert main(["terminate", "--provider", "runpod", pod_id]) == 0
+    terminated = datetime.now(UTC)  # the CLI confirmed the end before it returned
     gone_at = lab.emulator.ended[pod_id].at
     release_marker(own, point)
     released = time.time()
@@ -511,7 +521,7 @@ def test_pod_terminated_from_outside(fault_lab: FaultLab, matrix_table, stage: s
     assert "reconnect()" not in message and "may still" not in message
     report = _report(cell / "out")
     assert report["terminated"] and report["pod_end"]["ended_by"] == "cli"
-    record = _cost_matches_ledger(lab, run_id, pod_id)
+    record = _cost_matches_ledger(lab, run_id, pod_id, terminated)
     assert record.end.ended_by.value == "cli"  # type: ignore[union-attr]
     stopped = run.state.timestamp.timestamp()
     result = Cell(
@@ -552,9 +562,10 @@ def test_terminate_api_down_for_good(fault_lab: FaultLab, matrix_table):
     assert not report["terminated"] and not report["passed"]
     assert latest_record(str(run_id)).may_still_bill  # type: ignore[union-attr]
     assert main(command.split()[1:]) == 0
+    terminated = datetime.now(UTC)  # the CLI confirmed the end before it returned
     t0 = time.time()
     _pods_gone(lab, prefix, 30.0)
-    _cost_matches_ledger(lab, run_id, pod_id)
+    _cost_matches_ledger(lab, run_id, pod_id, terminated)
     result = Cell("terminate", "api-down", "cli", round(time.time() - t0, 1), state,
                   message[:160], len(lab.leftover_pods()))  # fmt: skip
     matrix_table.append(result)

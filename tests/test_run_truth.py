@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from prefect_runpod.flows.cost_record import latest_record
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.flows.report import RunReport, render_summary
 from tests.fixtures.fault_matrix import wait_until
+from tests.fixtures.runpod_emulator import assert_billed_as_the_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -115,12 +117,18 @@ def test_a_terminate_that_is_never_confirmed_fails_the_run_saying_may_still_be_b
     # The exact command, once RunPod answers again, ends it and completes the record.
     runpod_emulator.faults.terminate_fail_n = 0
     assert main(command.split()[1:]) == 0
+    returned = datetime.now(UTC)
     assert runpod_emulator.live_pod_ids() == []
     record = latest_record(report.flow_run_id)
     assert record is not None and record.end.confirmed and record.end.ended_by.value == "cli"
-    ledger = runpod_emulator.ledger.usd(pod_id)
-    assert record.usd == pytest.approx(ledger, rel=0.01)
-    assert record.runpod_usd == pytest.approx(ledger, abs=1e-8)
+    assert record.created_at is not None and record.end.ended_at is not None
+    # Billed from create to the CLI's confirmed terminate, as the emulator billed it.
+    assert_billed_as_the_ledger(
+        runpod_emulator, pod_id, record.created_at, record.end.ended_at, ended_by=returned
+    )
+    bill = settle(record.cost_per_hr, record.created_at, record.end.ended_at)
+    assert (record.billed_seconds, record.usd) == (bill.billed_seconds, bill.usd)
+    assert record.runpod_usd == pytest.approx(runpod_emulator.ledger.usd(pod_id), abs=1e-8)
     updated = RunReport.model_validate_json((out / "run-report.json").read_text())
     assert updated.terminated and updated.cost.usd == record.usd
 

@@ -251,6 +251,19 @@ class RunPodEmulator:
             self._reconcile()
             return list(self.pods)
 
+    def first_call_naming(self, pod_id: str) -> datetime | None:
+        """When the first request (GraphQL or REST v2) made with the account's key that
+        names ``pod_id`` arrived, or None. The id exists only from the create's answer
+        on, so whoever sent that request had read the answer by then."""
+        with self._lock:
+            times = [
+                datetime.fromisoformat(e["time"])
+                for e in self.requests
+                if e.get("scope") == "account"
+                and (pod_id in e.get("query", "") or pod_id in e.get("path", ""))
+            ]
+        return min(times, default=None)
+
     def log_text(self) -> str:
         """The whole request log as one string (for secret-sentinel checks)."""
         return json.dumps(self.requests)
@@ -373,6 +386,7 @@ class RunPodEmulator:
         if not accepted:
             entry["status"] = 401
             return 401, "application/json", b'{"error":"Unauthorized"}'
+        entry["scope"] = "pod" if scope else "account"
         try:
             query = json.loads(body or b"{}").get("query", "")
         except (json.JSONDecodeError, AttributeError):
@@ -430,6 +444,12 @@ class RunPodEmulator:
             "operation": found[0] if found else "v2",
             "authorization": "Bearer ***" if headers.get("authorization") else None,
         }
+        auth = headers.get("authorization", "")
+        accepted, scope = self._scope(
+            auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+        )
+        if accepted:
+            entry["scope"] = "pod" if scope else "account"
         if entry["operation"] == "createPod":
             try:
                 entry["body"] = json.loads(body or b"null")

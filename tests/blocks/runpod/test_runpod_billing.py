@@ -22,6 +22,7 @@ from prefect_runpod.blocks.runpod.billing import (
 )
 from prefect_runpod.blocks.runpod.blocks import RunPodCredentials
 from tests.emulators.runpod_api import RunPodEmulator
+from tests.fixtures.runpod_emulator import assert_billed_as_the_ledger
 
 V2 = {
     "records": [
@@ -196,8 +197,17 @@ def test_a_real_pods_bill_equals_the_ledger(  # type: ignore[no-untyped-def]
     handle = provider.create(
         PodRequest(public_key=runpod_blocks[2].get_public_key()), f"prft-{uuid.uuid4()}"
     )
-    time.sleep(0.3)
+    time.sleep(0.3)  # a pod that lived a while: a bill that is not zero
     result = provider.terminate(handle.pod_id)
+    returned = datetime.now(UTC)
     bill = runpod_blocks[0].fetch_pod_bill(handle.pod_id, handle.created_at, result.confirmed_at)
     assert bill is not None and bill.api == "v2"
     assert bill.usd == pytest.approx(runpod_emulator.ledger.usd(handle.pod_id), abs=1e-8)
+    # Our create -> confirmed-terminate window sits on the emulator's own record of the
+    # pod's life, compared on one clock (an order of events, no tolerance to exceed).
+    assert runpod_emulator.ledger.entries[handle.pod_id].ended == (
+        runpod_emulator.ended[handle.pod_id].at
+    )
+    assert_billed_as_the_ledger(
+        runpod_emulator, handle.pod_id, handle.created_at, result.confirmed_at, ended_by=returned
+    )
