@@ -14,10 +14,11 @@ barrier at the start of the stage (``prefect_runpod.blocks.faults``), never by t
 - ``drop``    — paused at the barrier, the RunPod gateway is told to cut the stage's
   next SSH connection after a few KiB, then the run goes on: the stage reconnects and
   the run completes, or it fails saying so; either way the ``finally`` ends the pod.
-- ``refuse``  — paused at the barrier, the RunPod gateway refuses every connection for
-  10 s, then the run goes on: the stage waits it out (backoff, the provider asked
-  before each retry) and the run completes; the ``finally`` ends the pod. These cells
-  exist for ``env``, ``upload`` and ``download`` (#13).
+- ``refuse``  — paused at the barrier, the RunPod gateway is told to refuse its next
+  three connections (an outage counted in connections, not seconds, so a slow run
+  meets all of it), then the run goes on: the stage waits it out (backoff, the provider
+  asked before each retry) and the run completes; the ``finally`` ends the pod. These
+  cells exist for ``env``, ``upload`` and ``download`` (#13).
 
 One more cell runs SIGKILL under the served runner: the runner marks the run Crashed
 and its ``on_crashed`` hook, in the runner's process, finds the pod by name and ends it.
@@ -75,7 +76,7 @@ STAGES = ("provision", "env", "upload", "train", "download")
 """Every stage the matrix fires faults in."""
 FAULTS = ("raise", "sigterm", "sigkill", "cancel", "drop", "refuse")
 REFUSE_STAGES = ("env", "upload", "download")
-REFUSE_SECONDS = 10.0
+REFUSED_CONNECTIONS = 3
 FULL = os.environ.get("PREFECT_RUNPOD_FULL_MATRIX") == "1"
 
 # Every stage, every fault and every layer; the full matrix behind the variable.
@@ -308,7 +309,7 @@ def _served_cell(lab: FaultLab, stage: str, fault: str, cell: Path) -> Cell:
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(run_id, Cancelling(), force=True)
         elif fault == "refuse":
-            lab.emulator.refuse_connections_for(REFUSE_SECONDS)
+            lab.emulator.refuse_next_connections(REFUSED_CONNECTIONS)
             release_marker(own, stage)
         else:
             lab.emulator.faults.drop_next_connection_after_bytes = DROP_AFTER_BYTES
@@ -344,9 +345,10 @@ def _served_cell(lab: FaultLab, stage: str, fault: str, cell: Path) -> Cell:
             assert any(w in message.lower() for w in ("connect", "drop", "ssh", "channel")), message
     elif fault == "refuse":
         refused = lab.emulator.refused_connections - refused_before
-        assert refused >= 1, f"the gateway refused nothing during {stage}"
+        lab.emulator.refuse_next_connections(0)  # none left over for the next cell
+        assert refused == REFUSED_CONNECTIONS, f"the gateway refused {refused} during {stage}"
         assert state == "COMPLETED", (state, message, lab.runner_tail())
-        message = f"survived: the gateway refused {refused} connections for {REFUSE_SECONDS:g} s"
+        message = f"survived: the gateway refused {refused} connections in a row"
     if fault != "sigkill-served":
         assert layer == "1 finally", (layer, report.get("error"))
     _cost_matches_ledger(lab, run_id, report["pod_id"])

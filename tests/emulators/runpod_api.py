@@ -219,10 +219,20 @@ class RunPodEmulator:
         with self._lock:
             self.faults.refuse_connections_until = time.monotonic() + seconds
 
+    def refuse_next_connections(self, count: int) -> None:
+        """The gateway accepts the next ``count`` connections and closes them at once,
+        then serves again (see ``Faults.refuse_next_connections``)."""
+        with self._lock:
+            self.faults.refuse_next_connections = count
+
     def _refusing(self) -> bool:
-        """True while ``refuse_connections_for`` is in force (each refusal counted)."""
+        """True while ``refuse_connections_for`` is in force, or for each of the
+        connections ``refuse_next_connections`` counts (each refusal counted)."""
         with self._lock:
             refusing = time.monotonic() < self.faults.refuse_connections_until
+            if not refusing and self.faults.refuse_next_connections > 0:
+                self.faults.refuse_next_connections -= 1
+                refusing = True
             if refusing:
                 self.refused_connections += 1
             return refusing

@@ -63,6 +63,10 @@ class Faults:
             gateway closes every connection it accepts at once, as a restarting proxy
             does (set it with ``RunPodEmulator.refuse_connections_for``); each one is
             counted in ``RunPodEmulator.refused_connections``.
+        refuse_next_connections: the gateway closes the next N connections it accepts
+            at once, then serves again (set it with
+            ``RunPodEmulator.refuse_next_connections``): an outage measured in refused
+            connections, never in time, so a slow client meets it all the same.
         pod_faults: ``PREFECT_RUNPOD_POD_FAULTS`` inside pods created from now on
             (``runpodctl:x509``: their ``runpodctl`` fails as without CA certificates).
         pod_ca_bundle: pods created from now on find a CA bundle that trusts this API's
@@ -102,6 +106,7 @@ class Faults:
     resume_gpus_busy: bool = False
     drop_next_connection_after_bytes: int = 0
     refuse_connections_until: float = 0.0
+    refuse_next_connections: int = 0
     pod_faults: str = ""
     pod_ca_bundle: bool = True
     lease_field_unknown: bool = False

@@ -212,22 +212,22 @@ def test_the_runpod_provider_says_alive_unknown_and_gone(emulated_pod) -> None: 
 @pytest.mark.slow
 def test_a_console_waits_out_a_refusing_gateway(emulated_pod) -> None:  # type: ignore[no-untyped-def]
     """#13: after ready, a gateway refusing connections for a few seconds failed the
-    stage at the first refusal."""
+    stage at the first refusal. The outage is a count of refused connections, so the
+    console meets all of it however slow the machine (the budget only guards a hang)."""
     emulator, provider, handle, key = emulated_pod
-    policy = ReconnectPolicy(budget_seconds=60, status=lambda: provider.status(handle.pod_id))
-    emulator.refuse_connections_for(3.0)
+    policy = ReconnectPolicy(budget_seconds=300, status=lambda: provider.status(handle.pod_id))
+    emulator.refuse_next_connections(2)
     with PodConsole.for_pod(handle, key, reconnect=policy) as console:
         assert console.run("echo through").output == "through"
-        refused = emulator.refused_connections
-        assert refused >= 1
+        assert emulator.refused_connections == 2  # both waited out
         # A later outage mid-stage: the link drops and the gateway refuses for a while;
         # the step runs again once it is back.
-        emulator.refuse_connections_for(2.0)
+        emulator.refuse_next_connections(2)
         transport = console._client.get_transport()  # noqa: SLF001 - the test cuts the link
         assert transport is not None
         transport.close()
         assert resuming(console).run("echo again").output == "again"
-    assert emulator.refused_connections > refused
+    assert emulator.refused_connections == 4
 
 
 @pytest.mark.slow
