@@ -34,7 +34,7 @@ def prefect_server() -> Iterator[None]:
     temporary SQLite database behind a subprocess server on a free loopback port)."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=300):
         yield
 
 

@@ -57,13 +57,13 @@ def _ssh_under_a_pty(target: str, env: dict[str, str]) -> str:
     """``prefect-runpod ssh TARGET`` with a terminal on stdin/stdout: type a command and
     ``exit``; return what the terminal showed."""
     child = spawn_on_ptys([*_CLI, "ssh", target], env, stdin_tty=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     child.type("echo cockpit-$((6*7))\n")
     while b"cockpit-42" not in child.out and time.monotonic() < deadline:
         assert child.proc.poll() is None, bytes(child.err + child.out).decode(errors="replace")
         time.sleep(0.1)
     child.type("exit\n")
-    assert child.wait(timeout=60) == 0, bytes(child.err).decode(errors="replace")
+    assert child.wait(timeout=180) == 0, bytes(child.err).decode(errors="replace")
     return bytes(child.out).decode(errors="replace")
 
 
@@ -92,7 +92,7 @@ def _while_the_pod_lives(run_id: str, out: Path, env: dict[str, str], capsys) ->
     assert f"source: pod {pod_id} (live)" in read.err
     assert "training on 305 tickets" in read.out
     # --follow reads on until the job on the pod ends (the run itself is paused).
-    assert main(["logs", run_id, "--follow", "--max-seconds", "120"]) == 0
+    assert main(["logs", run_id, "--follow", "--max-seconds", "600"]) == 0  # to the job's end
     followed = capsys.readouterr().out
     assert followed.startswith("training on 305 tickets") and "epoch 5/5" in followed
 
@@ -106,7 +106,7 @@ def _while_the_pod_lives(run_id: str, out: Path, env: dict[str, str], capsys) ->
         input="echo pasted-$((6*7))\nexit\n",
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         env=env,
     )
     assert pasted.returncode == 0 and "pasted-42" in pasted.stdout, pasted.stderr[-2000:]

@@ -196,7 +196,7 @@ def test_env_task_through_the_local_pod_console(runpod_home, wheel_index):
     from prefect_runpod.tasks.env import env
     from tests.fixtures.local_pod import start_pod
 
-    provider = LocalPodProvider(home=runpod_home, mode="gateway", start_timeout_seconds=60.0)
+    provider = LocalPodProvider(home=runpod_home, mode="gateway", start_timeout_seconds=120.0)
     pin = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1", "PATH": "/usr/bin:/bin"}
     handle, keypair = start_pod(provider, env=pin)
     try:
@@ -233,7 +233,7 @@ def test_a_venv_image_keeps_its_packages_in_the_pod_venv(runpod_home, wheel_inde
     from prefect_runpod.tasks.env import apply_env_plan, plan_env, verify_env
     from tests.fixtures.local_pod import start_pod
 
-    provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=60.0, image="venv-python")
+    provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=120.0, image="venv-python")
     handle, keypair = start_pod(
         provider, env={"PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1"}
     )

@@ -398,7 +398,7 @@ def test_a_runpod_emulator_pod_publishes_to_the_hub_on_loopback(
     name = f"prft-{uuid.uuid4()}"
     handle = provider.create(PodRequest(public_key=ssh_key.get_public_key()), name)
     try:
-        handle = provider.wait_ready(handle, timeout_seconds=60)
+        handle = provider.wait_ready(handle, timeout_seconds=180)
         assert handle.provider == "runpod" and handle.ssh is not None
         outputs = make_outputs(Path(handle.workdir) / "out", lfs_bytes=200 * 1024)
         with PodConsole.for_pod(handle, ssh_key.get_private_key()) as console:

@@ -135,7 +135,7 @@ class RunPodEmulator:
         """The emulator's clock (epoch seconds): ``terminateAfter`` and billing follow it."""
         self.ledger = Ledger(clock=lambda: self.clock())
         self._terminating: set[str] = set()
-        self.local = LocalPodProvider(home=home, mode=mode)  # type: ignore[arg-type]
+        self.local = LocalPodProvider(home=home, mode=mode, start_timeout_seconds=120.0)  # type: ignore[arg-type]
         self._lock = threading.RLock()
         self._http = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
         self._http.daemon_threads = True
@@ -620,7 +620,7 @@ class RunPodEmulator:
         if self.faults.pod_faults:
             inside["PREFECT_RUNPOD_POD_FAULTS"] = self.faults.pod_faults
         handle = self.local.create(PodRequest(public_key=public_key, env=inside), name)
-        handle = self.local.wait_ready(handle, timeout_seconds=60)
+        handle = self.local.wait_ready(handle, timeout_seconds=180)
         paths = PodPaths.of(self.local.home, handle.pod_id)
         with open(paths.authorized_keys, "a") as fh:  # the gateway logs in with its own key
             fh.write(self.gateway.client_public_key + "\n")

@@ -33,7 +33,7 @@ def test_commands_secrets_and_streams_through_the_gateway(local_pod: PodFixture)
         data = os.urandom(1 << 20)
         stream = console.open_stream(f"head -c {len(data)} | sha256sum")
         stream.write(data)
-        out = stream.read_until(b"-", timeout_seconds=30)
+        out = stream.read_until(b"-", timeout_seconds=120)
         assert stream.finish() == 0
         assert out.split()[0].decode() == hashlib.sha256(data).hexdigest()
     output, code = run_remote(handle, keypair.private_key, ["echo one", "(exit 3)"])

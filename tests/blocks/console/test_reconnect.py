@@ -179,7 +179,7 @@ def test_the_local_provider_says_when_a_pod_is_gone(local_pod: PodFixture) -> No
     wait_until(  # until the kernel reaps it: a dying daemon still has its environment
         "the dead daemon to read as a lost host",
         lambda: provider.status(handle.pod_id).cause is PodCause.HOST_LOST,
-        timeout_seconds=30,
+        timeout_seconds=120,
         step_seconds=0.05,
     )
     provider.terminate(handle.pod_id)
@@ -192,7 +192,7 @@ def emulated_pod(runpod_emulator, runpod_provider):  # type: ignore[no-untyped-d
     provider = runpod_provider()
     public_key = provider.ssh_key.get_public_key()
     handle = provider.create(PodRequest(public_key=public_key), "prft-reconnect")
-    handle = provider.wait_ready(handle, 60)
+    handle = provider.wait_ready(handle, 180)
     try:
         yield runpod_emulator, provider, handle, provider.ssh_key.get_private_key()
     finally:

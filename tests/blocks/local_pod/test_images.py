@@ -78,7 +78,7 @@ class TestRegistry:
 @pytest.mark.slow
 class TestWhatALoginMeets:
     def _pod(self, runpod_home: Path, image: str):  # type: ignore[no-untyped-def]
-        provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=60.0, image=image)
+        provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=120.0, image=image)
         handle, keypair = start_pod(provider)
         return provider, handle, keypair
 

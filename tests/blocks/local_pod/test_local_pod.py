@@ -53,7 +53,7 @@ def _port_closed(port: int) -> bool:
         return True
 
 
-def _wait_for(predicate, timeout_seconds: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout_seconds: float = 120.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -76,7 +76,7 @@ def _shell(handle: PodHandle, keypair: KeyPair, typed: bytes, marker: bytes) -> 
 @pytest.fixture(scope="module")
 def gateway(runpod_home: Path) -> Iterator[PodFixture]:
     """One gateway pod shared by the read-only tests of this module."""
-    provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=60.0)
+    provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=120.0)
     handle, keypair = start_pod(provider, env=_POD_ENV)
     yield provider, handle, keypair
     provider.terminate(handle.pod_id)
@@ -85,7 +85,7 @@ def gateway(runpod_home: Path) -> Iterator[PodFixture]:
 @pytest.fixture(scope="module")
 def direct(runpod_home: Path) -> Iterator[PodFixture]:
     """One direct-mode pod shared by the read-only tests of this module."""
-    provider = LocalPodProvider(home=runpod_home, mode="direct", start_timeout_seconds=60.0)
+    provider = LocalPodProvider(home=runpod_home, mode="direct", start_timeout_seconds=120.0)
     handle, keypair = start_pod(provider, env=_POD_ENV)
     yield provider, handle, keypair
     provider.terminate(handle.pod_id)
@@ -437,7 +437,7 @@ class TestTerminate:
         try:
             chan = client.invoke_shell(term="xterm")
             chan.send(b"runpodctl remove pod $RUNPOD_POD_ID\n")
-            read_shell_until(chan, b"\x00never", timeout_seconds=30)  # ends when the pod does
+            read_shell_until(chan, b"\x00never", timeout_seconds=120)  # ends when the pod does
         finally:
             client.close()
         gone = _wait_for(
@@ -460,7 +460,7 @@ class TestTerminate:
             from prefect_runpod.blocks.keys import KeyPair, generate_keypair
             from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
             from prefect_runpod.blocks.provider import PodRequest
-            provider = LocalPodProvider(home=Path({str(runpod_home)!r}), start_timeout_seconds=60)
+            provider = LocalPodProvider(home=Path({str(runpod_home)!r}), start_timeout_seconds=120.0)
             handle = provider.create(PodRequest(public_key=generate_keypair().public_key), {name!r})
             print(handle.pod_id)
             """
@@ -474,7 +474,7 @@ class TestTerminate:
             found = local_provider.find(name)
             assert found is not None and found.pod_id == pod_id
             assert [h.pod_id for h in local_provider.list("test-orphan-")].count(pod_id) == 1
-            ready = local_provider.wait_ready(found, 60)
+            ready = local_provider.wait_ready(found, 180)
             assert ready.ssh is not None and not _port_closed(ready.ssh.port)
         finally:
             made = local_provider.find(name)

@@ -30,7 +30,7 @@ _TIMEOUT_SECONDS = 60
 
 @pytest.fixture(scope="module")
 def gateway(runpod_home: Path) -> Iterator[PodFixture]:
-    provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=60.0)
+    provider = LocalPodProvider(home=runpod_home, start_timeout_seconds=120.0)
     handle, keypair = start_pod(provider)
     yield provider, handle, keypair
     provider.terminate(handle.pod_id)
@@ -38,7 +38,7 @@ def gateway(runpod_home: Path) -> Iterator[PodFixture]:
 
 @pytest.fixture(scope="module")
 def direct(runpod_home: Path) -> Iterator[PodFixture]:
-    provider = LocalPodProvider(home=runpod_home, mode="direct", start_timeout_seconds=60.0)
+    provider = LocalPodProvider(home=runpod_home, mode="direct", start_timeout_seconds=120.0)
     handle, keypair = start_pod(provider)
     yield provider, handle, keypair
     provider.terminate(handle.pod_id)

@@ -21,7 +21,7 @@ from prefect_runpod.blocks.provider import DeadmanConfig, PodCause, PodRequest
 from tests.fixtures.local_pod import PodFixture, connect_paramiko, read_shell_until, start_pod
 
 
-def _wait_for(predicate, timeout_seconds: float = 30.0):  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout_seconds: float = 120.0):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         got = predicate()
@@ -37,7 +37,7 @@ def _type(fixture: PodFixture, line: bytes, marker: bytes = b"\x00never") -> byt
     try:
         chan = client.invoke_shell(term="xterm")
         chan.send(line)
-        return read_shell_until(chan, marker, timeout_seconds=30)
+        return read_shell_until(chan, marker, timeout_seconds=120)
     finally:
         client.close()
 
@@ -109,7 +109,7 @@ def test_the_daemon_ends_the_pod_at_its_lease(local_provider: LocalPodProvider) 
             lambda: (
                 local_provider.status(handle.pod_id).gone and local_provider.status(handle.pod_id)
             ),
-            60.0,
+            120.0,
         )
         assert status and (status.ended_by, status.ended_layer) == ("lease", "terminateAfter")
         assert status.ended_at is not None and status.ended_at >= handle.terminate_after
@@ -143,7 +143,7 @@ def test_env_names_match_whole(local_provider: LocalPodProvider, name: str) -> N
 
 def test_ids_of_any_pod_get_the_workspace_tombstones(tmp_path: Path) -> None:
     """Tombstones live beside the registry, so they outlast the pod directory."""
-    provider = LocalPodProvider(home=tmp_path, start_timeout_seconds=60.0)
+    provider = LocalPodProvider(home=tmp_path, start_timeout_seconds=120.0)
     handle, _ = start_pod(provider)
     provider.terminate(handle.pod_id)
     assert not (tmp_path / "pods" / handle.pod_id).exists()

@@ -43,7 +43,7 @@ def _find_python38() -> str | None:
 PY38 = _find_python38()
 
 
-def wait_for(predicate, timeout_seconds: float = 30.0, what: str = "condition"):
+def wait_for(predicate, timeout_seconds: float = 120.0, what: str = "condition"):
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         value = predicate()
@@ -236,7 +236,7 @@ class TestKill:
         log = train_run_dir / "train.log"
         wait_for(lambda: log.exists() and b"child" in log.read_bytes(), what="the child pid")
         child_pid = int(log.read_text().split()[1])
-        answer = launcher("kill", "--run-dir", str(train_run_dir), "--grace-seconds", "10")
+        answer = launcher("kill", "--run-dir", str(train_run_dir), "--grace-seconds", "60")
         assert answer["signals"] == ["SIGTERM"]
         assert answer["exit_code"] == 143 and answer["state"] == "exited"
         assert pid_gone(started["pid"]) and pid_gone(child_pid)

@@ -23,7 +23,7 @@ TRUST_EXIT = ("--settle-seconds", "0", "--no-api")
 FAKE_POD_KEY = "fake-pod-scoped-key-for-tests"
 
 
-def run_watchdog(run_dir: Path, *args: str, env: dict | None = None, timeout: float = 60.0):
+def run_watchdog(run_dir: Path, *args: str, env: dict | None = None, timeout: float = 180.0):
     if "--settle-seconds" not in args:
         args = (*args, *TRUST_EXIT)
     return subprocess.run(
@@ -40,7 +40,7 @@ def marker_command(marker: Path) -> str:
     return f'echo "removed $RUNPOD_POD_ID" >> {marker}'
 
 
-def wait_for(predicate, timeout_seconds: float = 30.0, what: str = "condition"):
+def wait_for(predicate, timeout_seconds: float = 120.0, what: str = "condition"):
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -372,8 +372,8 @@ class TestLayers:
             env=env,
         )  # fmt: skip
         try:
-            wait_for(lambda: workload.poll() is not None, 60, "the workload to be stopped")
-            wait_for(lambda: any(a.get("outcome") for a in _attempts(tmp_path)), 30, "the outcome")
+            wait_for(lambda: workload.poll() is not None, 180, "the workload to be stopped")
+            wait_for(lambda: any(a.get("outcome") for a in _attempts(tmp_path)), 120, "the outcome")
             assert bystander.poll() is None and proc.poll() is None  # it keeps trying
         finally:
             proc.terminate()
