@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -50,8 +51,16 @@ def wait_for(predicate, timeout_seconds: float = 120.0, what: str = "condition")
 
 
 @pytest.fixture
-def pod_env() -> dict:
-    return {**os.environ, "RUNPOD_POD_ID": "podtest1"}
+def pod_id() -> str:
+    """A pod id of this test's own: the last resort stops every process carrying
+    ``RUNPOD_POD_ID=<id>``, so a shared id would let a suite running beside this one
+    stop this test's watchdog."""
+    return f"podtest{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def pod_env(pod_id: str) -> dict:
+    return {**os.environ, "RUNPOD_POD_ID": pod_id}
 
 
 class TestDecide:
@@ -84,7 +93,7 @@ class TestDecide:
 
 
 class TestWatchdog:
-    def test_stale_heartbeat_removes_the_pod(self, tmp_path: Path, pod_env: dict):
+    def test_stale_heartbeat_removes_the_pod(self, tmp_path: Path, pod_env: dict, pod_id: str):
         marker = tmp_path / "removed.txt"
         (tmp_path / "heartbeat").touch()
         os.utime(tmp_path / "heartbeat", (time.time() - 100, time.time() - 100))
@@ -101,12 +110,12 @@ class TestWatchdog:
             env=pod_env,
         )
         assert done.returncode == 0
-        assert marker.read_text() == "removed podtest1\n"
+        assert marker.read_text() == f"removed {pod_id}\n"
         log = (tmp_path / "watchdog.log").read_text()
         assert "heartbeat stale" in log and "remove command succeeded" in log
 
     def test_lifetime_cap_removes_the_pod_despite_a_fresh_heartbeat(
-        self, tmp_path: Path, pod_env: dict
+        self, tmp_path: Path, pod_env: dict, pod_id: str
     ):
         marker = tmp_path / "removed.txt"
         heartbeat = tmp_path / "heartbeat"
@@ -127,7 +136,7 @@ class TestWatchdog:
             proc.wait(timeout=30)
         assert proc.returncode == 0
         assert "lifetime cap" in (tmp_path / "watchdog.log").read_text()
-        assert marker.read_text() == "removed podtest1\n"
+        assert marker.read_text() == f"removed {pod_id}\n"
 
     def test_lifetime_counts_from_the_first_start(self, tmp_path: Path, pod_env: dict):
         """A restarted watchdog must not grant the pod a new lifetime."""
@@ -178,7 +187,9 @@ class TestWatchdog:
             ("remove command", True),
         ]
 
-    def test_default_command_is_runpodctl_pod_delete(self, tmp_path: Path, pod_env: dict):
+    def test_default_command_is_runpodctl_pod_delete(
+        self, tmp_path: Path, pod_env: dict, pod_id: str
+    ):
         """runpodctl 2.x's verb first (``remove pod`` is deprecated there)."""
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
@@ -197,7 +208,7 @@ class TestWatchdog:
             env=env,
         )
         assert done.returncode == 0
-        assert (tmp_path / "runpodctl-args").read_text() == "pod delete podtest1\n"
+        assert (tmp_path / "runpodctl-args").read_text() == f"pod delete {pod_id}\n"
 
     def test_refuses_to_start_without_a_way_to_remove_the_pod(self, tmp_path: Path):
         env = {k: v for k, v in os.environ.items() if k != "RUNPOD_POD_ID"}
@@ -310,20 +321,22 @@ def _stale(run_dir: Path, *extra: str, env: dict) -> subprocess.CompletedProcess
 
 
 class TestLayers:
-    def test_the_deprecated_verb_when_pod_delete_fails(self, tmp_path: Path, pod_env: dict) -> None:
+    def test_the_deprecated_verb_when_pod_delete_fails(
+        self, tmp_path: Path, pod_env: dict, pod_id: str
+    ) -> None:
         log = tmp_path / "runpodctl.log"
         env = {**pod_env, **_runpodctl(tmp_path / "bin", log, ("pod delete",))}
         assert _stale(tmp_path, "--no-api", env=env).returncode == 0
         assert log.read_text().splitlines() == [
-            "pod delete podtest1 by=deadman",
-            "remove pod podtest1 by=deadman",
+            f"pod delete {pod_id} by=deadman",
+            f"remove pod {pod_id} by=deadman",
         ]
         layers = [(a["layer"], a["ok"]) for a in _attempts(tmp_path)]
         assert layers == [("runpodctl pod delete", False), ("runpodctl remove pod", True)]
         assert "x509" in _attempts(tmp_path)[0]["detail"]
 
     def test_the_api_with_the_pods_key_and_a_ca_bundle_found_on_the_pod(
-        self, tmp_path: Path, pod_env: dict, api: _API
+        self, tmp_path: Path, pod_env: dict, pod_id: str, api: _API
     ) -> None:
         """runpodctl fails both ways (x509); the system store does not trust the API's
         certificate either; certifi's bundle on the pod's Python path does."""
@@ -341,7 +354,7 @@ class TestLayers:
         assert api.calls == [
             (
                 f"Bearer {FAKE_POD_KEY}",
-                'mutation { podTerminate(input: {podId: "podtest1"}) }',
+                f'mutation {{ podTerminate(input: {{podId: "{pod_id}"}}) }}',
             )
         ]
         attempts = _attempts(tmp_path)
@@ -364,7 +377,8 @@ class TestLayers:
             "RUNPOD_API_KEY": FAKE_POD_KEY,
         }
         workload = subprocess.Popen(["sleep", "600"], env=env)
-        bystander = subprocess.Popen(["sleep", "600"], env={**env, "RUNPOD_POD_ID": "otherpod"})
+        other = f"otherpod{secrets.token_hex(4)}"
+        bystander = subprocess.Popen(["sleep", "600"], env={**env, "RUNPOD_POD_ID": other})
         proc = subprocess.Popen(
             [sys.executable, str(WATCHDOG), "--run-dir", str(tmp_path),
              "--heartbeat-stale-seconds", "0.1", "--lifetime-seconds", "3600",
