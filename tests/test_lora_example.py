@@ -138,6 +138,7 @@ def lora_python() -> str:
 
 @pytest.mark.lora
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two CPU runs, 600 s each at most: the suite's 300 s would cut them
 def test_tiny_random_run_trains_and_both_evals_agree(lora_python, tmp_path):
     bundle = tmp_path / "lora-sft"
     shutil.copytree(LORA_BUNDLE, bundle, ignore=shutil.ignore_patterns("outputs", "__pycache__"))
@@ -199,6 +200,7 @@ def test_tiny_random_run_trains_and_both_evals_agree(lora_python, tmp_path):
 
 @pytest.mark.lora
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # three CPU runs, 600 s each at most
 def test_model_id_path_with_a_local_hf_model_and_bpe_tokenizer(lora_python, tmp_path):
     """The real ``--model-id`` path (AutoTokenizer, AutoModelForCausalLM, BOS handling),
     on a small local model directory instead of a Hub download."""
