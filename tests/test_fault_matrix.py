@@ -617,12 +617,15 @@ def test_the_watchdogs_runpodctl_fails(fault_lab: FaultLab, matrix_table):
     assert end.how == "podTerminate (pod key)", end  # the API layer, from inside the pod
     run_id = uuid.UUID(report["flow_run_id"])
     assert lab.read_run(run_id).state.type.value == "RUNNING"  # SIGKILL: no one else acted
-    assert report["cost"]["usd"] == 0.0 and not report["terminated"]  # as it was left
+    # As it was left: no end, and only the cost counted when the pod went on record (to
+    # that moment: 0.0 or a few ms' worth, whatever the machine's speed).
+    assert not (report["pod_end"] or {}).get("confirmed") and not report["terminated"]
+    left_usd = report["cost"]["usd"]
     record = _reconcile(run_id)
     assert record.end.ended_by.value == "deadman" and record.end.inferred  # type: ignore[union-attr]
     _cost_matches_ledger(lab, run_id, report["pod_id"])
     healed = _report(cell / "out")
-    assert healed["terminated"] and healed["cost"]["usd"] == record.usd > 0
+    assert healed["terminated"] and healed["cost"]["usd"] == record.usd > left_usd
     assert healed["pod_end"]["ended_by"] == "deadman"
     result = Cell("train", "runpodctl-x509", "3 dead-man (API)", round(end.at - t0, 1),
                   "RUNNING", "runpodctl x509 both verbs; podTerminate with the pod key",
