@@ -256,7 +256,7 @@ def test_cancel_through_the_api_terminates_the_pod(prefect_api, served, tmp_path
     run_id = uuid.UUID(train_and_go(bundle=str(bundle), parameters={"name_prefix": prefix}))
     provider = LocalPodProvider()
     name = f"{prefix}-{run_id}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 240
     while provider.find(name) is None:
         assert time.monotonic() < deadline, f"no pod {name}\n{_runner_log(served)}"
         time.sleep(0.5)
@@ -282,7 +282,7 @@ def test_dataset_event_starts_a_finetune_on_that_bundle(prefect_api, served, tmp
     _wait_deployment("runpod-finetune/on-dataset-updated", served)
     bundle = _slow_bundle(tmp_path / f"ds-{uuid.uuid4().hex[:6]}", sleep_per_epoch_seconds=20)
     announce_dataset(bundle=str(bundle), dataset="tickets")
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240
     with get_client(sync_client=True) as client:
         while True:
             runs = [

@@ -273,7 +273,7 @@ def _layer_of(lab: FaultLab, report: dict[str, Any], run_id: uuid.UUID) -> str:
     record = latest_record(str(run_id))
     by = record.end.ended_by.value if record and record.end else "unknown"
     if by == "hook":
-        wait_until("the hook's 'terminated' log line", lambda: _hook_log(lab, run_id), 30.0, 1.0)
+        wait_until("the hook's 'terminated' log line", lambda: _hook_log(lab, run_id), 120.0, 1.0)
         return "2 hook"
     return {"flow": "1 finally", "reaper": "4 reaper", "lease": "5 lease"}.get(by, by)
 

@@ -147,7 +147,7 @@ def _prefect_records(run_id: str) -> str:
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
             )
             run = await client.read_flow_run(run_id)
-            deadline = time.monotonic() + 60  # the server stores events a little later
+            deadline = time.monotonic() + 180  # the server stores events a little later
             while True:
                 page = await client.read_events(
                     filter=EventFilter(

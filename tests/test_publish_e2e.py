@@ -286,7 +286,7 @@ def test_the_model_asset_is_materialised_and_eval_files_come_home(
         "eval_train.jsonl",
     ]
     assert [(v["where"], v["files"]) for v in report["verified"]] == [("local", 2), ("hub", 3)]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     events = _events("hf://demo/asset-model")
     while not events and time.monotonic() < deadline:
         time.sleep(1.0)
