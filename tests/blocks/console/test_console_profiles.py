@@ -169,7 +169,8 @@ def test_a_setup_that_never_holds_names_what_the_login_did(runpod_home, custom_p
     provider = LocalPodProvider(home=runpod_home, image=custom_profile(rc))
     handle, keypair = start_pod(provider)
     try:
-        console = PodConsole.for_pod(handle, keypair.private_key, connect_timeout_seconds=8)
+        # The deadline must pass; the login before the first setup line must not use it up.
+        console = PodConsole.for_pod(handle, keypair.private_key, connect_timeout_seconds=20)
         with pytest.raises(ConsoleConnectError) as caught:
             console.connect()
     finally:
