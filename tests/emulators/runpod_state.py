@@ -87,7 +87,7 @@ class Faults:
         create_answer_lost: the next N creates make the pod, then drop the connection
             without answering (a create whose answer is lost).
         ssh_keys_barrier: the next N ``GET /v2/account/ssh-keys`` wait for each other (up
-            to 10 s), so N writers read the same list; then their N ``PUT``s wait for each
+            to 120 s, a hang guard), so N writers read the same list; then their N ``PUT``s wait for each
             other and land together, in arrival order, before any is answered: N adders
             "at the same moment", by count, never by timing.
         log_cut_after_events: the next log stream is cut (no closing chunk) after this

@@ -396,7 +396,7 @@ class V2Api:
             reads = self._reads
         if reads is not None:
             with contextlib.suppress(threading.BrokenBarrierError):
-                reads.wait(timeout=10)
+                reads.wait(timeout=120)
             with emu._lock:
                 if self._reads is reads:
                     self._reads = None
@@ -422,7 +422,7 @@ class V2Api:
                 self._pending.append(keys)
         if writes is not None:
             with contextlib.suppress(threading.BrokenBarrierError):
-                writes.wait(timeout=10)
+                writes.wait(timeout=120)
             with self.emu._lock:
                 if self._writes is writes:
                     self._writes = None
