@@ -206,8 +206,10 @@ class TestLease:
         stamp = re.search(r'terminateAfter: "([^"]+)"', sent[-1]).group(1)  # type: ignore[union-attr]
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp)
         assert handle.terminate_after is not None and handle.lifetime_seconds == 3600
-        # the lease is the lifetime counted from a moment during the create call
-        assert start <= handle.terminate_after - timedelta(seconds=3600) <= returned
+        # the lease is the lifetime counted from a moment during the create call (sent,
+        # and so kept, to the second)
+        lease_from = handle.terminate_after - timedelta(seconds=3600)
+        assert start.replace(microsecond=0) <= lease_from <= returned
         assert provider.list("prft")[0].lifetime_seconds == 3600  # recorded on the pod
         # the emulator's clock passes the lease: the pod ends by itself
         runpod_emulator.clock = lambda: time.time() + 7200
