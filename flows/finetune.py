@@ -46,14 +46,14 @@ from prefect_runpod.blocks.provider import (
     PodRequest,
     PodWatch,
 )
-from prefect_runpod.flows.cost_record import record_pod_end
-from prefect_runpod.flows.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
-from prefect_runpod.flows.providers import build_provider
-from prefect_runpod.flows.report import RunReport, flow_run_url
-from prefect_runpod.flows.run_end import end_run, lease_text, record_cost, write_report
-from prefect_runpod.flows.run_inputs import PreparedRun, prepare_run
-from prefect_runpod.flows.run_logs import install_quiet_engine, stage_logger
-from prefect_runpod.flows.stage_ledger import StageSkipped, run_stage
+from prefect_runpod.flows.run.cost_record import record_pod_end
+from prefect_runpod.flows.run.end import end_run, lease_text, record_cost, write_report
+from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
+from prefect_runpod.flows.run.inputs import PreparedRun, prepare_run
+from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
+from prefect_runpod.flows.run.logs import install_quiet_engine, stage_logger
+from prefect_runpod.flows.run.providers import build_provider
+from prefect_runpod.flows.run.report import RunReport, flow_run_url
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
 from prefect_runpod.tasks.preflight import preflight
 from prefect_runpod.tasks.provision import prepare_pod, provision
@@ -422,8 +422,8 @@ def _run_on_pod(
     """Provision … checksum. Returns a deferred error (parity) to raise after download."""
     from prefect_runpod.tasks.checksum import checksum, verification_records
     from prefect_runpod.tasks.download import download, eval_files
-    from prefect_runpod.tasks.env import cuda_floor_for_requirements
     from prefect_runpod.tasks.env import env as env_stage
+    from prefect_runpod.tasks.env_plan import cuda_floor_for_requirements
     from prefect_runpod.tasks.eval_parity import check_parity_on_pod
     from prefect_runpod.tasks.hf_auth import hf_auth
     from prefect_runpod.tasks.publish import publish

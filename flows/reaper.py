@@ -45,8 +45,8 @@ from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import EndedBy, PodEnd, reaper_ttl_seconds
 from prefect_runpod.blocks.validation import check_name_prefix, check_number
-from prefect_runpod.flows.cost_record import record_pod_end
-from prefect_runpod.flows.providers import build_provider
+from prefect_runpod.flows.run.cost_record import record_pod_end
+from prefect_runpod.flows.run.providers import build_provider
 from prefect_runpod.tasks.terminate import terminate_pod
 
 __all__ = [

@@ -2,7 +2,7 @@
 succeed spends nothing (docs/architecture.md#input-validation).
 
 ``validate_settings`` checks the run's parameters with the one validation layer
-(``blocks/validation.py``) and reads the bundle: which files it would upload, and
+(``blocks/validation/``) and reads the bundle: which files it would upload, and
 that none of them looks like a secret (``tasks/bundle_files.py``). It touches no
 network and no Prefect API. ``check_transfer_before_renting`` and ``check_pod_disk``
 hold the run against the pod that is about to be rented; the ``preflight`` task runs
@@ -27,7 +27,7 @@ from prefect_runpod.blocks.local_pod.images import profile_names
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DEFAULT_POD_LIFETIME_SECONDS, DEFAULT_POD_POLL_SECONDS
 from prefect_runpod.blocks.transfer.dispatch import check_tree
-from prefect_runpod.blocks.transfer.pty_options import PtyOptions
+from prefect_runpod.blocks.transfer.pty.options import PtyOptions
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
 from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_bundle_files
 from prefect_runpod.tasks.models import PublishTarget
@@ -163,7 +163,7 @@ def validate_settings(
 
     Every check is one sentence naming the parameter (and its CLI option) and what to
     do; the first problem found is raised. Saved blocks are checked by name only here
-    (loading them needs the Prefect API: ``flows/run_inputs.py`` does that next).
+    (loading them needs the Prefect API: ``flows/run/inputs.py`` does that next).
 
     Returns:
         The ``RunSettings``; ``model_id`` falls back to the bundle's own ``model_id``.
@@ -283,7 +283,7 @@ def check_transfer_before_renting(
 
     Args:
         transfer_method: ``auto`` or a registered method.
-        planned: a handle with the endpoints the pod will have (``flows.providers.planned_pod``).
+        planned: a handle with the endpoints the pod will have (``flows.run.providers.planned_pod``).
         description: the pod in words, for the message (``a local pod in gateway mode``).
         s3: the loaded ``S3Target``, or None.
 

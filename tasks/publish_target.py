@@ -4,7 +4,7 @@ rented (docs/architecture.md#publish-from-the-pod).
 Plain functions with no I/O, called by the one pre-rent check
 (``tasks.preflight.validate_settings``), so the CLI, the flow's parameters and the
 deployments all refuse the same bad input with the same sentence, in the validation
-layer's words (``blocks/validation.py``: parameter names with their CLI options):
+layer's words (``blocks/validation/``: parameter names with their CLI options):
 
 - :func:`parse_publish_target` turns ``hf:ORG/REPO[@BRANCH]`` or ``s3[:PREFIX]`` into a
   :class:`~prefect_runpod.tasks.models.PublishTarget` (repo ids pass the layer's

@@ -68,7 +68,7 @@ from prefect_runpod.blocks.faults import (
     release_marker,
     run_fault_dir,
 )
-from prefect_runpod.flows.cost_record import CostRecord, latest_record
+from prefect_runpod.flows.run.cost_record import CostRecord, latest_record
 from tests.fixtures.fault_matrix import FaultLab, wait_until
 from tests.fixtures.runpod_emulator import assert_billed_as_the_ledger
 

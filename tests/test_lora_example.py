@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from prefect_runpod.tasks.bundle import load_bundle
-from prefect_runpod.tasks.eval_parity import compare_eval, load_jsonl
+from prefect_runpod.tasks.parity_compare import compare_eval, load_jsonl
 
 LORA_BUNDLE = Path(__file__).resolve().parents[1] / "examples" / "lora-sft"
 DEMO_BUNDLE = LORA_BUNDLE.parent / "demo"

@@ -14,9 +14,9 @@ import pytest
 from prefect_runpod.blocks.costs import settle
 from prefect_runpod.blocks.faults import release_marker
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
-from prefect_runpod.flows.cost_record import latest_record
 from prefect_runpod.flows.finetune import finetune
-from prefect_runpod.flows.report import RunReport, render_summary
+from prefect_runpod.flows.run.cost_record import latest_record
+from prefect_runpod.flows.run.report import RunReport, render_summary
 from tests.fixtures.fault_matrix import wait_until
 from tests.fixtures.runpod_emulator import assert_billed_as_the_ledger
 

@@ -12,7 +12,7 @@
     prefect-runpod cost [RUN_ID]          what runs cost, ours beside RunPod's bill
 
 One module per command group (``launch``: finetune; ``checks``: plan, check; ``watch``:
-status, logs; ``pods``: pods, ssh, terminate, reaper; ``flows.cost_command``: cost);
+status, logs; ``pods``: pods, ssh, terminate, reaper; ``cost``: cost);
 ``common`` holds what they share and ``runs`` what they read about runs. The exit status
 is 0 on success, ``EXIT_FAILED`` (1) for a run or command that failed, ``EXIT_USAGE`` (2)
 for bad input refused before anything was rented (docs/cli.md). Everything a command
@@ -36,8 +36,7 @@ __all__ = ["EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``prefect-runpod`` (every option documented in ``--help``)."""
-    from prefect_runpod.flows import cost_command
-    from prefect_runpod.flows.cli import checks, launch, pods, watch
+    from prefect_runpod.flows.cli import checks, cost, launch, pods, watch
 
     parser = argparse.ArgumentParser(
         prog="prefect-runpod",
@@ -50,13 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_parsers(sub)
     watch.add_parsers(sub)
     pods.add_parsers(sub)
-    cost_command.add_parser(sub, provider_args)
+    cost.add_parser(sub, provider_args)
     return parser
 
 
 def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
-    from prefect_runpod.flows import cost_command
-    from prefect_runpod.flows.cli import checks, launch, pods, watch
+    from prefect_runpod.flows.cli import checks, cost, launch, pods, watch
 
     return {
         "finetune": launch.run,
@@ -68,7 +66,7 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
         "ssh": pods.run_ssh,
         "terminate": pods.run_terminate,
         "reaper": pods.run_reaper,
-        "cost": lambda a: cost_command.run(a, api=api),
+        "cost": lambda a: cost.run(a, api=api),
     }
 
 
@@ -84,13 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from prefect_runpod.blocks.exceptions import RunPodFlowError, SpecError
     from prefect_runpod.blocks.secret_mask import redacted_output
-    from prefect_runpod.flows.cli_session import (
+    from prefect_runpod.flows.cli.session import (
         EXIT_SIGINT,
         EXIT_SIGTERM,
         Terminated,
         orderly_signals,
     )
-    from prefect_runpod.flows.run_inputs import check_prefect_api_key
+    from prefect_runpod.flows.run.inputs import check_prefect_api_key
 
     # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
     # deadline is too short on a busy small machine, and it should not phone home.

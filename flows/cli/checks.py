@@ -8,7 +8,7 @@ required check passed, 1 when one failed; argparse's own usage errors exit 2.
   RunPod's key and the account's SSH key (required with ``--provider runpod``; shown
   with ``-`` otherwise).
 - ``plan`` takes ``finetune``'s options and runs the same pre-rent checks the run does
-  (``flows.run_inputs.check_run``: inputs, bundle, blocks, provider, token source,
+  (``flows.run.inputs.check_run``: inputs, bundle, blocks, provider, token source,
   transfer method against the pod to rent, disk), the local Hugging Face diagnosis
   (``tasks.preflight``), the CUDA floor from the bundle's requirements and, on RunPod,
   the account's SSH key; then the price: the GPU types in failover order with USD/h
@@ -144,7 +144,7 @@ def _hf_item(access: Any) -> Item:
 
 def _runpod_items(args: argparse.Namespace, required: bool) -> list[Item]:
     from prefect_runpod.blocks.exceptions import SpecError
-    from prefect_runpod.flows.providers import build_provider
+    from prefect_runpod.flows.run.providers import build_provider
 
     params = {
         "provider": "runpod",
@@ -297,8 +297,8 @@ def run_plan(args: argparse.Namespace) -> int:
     from prefect_runpod.blocks.exceptions import HFAuthError, SpecError
     from prefect_runpod.flows.cli.launch import finetune_params
     from prefect_runpod.flows.finetune import demo_bundle
-    from prefect_runpod.flows.run_inputs import check_run
-    from prefect_runpod.tasks.env import cuda_floor_for_requirements
+    from prefect_runpod.flows.run.inputs import check_run
+    from prefect_runpod.tasks.env_plan import cuda_floor_for_requirements
     from prefect_runpod.tasks.preflight import preflight
 
     params = finetune_params(args)

@@ -47,7 +47,7 @@ def provider_args(p: argparse.ArgumentParser) -> None:
 
 
 def provider_params(args: argparse.Namespace) -> dict[str, Any]:
-    """The provider's parameters (as ``flows.providers.build_provider`` takes them) from
+    """The provider's parameters (as ``flows.run.providers.build_provider`` takes them) from
     the options ``provider_args`` added.
 
     Raises:
@@ -66,10 +66,10 @@ def provider_params(args: argparse.Namespace) -> dict[str, Any]:
 
 def api() -> contextlib.AbstractContextManager[str | None]:
     """The Prefect API for a command that needs one, started only once its input passed:
-    the configured one, else a temporary server the CLI owns (``flows.cli_session``)."""
+    the configured one, else a temporary server the CLI owns (``flows.cli.session``)."""
     from prefect.settings import get_current_settings
 
-    from prefect_runpod.flows.cli_session import temporary_server
+    from prefect_runpod.flows.cli.session import temporary_server
 
     return temporary_server(get_current_settings().server.ephemeral.startup_timeout_seconds)
 
@@ -93,11 +93,11 @@ class _NoTraceback(logging.Formatter):
 
 def quiet_console_tracebacks(verbosity: str = "normal") -> None:
     """Set up Prefect's console handlers for a command (idempotent): a formatter without
-    tracebacks, and the ``flows.run_logs.ConsoleFilter`` for ``verbosity`` (``quiet``,
+    tracebacks, and the ``flows.run.logs.ConsoleFilter`` for ``verbosity`` (``quiet``,
     ``normal``, ``verbose``; see ``--quiet`` / ``--verbose``)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    from prefect_runpod.flows.run_logs import ConsoleFilter
+    from prefect_runpod.flows.run.logs import ConsoleFilter
 
     loggers = [logging.getLogger()] + [
         lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)

@@ -8,7 +8,7 @@ the Hugging Face token comes from a saved block (``--hf-credentials`` or
 (default ``HF_TOKEN``), RunPod's key from blocks or ``RUNPOD_API_KEY``.
 
 Bad input is refused before Prefect starts a run or anything is rented, with one
-sentence on stderr and exit status 2 (``blocks/validation.py`` holds the rules; see
+sentence on stderr and exit status 2 (``blocks/validation/`` holds the rules; see
 docs/architecture.md#input-validation). A run that fails prints its summary, never a
 traceback; exit status 1. SIGTERM or Ctrl-C during a run ends it the same way: the pod
 is terminated, the temporary Prefect server (when the CLI started one) is stopped, the
@@ -257,7 +257,7 @@ def _transfer_choices() -> tuple[str, ...]:
 
 
 def _framing_choices() -> tuple[str, ...]:
-    from prefect_runpod.blocks.transfer.pty_options import FRAMING_CHOICES
+    from prefect_runpod.blocks.transfer.pty.options import FRAMING_CHOICES
 
     return FRAMING_CHOICES
 
@@ -307,9 +307,9 @@ def finetune_params(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Carry out ``prefect-runpod finetune``; returns the exit status (0 only when every
     stage passed and the pod is confirmed gone)."""
-    from prefect_runpod.flows.cli_session import EXIT_SIGINT, EXIT_SIGTERM, Terminated
+    from prefect_runpod.flows.cli.session import EXIT_SIGINT, EXIT_SIGTERM, Terminated
     from prefect_runpod.flows.finetune import demo_bundle, finetune, last_output_dir
-    from prefect_runpod.flows.run_inputs import prepare_run
+    from prefect_runpod.flows.run.inputs import prepare_run
 
     params = finetune_params(args)
     # Bad input fails here, before Prefect starts a run or anything is rented; saved
@@ -349,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
 
 def print_report(report_file: Path, as_json: bool) -> dict[str, Any]:
     """Print the run's summary (or its report as JSON); return the report's data."""
-    from prefect_runpod.flows.report import RunReport, render_summary
+    from prefect_runpod.flows.run.report import RunReport, render_summary
 
     data = json.loads(report_file.read_text())
     if as_json:

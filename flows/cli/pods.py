@@ -108,7 +108,7 @@ def _pod_rows(provider: Any, pods: list[Any]) -> list[dict[str, Any]]:
 
 def run_pods(args: argparse.Namespace) -> int:
     """``prefect-runpod pods``: one row per live pod; exit 0 (also with none)."""
-    from prefect_runpod.flows.providers import build_provider
+    from prefect_runpod.flows.run.providers import build_provider
 
     provider, _ = build_provider(provider_params(args), need_ssh_key=False)
     pods = provider.list(args.name_prefix)
@@ -164,8 +164,8 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
         read_run,
         require_run,
     )
-    from prefect_runpod.flows.providers import build_provider
     from prefect_runpod.flows.reaper import flow_run_id_from_pod_name
+    from prefect_runpod.flows.run.providers import build_provider
 
     overrides = {
         "runpod_credentials_block": args.runpod_credentials,
@@ -235,9 +235,9 @@ def run_terminate(args: argparse.Namespace) -> int:
     """``prefect-runpod terminate``: end a pod, confirmed, and record who ended it."""
     from prefect_runpod.blocks.provider import EndedBy, PodEnd
     from prefect_runpod.blocks.validation import check_pod_id
-    from prefect_runpod.flows.cost_record import record_pod_end
-    from prefect_runpod.flows.providers import build_provider
     from prefect_runpod.flows.reaper import flow_run_id_from_pod_name
+    from prefect_runpod.flows.run.cost_record import record_pod_end
+    from prefect_runpod.flows.run.providers import build_provider
     from prefect_runpod.tasks.terminate import terminate_pod
 
     if not args.pod_id and not args.name:

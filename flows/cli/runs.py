@@ -18,8 +18,8 @@ from uuid import UUID
 
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import PodProvider
-from prefect_runpod.flows.cost_record import CostRecord, latest_record
-from prefect_runpod.flows.report import flow_run_url
+from prefect_runpod.flows.run.cost_record import CostRecord, latest_record
+from prefect_runpod.flows.run.report import flow_run_url
 
 __all__ = [
     "FLOW_NAME",
@@ -188,7 +188,7 @@ def provider_for_run(view: RunView, overrides: dict[str, Any] | None = None) -> 
     Raises:
         SpecError: a block the run names is no longer saved, or RunPod has no key here.
     """
-    from prefect_runpod.flows.providers import build_provider
+    from prefect_runpod.flows.run.providers import build_provider
 
     params = dict(view.parameters)
     params["provider"] = view.provider

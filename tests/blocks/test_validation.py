@@ -1,4 +1,4 @@
-"""The one validation layer (blocks/validation.py): each rule as a plain function, and the
+"""The one validation layer (blocks/validation/): each rule as a plain function, and the
 places that share it (the spec block, the dead-man settings) agreeing with it."""
 
 from __future__ import annotations

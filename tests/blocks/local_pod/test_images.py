@@ -18,7 +18,7 @@ from prefect_runpod.blocks.local_pod.images import (
 from prefect_runpod.blocks.local_pod.provider import LocalPod, LocalPodProvider
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.flows.cli import build_parser
-from prefect_runpod.flows.providers import build_provider
+from prefect_runpod.flows.run.providers import build_provider
 from tests.fixtures.local_pod import connect_paramiko, read_shell_until, start_pod
 
 SHIPPED = ("plain", "runpod-pytorch", "conda", "fancy", "venv-python")

@@ -17,7 +17,7 @@ from prefect_runpod.blocks.pod_side.receiver import PROTOCOL_VERSION
 from prefect_runpod.blocks.transfer.base import TransferHooks
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.pty import Lane, PtyOptions, pty_download, pty_upload
-from prefect_runpod.blocks.transfer.pty_session import PathWindow
+from prefect_runpod.blocks.transfer.pty.session import PathWindow
 from tests.fixtures.transfer import POD_SIDE_DIR, StreamFactory, make_tree
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "receivers"

@@ -1,0 +1,375 @@
+"""``prefect-runpod cost [RUN_ID] [--since WHEN] [--reconcile]``: what runs cost, ours
+beside RunPod's, with totals (like ``sky cost-report``).
+
+Without ``RUN_ID`` it lists the latest ``finetune-costs`` record of recent runs (those
+whose pod was created since ``--since``: ``7d``, ``24h``, ``30m`` or an ISO-8601 UTC
+time), each with its pod, GPU, billed seconds, USD and RunPod's amount once known, and
+the totals; with one it shows that run's record. ``--reconcile`` completes a record whose run could not
+(docs/architecture.md#what-a-run-cost): a run SIGKILLed while its pod lived, a pod ended
+by its dead-man or RunPod's lease, RunPod's bill that appeared after the run ended. It
+asks the pod's provider (built from the run's own parameters) whether the pod is gone
+and when, fills in RunPod's bill, writes a new version of the record and rewrites
+``run-report.json`` when it can be reached from here.
+
+A subcommand module: ``add_parser`` registers it with the CLI, ``run`` carries it out;
+``reconcile`` is the plain function underneath.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prefect_runpod.blocks.provider import EndedBy, PodCause, PodEnd, PodProvider
+from prefect_runpod.flows.run.cost_record import (
+    COST_ARTIFACT_KEY,
+    CostRecord,
+    fetch_runpod_bill,
+    latest_record,
+    publish_record,
+    rewrite_report,
+)
+
+__all__ = ["add_parser", "parse_since", "reconcile", "run", "totals"]
+
+_LEASE_SLACK = timedelta(seconds=5)
+_WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE}
+
+
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],  # noqa: SLF001 - argparse's own type
+    provider_args: Callable[[argparse.ArgumentParser], None],
+) -> argparse.ArgumentParser:
+    """Register ``cost`` under the CLI's subcommands.
+
+    Args:
+        sub: the CLI's subparsers.
+        provider_args: adds the provider options (``--provider``, blocks) the other
+            commands share; here they override the run's own parameters.
+
+    Returns:
+        The ``cost`` parser.
+    """
+    cost = sub.add_parser(
+        "cost",
+        help="what runs cost (ours and RunPod's); --reconcile completes a record",
+        description="Show the finetune-costs record of a run (or of recent runs): who ended "
+        "the pod and when, billed seconds and USD (ours), RunPod's own bill beside it. "
+        "--reconcile completes records that may still say 'billing': it asks the pod's "
+        "provider whether the pod is gone and when, and RunPod's billing API for its bill.",
+    )
+    cost.add_argument("run_id", nargs="?", metavar="RUN_ID", help="the flow run id")
+    cost.add_argument(
+        "--reconcile",
+        action="store_true",
+        help="complete the record(s): the pod's end from its provider, RunPod's bill",
+    )
+    cost.add_argument("--limit", type=int, default=20, help="recent runs to list (default 20)")
+    cost.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only runs whose pod was created since then: 7d, 24h, 30m, or an ISO-8601 UTC "
+        "time such as 2026-12-01T00:00:00Z",
+    )
+    cost.add_argument(
+        "--json", action="store_true", help="print {runs: [records], totals: {...}} as JSON"
+    )
+    provider_args(cost)
+    cost.set_defaults(provider=None)
+    return cost
+
+
+def _run_parameters(run_id: str) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return dict(client.read_flow_run(run_id).parameters or {})  # type: ignore[arg-type]
+
+
+def _run_state(run_id: str) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run_id).state  # type: ignore[arg-type]
+    return state.type.value if state else "UNKNOWN"
+
+
+def reconcile(record: CostRecord, provider: PodProvider | None, run_state: str) -> CostRecord:
+    """Complete ``record`` from what the provider and RunPod's billing say now (pure
+    apart from those two calls; nothing is written here).
+
+    A pod the provider no longer knows is ended: at the time its provider recorded (the
+    local pod's tombstone), else create + the seconds RunPod billed, else now (an upper
+    bound, said so). Who ended it: the provider's witness (the dead-man, the lease), or —
+    when no one left a record — inferred from the run's state and the lease: a run that
+    died (still Running, or Crashed) had its pod ended by the dead-man, or by RunPod's
+    lease once its time had come.
+
+    Args:
+        record: the run's latest record.
+        provider: the pod's provider (None: the pod's state cannot be asked).
+        run_state: the run's Prefect state type (``RUNNING``, ``CRASHED``…).
+
+    Returns:
+        The completed record (a copy), ``recorded_by`` = ``cost --reconcile``.
+    """
+    out = record.model_copy(deep=True)
+    out.recorded_by, out.recorded_at = "cost --reconcile", datetime.now(UTC)
+    if out.pod_id is None:
+        return out
+    confirmed = out.end is not None and out.end.confirmed
+    status = None
+    if not confirmed and provider is not None:
+        status = provider.status(out.pod_id)
+    fetch_runpod_bill(provider, out)  # RunPod's bill, whenever it has the pod's records
+    if status is not None and status.cause is PodCause.TERMINATED_OUTSIDE:
+        out.end = _end_from(out, status.ended_at, status.ended_by, status.ended_layer, run_state)
+    elif status is not None:
+        out.end = PodEnd(
+            pod_id=out.pod_id,
+            detail=f"still there at {status.observed_at.isoformat()}: {status.provider_status}; "
+            "it may still be billing",
+        )
+    out.settle()
+    if out.runpod_usd is not None:
+        fetch_runpod_bill(provider, out)  # the window now ends at the confirmed end
+    return out
+
+
+def _end_from(
+    record: CostRecord,
+    ended_at: datetime | None,
+    witness: str | None,
+    layer: str | None,
+    run_state: str,
+) -> PodEnd:
+    """The confirmed end of a pod the provider no longer knows (see ``reconcile``)."""
+    assert record.pod_id is not None
+    detail = "the provider no longer knows the pod"
+    when = ended_at
+    if when is None and record.created_at and record.runpod_billed_seconds is not None:
+        when = record.created_at + timedelta(seconds=record.runpod_billed_seconds)
+        detail += "; ended at create + the time RunPod billed"
+    if when is None:
+        when = datetime.now(UTC)
+        detail += "; end not known, counted to now (an upper bound)"
+    by = _WITNESSES.get(witness or "")
+    inferred = by is None
+    if by is None:
+        lease_at = _lease_time(record)
+        if lease_at is not None and when >= lease_at - _LEASE_SLACK:
+            by = EndedBy.LEASE
+        elif run_state in ("RUNNING", "CRASHED", "PENDING"):
+            by = EndedBy.DEADMAN
+        else:
+            by = EndedBy.OUTSIDE
+        detail += f"; no witness left a record, so inferred from the run ({run_state})"
+    return PodEnd(
+        pod_id=record.pod_id,
+        ended_by=by,
+        confirmed=True,
+        ended_at=when,
+        layer=layer or ("terminateAfter" if by is EndedBy.LEASE else ""),
+        cause="terminated_outside",
+        inferred=inferred,
+        detail=detail,
+    )
+
+
+def _lease_time(record: CostRecord) -> datetime | None:
+    if record.lease.startswith("terminateAfter "):
+        return datetime.strptime(record.lease.split()[1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return None
+
+
+def _provider_for(record: CostRecord, args: argparse.Namespace) -> PodProvider | None:
+    from prefect_runpod.flows.run.providers import build_provider
+
+    params = _run_parameters(record.flow_run_id)
+    for name in ("runpod_credentials_block", "runpod_spec_block", "ssh_key_block"):
+        given = getattr(args, name.removesuffix("_block"), None)
+        if given:
+            params[name] = given
+    params["provider"] = args.provider or record.provider
+    provider, _ = build_provider(params, need_ssh_key=False)
+    return provider
+
+
+def _recent_records(limit: int) -> list[CostRecord]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[COST_ARTIFACT_KEY])),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=max(1, limit) * 8,
+        )
+    seen: dict[str, CostRecord] = {}
+    for artifact in found:
+        data: Any = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+        try:
+            record = CostRecord.from_rows(list(data or []))
+        except (ValueError, TypeError):
+            continue
+        seen.setdefault(record.flow_run_id, record)
+        if len(seen) >= limit:
+            break
+    return list(seen.values())
+
+
+_SINCE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """The moment ``--since`` names: a duration back from ``now`` (``30m``, ``24h``,
+    ``7d``, ``2w``) or an ISO-8601 time (UTC when it carries no offset).
+
+    Raises:
+        SpecError: anything else, with the forms it takes.
+    """
+    from prefect_runpod.blocks.exceptions import SpecError
+
+    value = text.strip()
+    match = _SINCE.fullmatch(value.lower())
+    if match:
+        amount = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        return (now or datetime.now(UTC)) - timedelta(seconds=amount)
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise SpecError(
+            f"--since {text!r} is not a duration (30m, 24h, 7d, 2w) or an ISO-8601 time "
+            "(2026-12-01T00:00:00Z)"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def totals(records: list[CostRecord]) -> dict[str, Any]:
+    """The totals of ``records``: runs, billed seconds, USD (ours), RunPod's USD over the
+    runs whose bill is known (and how many), and how many may still be billing."""
+    known = [r.runpod_usd for r in records if r.runpod_usd is not None]
+    return {
+        "runs": len(records),
+        "billed_seconds": round(sum(r.billed_seconds for r in records), 3),
+        "usd": round(sum(r.usd for r in records), 8),
+        "runpod_usd": round(sum(known), 8) if known else None,
+        "runpod_billed_runs": len(known),
+        "may_still_bill": sum(1 for r in records if r.may_still_bill),
+    }
+
+
+def _show(records: list[CostRecord], as_json: bool) -> None:
+    total = totals(records)
+    if as_json:
+        runs = [r.model_dump(mode="json") for r in records]
+        print(json.dumps({"runs": runs, "totals": total}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="finetune-costs", show_footer=True)
+    footer = {
+        "run": f"total: {total['runs']} runs",
+        "billed s": f"{total['billed_seconds']:.1f}",
+        "USD (ours)": f"{total['usd']:.6f}",
+        "USD (RunPod)": "-"
+        if total["runpod_usd"] is None
+        else f"{total['runpod_usd']:.6f} ({total['runpod_billed_runs']} runs)",
+        "end": f"{total['may_still_bill']} may still be billing" if total["may_still_bill"] else "",
+    }
+    columns = (
+        "run",
+        "pod",
+        "GPU",
+        "USD/h",
+        "billed s",
+        "USD (ours)",
+        "USD (RunPod)",
+        "difference",
+        "end",
+    )
+    for column in columns:
+        table.add_column(column, footer=footer.get(column, ""), overflow="fold")
+    for r in records:
+        table.add_row(
+            r.flow_run_id,
+            f"{r.pod_id or '-'} ({r.provider})",
+            r.gpu_type,
+            f"{r.cost_per_hr:.3f}",
+            f"{r.billed_seconds:.1f}",
+            f"{r.usd:.6f}",
+            "-" if r.runpod_usd is None else f"{r.runpod_usd:.6f}",
+            "-" if r.difference_usd is None else f"{r.difference_usd:+.6f}",
+            r.state_line(),
+        )
+    Console(width=200).print(table)
+
+
+def run(
+    args: argparse.Namespace,
+    api: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> int:
+    """Carry out ``prefect-runpod cost``; returns the exit status (1 when a record still
+    says its pod may be billing).
+
+    Args:
+        args: the parsed command line.
+        api: opens the Prefect API for the command (the CLI's temporary server, or the
+            configured one), once the input passed.
+    """
+    from prefect_runpod.blocks.validation import check_flow_run_id
+
+    run_id = None if args.run_id is None else check_flow_run_id(args.run_id)
+    args.since_at = None if args.since is None else parse_since(args.since)
+    with api():
+        return _run(args, run_id)
+
+
+def _run(args: argparse.Namespace, run_id: str | None) -> int:
+    if run_id is not None:
+        record = latest_record(run_id)
+        if record is None:
+            from prefect_runpod.flows.cli.runs import require_run
+
+            require_run(run_id)  # an unknown run is an error, as in every command
+            print(f"run {run_id} has no {COST_ARTIFACT_KEY} record (no pod was ever recorded)")
+            return 0
+        records = [record]
+    else:
+        records = _recent_records(args.limit)
+        since = getattr(args, "since_at", None)
+        if since is not None:
+            records = [r for r in records if r.created_at is not None and r.created_at >= since]
+    if args.reconcile:
+        done = []
+        for record in records:
+            if (
+                record.end is not None
+                and record.end.confirmed
+                and (record.provider != "runpod" or record.runpod_usd is not None)
+            ):
+                done.append(record)
+                continue
+            completed = reconcile(
+                record, _provider_for(record, args), _run_state(record.flow_run_id)
+            )
+            publish_record(completed)
+            rewritten = rewrite_report(completed)
+            print(
+                f"run {completed.flow_run_id}: {completed.state_line()}"
+                + ("; run-report.json rewritten" if rewritten else ""),
+                file=sys.stderr,
+            )
+            done.append(completed)
+        records = done
+    _show(records, args.json)
+    return 1 if any(r.may_still_bill for r in records) else 0

@@ -1,0 +1,228 @@
+"""The end of a fine-tune run: terminate its pod (unless kept), record who ended it and
+when, settle the cost, publish the run's ``finetune-costs`` record and write
+``run-report.json``, so the summary, the report, the artifact and the Prefect state all
+say the same (docs/architecture.md#what-a-run-cost).
+
+A pod whose end is not confirmed makes the run fail: ``end_run`` returns the
+``TerminateError`` (naming the pod, "may still be billing" and the command that ends
+it) for the flow to raise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from prefect_runpod.blocks.exceptions import TerminateError
+from prefect_runpod.blocks.provider import (
+    EndedBy,
+    PodEnd,
+    PodProvider,
+    PodStatus,
+    PodWatch,
+    TerminateResult,
+    end_command,
+)
+from prefect_runpod.blocks.secret_mask import error_text, redact
+from prefect_runpod.blocks.validation import utc_timestamp
+from prefect_runpod.flows.run.cost_record import (
+    CostRecord,
+    fetch_runpod_bill,
+    latest_record,
+    merge_end,
+    publish_record,
+)
+from prefect_runpod.flows.run.ledger import run_stage
+from prefect_runpod.flows.run.report import RunReport
+from prefect_runpod.tasks.models import StageState
+from prefect_runpod.tasks.terminate import terminate
+
+__all__ = ["end_run", "flow_end", "lease_text", "record_cost", "record_of", "write_report"]
+
+_log = logging.getLogger("prefect_runpod.flows")
+
+_WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE}
+"""A local pod's tombstone names these itself; anything else ended it outside the run."""
+
+
+def lease_text(handle: Any, asked: bool) -> str:
+    """How the report and record show the server-side lease of a pod."""
+    if not asked:
+        return "-"
+    after = getattr(handle, "terminate_after", None)
+    return f"terminateAfter {utc_timestamp(after)}" if after else "absent"
+
+
+def flow_end(result: TerminateResult, lost: PodStatus | None) -> PodEnd:
+    """The end the run's own terminate found: ended by the run (layer 1), or, when the
+    pod was already gone, by whoever ended it outside the run, billed until the first
+    confirmation that it was gone.
+
+    Args:
+        result: the confirmed terminate.
+        lost: what the liveness watch saw when the pod went away under the run, if it did.
+    """
+    if not result.already_gone:
+        return PodEnd(
+            pod_id=result.pod_id,
+            ended_by=EndedBy.FLOW,
+            confirmed=True,
+            ended_at=result.confirmed_at,
+            layer="terminate (the run's finally)",
+            cause=lost.cause.value if lost is not None else None,
+            detail=lost.provider_status if lost is not None else "",
+        )
+    seen = [result.confirmed_at]
+    if lost is not None:
+        seen.append(lost.ended_at or lost.observed_at)
+    by = _WITNESSES.get((lost.ended_by if lost else None) or "", EndedBy.OUTSIDE)
+    return PodEnd(
+        pod_id=result.pod_id,
+        ended_by=by,
+        confirmed=True,
+        ended_at=min(seen),
+        layer=(lost.ended_layer if lost else None) or "",
+        cause=lost.cause.value if lost is not None else "terminated_outside",
+        detail=(lost.provider_status if lost else "gone before the run's terminate"),
+    )
+
+
+def record_of(report: RunReport, *, recorded_by: str = "flow") -> CostRecord:
+    """The run's cost record as its report has it now."""
+    pod = report.pod
+    return CostRecord(
+        flow_run_id=report.flow_run_id,
+        pod_id=report.pod_id,
+        pod_name=report.pod_name,
+        provider=report.provider,
+        output_dir=report.output_dir,
+        gpu_type=pod.gpu_type if pod else "-",
+        cost_per_hr=report.cost.cost_per_hr,
+        created_at=pod.created_at if pod else None,
+        end=report.pod_end,
+        max_cost_usd=report.cost.max_cost_usd,
+        lease=report.lease,
+        runpod_usd=report.cost.runpod_usd,
+        runpod_billed_seconds=report.cost.runpod_billed_seconds,
+        published_bytes=report.publish.bytes if report.publish is not None else None,
+        published_to=report.publish.target if report.publish is not None else "",
+        stage_seconds=dict(report.cost.stage_seconds),
+        recorded_by=recorded_by,
+    )
+
+
+def _merge_with_api(record: CostRecord) -> None:
+    """Another writer (the CLI's terminate, a hook) may have recorded the pod's end
+    first: keep whichever confirmed end came first."""
+    try:
+        earlier = latest_record(record.flow_run_id)
+    except Exception as exc:  # the record is still written below; say why it is alone
+        _log.warning("could not read the run's earlier cost record: %s", exc)
+        return
+    if earlier is not None:
+        record.end = merge_end(earlier.end, record.end)
+        if record.runpod_usd is None and earlier.runpod_usd is not None:
+            record.runpod_usd = earlier.runpod_usd
+            record.runpod_billed_seconds = earlier.runpod_billed_seconds
+
+
+def record_cost(report: RunReport, provider: PodProvider | None, *, final: bool) -> None:
+    """Settle and publish the run's record; at the end (``final``) also merge what other
+    writers recorded and ask RunPod's billing; then mirror it into the report."""
+    record = record_of(report)
+    if final:
+        _merge_with_api(record)
+    record.settle()
+    if final and record.end is not None and record.end.confirmed:
+        fetch_runpod_bill(provider, record)
+    try:
+        publish_record(record)
+    except Exception as exc:  # never mask the run's own error; the report still has it
+        _log.warning("could not publish the finetune-costs record: %s", exc)
+    report.apply_cost_record(record)
+
+
+def end_run(
+    report: RunReport,
+    provider: PodProvider | None,
+    watch: PodWatch | None,
+    *,
+    keep_pod_on_failure: bool,
+    terminate_timeout_seconds: float,
+    on_stage: Any,
+) -> TerminateError | None:
+    """Terminate (unless kept), record the pod's end and the cost, publish, write.
+
+    Returns:
+        The ``TerminateError`` the run must fail with when its pod may still be billing
+        (terminate not confirmed), else None. A pod kept on purpose after a failure is
+        no error of its own: the run already failed, and the record says it bills.
+    """
+    failed = any(s.state in (StageState.FAILED, StageState.CANCELLED) for s in report.stages)
+    unconfirmed: TerminateError | None = None
+    lost = watch.lost if watch is not None else None
+    if report.pod_id and provider is not None:
+        if keep_pod_on_failure and failed:
+            report.stage("terminate").state = StageState.SKIPPED
+            report.stage("terminate").reason = (
+                f"kept for inspection (keep_pod_on_failure); billing until "
+                f"`{end_command(report.provider, report.pod_id)}` or the dead-man switch ends it"
+            )
+            report.pod_end = PodEnd(pod_id=report.pod_id, detail="kept for inspection")
+        else:
+            try:
+                with run_stage(report, "terminate", on_stage):
+                    result = terminate(provider, report.pod_id, terminate_timeout_seconds)
+                report.pod_end = flow_end(result, lost)
+            except BaseException as exc:  # never mask the run's own error
+                _log.error("%s: terminate failed: %s", report.pod_id, exc)
+                command = end_command(report.provider, report.pod_id)
+                before = f"; the run had failed first: {report.error}" if report.error else ""
+                unconfirmed = TerminateError(
+                    f"pod {report.pod_id} may still be billing: its terminate was not "
+                    f"confirmed ({_first_line(exc)}). End it with `{command}`{before}",
+                    pod_id=report.pod_id,
+                    stage="terminate",
+                )
+                report.pod_end = PodEnd(
+                    pod_id=report.pod_id,
+                    detail=f"terminate not confirmed: {redact(str(exc))}"[:300],
+                )
+                report.error = str(unconfirmed)
+    elif report.pod_id is None:
+        report.stage("terminate").state = StageState.SKIPPED
+        report.stage("terminate").reason = "no pod was created"
+    if report.pod is not None:
+        record_cost(report, provider, final=True)
+    try:
+        from prefect_runpod.flows.run.artifacts import publish_model_link
+
+        publish_model_link(report)
+    except Exception as exc:
+        _log.warning("could not publish the model link: %s", exc)
+    write_report(report)
+    return unconfirmed
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = error_text(exc).split(": ", 1)[-1].strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def write_report(report: RunReport) -> None:
+    """``<output_dir>/run-report.json``; a directory that cannot be written is logged,
+    never raised (the report is still the flow's result)."""
+    if not report.output_dir:
+        return
+    path = Path(report.output_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "run-report.json").write_text(json.dumps(report.to_json_dict(), indent=2))
+    except OSError as exc:  # preflight refuses such a dir; never mask the run's own error
+        _log.warning(
+            "could not write %s (%s); the report is still the flow's result",
+            path / "run-report.json",
+            exc.strerror or exc,
+        )

@@ -1,0 +1,102 @@
+"""Stage bookkeeping for a run: state, times and reasons of each stage in the RunReport,
+with one context manager so every stage is recorded the same way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from prefect_runpod.blocks.exceptions import (
+    ConsoleError,
+    PodGoneError,
+    TrainingError,
+    TransferError,
+)
+from prefect_runpod.blocks.faults import fault_point
+from prefect_runpod.blocks.provider import PodWatch
+from prefect_runpod.blocks.secret_mask import error_text, is_header_error, redact
+from prefect_runpod.flows.run.report import RunReport
+from prefect_runpod.tasks.models import StageState
+
+__all__ = ["StageSkipped", "run_stage", "skip_stage"]
+
+
+class StageSkipped(Exception):
+    """Raised inside ``run_stage`` to mark the stage Skipped; the message is the reason."""
+
+
+_POD_ERRORS = (ConsoleError, TransferError, TrainingError)
+"""Failures that may only mean the pod went away: the provider is asked before they stand."""
+
+
+@contextmanager
+def run_stage(  # type: ignore[no-untyped-def]
+    report: RunReport, name: str, on_change=None, *, watch: PodWatch | None = None
+) -> Iterator[None]:
+    """Record stage ``name`` around the block: Running, then Completed, Skipped (when the
+    block raises ``StageSkipped``) or Failed/Cancelled (re-raising the error).
+
+    With the pod's liveness ``watch``, a pod already gone fails the stage before it
+    starts, and a console, transfer or training failure is checked against the provider
+    first: when the pod is gone, the stage fails with that one sentence
+    (``PodGoneError``) instead.
+
+    Args:
+        report: the run's report, updated in place.
+        name: one of ``preflight`` and ``STAGES``.
+        on_change: called with ``(name, state)`` at each change (live terminal output).
+        watch: the pod's liveness watch, once the pod is ready.
+    """
+    record = report.stage(name)
+    record.state = StageState.RUNNING
+    record.started_at = datetime.now(UTC)
+    start = time.monotonic()
+    if on_change:
+        on_change(name, record.state)
+    try:
+        if name != "provision":  # provision's point fires once the pod id exists
+            fault_point(name)
+        if watch is not None:
+            watch.raise_if_lost()
+        try:
+            yield
+        except _POD_ERRORS as exc:
+            if watch is not None and not isinstance(exc, PodGoneError):
+                watch.check_now()  # raises PodGoneError when the pod is gone
+            raise
+    except StageSkipped as skip:
+        record.state = StageState.SKIPPED
+        record.reason = str(skip) or "skipped"
+    except BaseException as exc:
+        cancelled = type(exc).__name__ in ("TerminationSignal", "KeyboardInterrupt", "CancelledRun")
+        record.state = StageState.CANCELLED if cancelled else StageState.FAILED
+        record.reason = _one_line(exc)
+        raise
+    else:
+        record.state = StageState.COMPLETED
+    finally:
+        record.ended_at = datetime.now(UTC)
+        record.seconds = round(time.monotonic() - start, 3)
+        report.cost.stage_seconds[name] = record.seconds
+        if on_change:
+            on_change(name, record.state)
+
+
+def skip_stage(report: RunReport, name: str, reason: str) -> None:
+    """Mark a stage that never ran as Skipped with ``reason`` (e.g. after a failure)."""
+    record = report.stage(name)
+    if record.state == StageState.PENDING:
+        record.state = StageState.SKIPPED
+        record.reason = reason
+
+
+def _one_line(exc: BaseException) -> str:
+    if is_header_error(exc):
+        return error_text(exc)[:500]
+    text = redact(str(exc)).strip().splitlines()
+    first = text[0] if text else ""
+    if not first and type(exc).__name__ in ("TerminationSignal", "KeyboardInterrupt"):
+        first = "stopped by a signal (SIGTERM or Ctrl-C); the pod is terminated next"
+    return f"{type(exc).__name__}: {first}"[:500]

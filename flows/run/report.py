@@ -1,0 +1,254 @@
+"""The RunReport: everything one fine-tune run did, as one JSON document (docs/architecture.md#data-that-moves).
+
+It is the flow's persisted result and the CLI's ``--json`` output; another pipeline
+reads it through ``run_deployment(...).state.result()`` without our classes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import PodEnd, end_command
+from prefect_runpod.blocks.secret_mask import redact, redact_data
+from prefect_runpod.tasks.models import (
+    STAGES,
+    CostReport,
+    EnvPlan,
+    HFDiagnosis,
+    Manifest,
+    ParityReport,
+    PublishReport,
+    StageRecord,
+    TrainReport,
+    TransferReport,
+    VerificationRecord,
+)
+
+if TYPE_CHECKING:
+    from prefect_runpod.flows.run.cost_record import CostRecord
+
+__all__ = ["RunReport", "render_summary"]
+
+
+class RunReport(BaseModel):
+    """One run, stage by stage.
+
+    Attributes:
+        flow_run_id: the Prefect flow run id ("" outside a run).
+        pod_name: ``<prefix>-<flow_run_id>``.
+        pod_id: the pod's id once created.
+        provider: ``local`` or ``runpod``.
+        ssh_command: what a person types to get into the pod while it runs.
+        flow_run_url: the run's page in the Prefect UI, when a UI address is known.
+        stages: one record per stage, in stage order (preflight first).
+        provision_attempts: every create attempt (GPU type/cloud → outcome).
+        cost: the cost record (USD/h, billed seconds, USD).
+        env / hf / upload / train / parity / publish / download: the stage records.
+        manifest: the verified manifest of the downloaded outputs (None when nothing
+            was downloaded).
+        verified: each place the outputs were verified (local download, Hub, S3).
+        download_choice: ``all``, ``eval`` or ``none`` (``--download``).
+        terminated: True only when the provider confirmed the pod gone.
+        pod_end: who ended the pod, when, how, and whether the provider confirmed it
+            (the same as the run's ``finetune-costs`` record).
+        lease: the server-side lease asked at create (``terminateAfter …``), ``absent``
+            when the provider did not take it, ``-`` when none was asked.
+        output_dir: where the downloaded outputs and this report lie locally.
+        error: the first failure, one line, when the run failed.
+    """
+
+    flow_run_id: str = ""
+    pod_name: str = ""
+    pod_id: str | None = None
+    provider: str = "local"
+    ssh_command: str | None = None
+    flow_run_url: str | None = None
+    stages: list[StageRecord] = Field(
+        default_factory=lambda: [StageRecord(name=n) for n in ("preflight", *STAGES)]
+    )
+    provision_attempts: list[str] = Field(default_factory=list)
+    cost: CostReport = Field(default_factory=CostReport)
+    env: EnvPlan | None = None
+    hf: list[HFDiagnosis] = Field(default_factory=list)
+    upload: TransferReport | None = None
+    train: TrainReport | None = None
+    parity: ParityReport | None = None
+    publish: PublishReport | None = None
+    download: TransferReport | None = None
+    manifest: Manifest | None = None
+    verified: list[VerificationRecord] = Field(default_factory=list)
+    download_choice: str = "all"
+    pod: PodHandle | None = None
+    terminated: bool = False
+    pod_end: PodEnd | None = None
+    lease: str = "-"
+    output_dir: str | None = None
+    error: str | None = None
+
+    def stage(self, name: str) -> StageRecord:
+        """The record of stage ``name``. Raises KeyError for an unknown stage."""
+        for record in self.stages:
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    @property
+    def passed(self) -> bool:
+        """True when every stage passed (Skipped with a reason counts) and the pod is
+        confirmed terminated (or none was ever created)."""
+        pod_gone = self.terminated or self.pod_id is None
+        return pod_gone and all(s.passed for s in self.stages)
+
+    @property
+    def model_location(self) -> str | None:
+        """Where the trained model is once the run ends: the verified publish
+        destination (``hf://ORG/REPO@<revision>`` or the S3 URI), else the verified local
+        download, else None."""
+        if self.publish is not None and self.publish.verified:
+            if self.publish.revision:
+                return f"{self.publish.target}@{self.publish.revision}"
+            return self.publish.target
+        if self.manifest is not None and self.output_dir and self.download_choice == "all":
+            return f"{self.output_dir}/outputs"
+        return None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (datetimes as ISO strings), every string redacted
+        (``blocks.secret_mask``): it becomes ``run-report.json`` and the flow's result."""
+        data = self.model_dump(mode="json")
+        data["passed"] = self.passed
+        data["model_location"] = self.model_location
+        return redact_data(data)
+
+    def apply_cost_record(self, record: CostRecord) -> None:
+        """Take the pod's end and the cost from the run's ``finetune-costs`` record (the
+        record of truth), so report and record agree."""
+        self.pod_end = record.end
+        self.terminated = bool(record.end and record.end.confirmed)
+        self.lease = record.lease
+        c = self.cost
+        c.cost_per_hr, c.billed_seconds, c.usd = (
+            record.cost_per_hr,
+            record.billed_seconds,
+            record.usd,
+        )
+        c.runpod_usd, c.runpod_billed_seconds = record.runpod_usd, record.runpod_billed_seconds
+        c.difference_usd, c.billing_note = record.difference_usd, record.billing_note
+
+    def end_line(self) -> str:
+        """What happened to the pod, in one line: confirmed gone (by whom, when, how), or
+        ``NO: may still be billing`` with the command that ends it."""
+        if self.pod_id is None:
+            return "no pod was created"
+        end = self.pod_end
+        if not self.terminated or end is None or not end.confirmed:
+            return (
+                f"NO: may still be billing; end it with `{end_command(self.provider, self.pod_id)}`"
+            )
+        at = end.ended_at.strftime("%H:%M:%S UTC") if end.ended_at else "?"
+        cause = {
+            "terminated_outside": "terminated outside this run",
+            "exited": "exited",
+            "host_lost": "host lost",
+        }.get(end.cause or "", "")
+        lead = f"gone: {cause}, " if cause else "yes, "
+        how = f" ({end.layer})" if end.layer else ""
+        return f"{lead}ended by {end.ended_by.value}{how} at {at}, confirmed"
+
+
+def _fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def render_summary(report: RunReport) -> str:
+    """A readable, fixed-width summary for the terminal: the error line first when the run
+    failed; stage, state, seconds; the pod; bytes moved; manifest verified; parity
+    verdict; cost (``nothing billed`` when no pod was created); the result last."""
+    lines = [f"error        {report.error}", ""] if report.error else []
+    lines.append(f"{'stage':<12} {'state':<10} {'seconds':>8}  note")
+    for s in report.stages:
+        note = s.reason or ""
+        lines.append(f"{s.name:<12} {s.state.value:<10} {s.seconds:>8.2f}  {note}")
+    lines.append("")
+    lines.append(f"pod          {report.pod_id or '-'} ({report.provider}, {report.pod_name})")
+    lines.append(f"terminated   {report.end_line()}")
+    moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
+    lines.append(f"bytes moved  {_fmt_bytes(moved)} between this machine and the pod")
+    moves = [(n, t) for n, t in (("upload", report.upload), ("download", report.download)) if t]
+    if moves:
+        lines.append(
+            "transfer     "
+            + ", ".join(
+                f"{n} by {t.method} ({_fmt_bytes(t.bytes)}, {t.seconds:.1f} s)" for n, t in moves
+            )
+        )
+    if report.publish is not None:
+        sent = report.publish
+        lines.append(
+            f"published    {_fmt_bytes(sent.bytes)} from the pod to {sent.target} in "
+            f"{sent.seconds:.1f} s ({len(sent.files)} files, {sent.attempts} attempt(s))"
+        )
+    verified = (
+        report.manifest is not None and report.download is not None and report.download.verified
+    )
+    nfiles = len(report.manifest.entries) if report.manifest else 0
+    if report.manifest is not None or report.download_choice == "all":
+        lines.append(f"manifest     {'verified' if verified else 'NOT verified'} ({nfiles} files)")
+    for place in report.verified:
+        lines.append(
+            f"verified     {place.where}: {place.files} files at {place.location}"
+            f"{'' if place.verified else ' - MISMATCH'}"
+        )
+    where = report.model_location
+    if where:
+        url = f" ({report.publish.url})" if report.publish and report.publish.url != where else ""
+        lines.append(f"model at     {where}{url}")
+    elif report.download_choice != "all":
+        lines.append(f"model at     nowhere verified (--download {report.download_choice})")
+    if report.parity is not None:
+        p = report.parity
+        lines.append(
+            f"eval parity  {p.verdict} (in-training {p.accuracy_train:.3f} vs standalone "
+            f"{p.accuracy_eval:.3f}, gap {p.accuracy_gap:.3f}, tolerance {p.tolerance})"
+        )
+    c = report.cost
+    if report.pod_id is None:
+        lines.append(f"cost         {c.usd:.6f} USD (no pod was created: nothing billed)")
+    else:
+        until = "confirmed end" if report.terminated else "now, may still be billing"
+        lines.append(
+            f"cost         {c.usd:.6f} USD ({c.cost_per_hr:.2f} USD/h x "
+            f"{c.billed_seconds:.1f} s billed, create -> {until})"
+        )
+    if report.provider == "runpod" and report.pod_id:
+        if c.runpod_usd is not None:
+            diff = c.difference_usd if c.difference_usd is not None else 0.0
+            lines.append(f"runpod bill  {c.runpod_usd:.6f} USD (ours - RunPod's: {diff:+.6f})")
+        else:
+            lines.append(f"runpod bill  not known yet: {c.billing_note or 'not asked'}")
+    if report.output_dir:
+        lines.append(f"outputs      {report.output_dir}")
+    lines.append(
+        f"flow run     {report.flow_run_url or report.flow_run_id + ' (no UI address known)'}"
+    )
+    lines.append(f"result       {'PASSED' if report.passed else 'FAILED'}")
+    return redact("\n".join(lines))
+
+
+def flow_run_url(flow_run_id: str) -> str | None:
+    """The run's page in the Prefect UI (``<PREFECT_UI_URL>/runs/flow-run/<id>``), or None
+    when no UI address is configured (Prefect's own ``url_for``)."""
+    from prefect.utilities.urls import url_for
+
+    try:
+        return url_for("flow-run", obj_id=flow_run_id)
+    except Exception:  # no UI configured, or an API URL it cannot derive one from
+        return None

@@ -1,0 +1,1 @@
+"""Tests of prefect_runpod.flows.run, a file per module."""
