@@ -12,7 +12,7 @@ variable ``PREFECT_RUNPOD_FAULTS`` lists ``point:action`` pairs separated by com
 
 One point is read by the local pod's daemon rather than by a stage:
 ``gateway_relay:cooked`` makes the gateway relay PTY bytes as a cooked terminal path
-would (``local_pod.daemon.CookedRelay``).
+would (``local_pod.sessions.CookedRelay``).
 
 With ``PREFECT_RUNPOD_FAULT_DIR`` set, each action also leaves ``<point>.fired``
 (``<epoch seconds> <action>``) there just before it fires.

@@ -4,6 +4,7 @@ behaves like RunPod's gateway (or a direct-TCP sshd).
 - ``provider``  ``LocalPodProvider`` (create / wait_ready / find / list / terminate) and
   the ``LocalPod`` block
 - ``daemon``    one process per pod serving SSH (asyncssh); started in its own session
+- ``sessions``  one SSH session of a pod: its bash on a pty (or pipes), bridged to the channel
 - ``registry``  the on-disk registry any process lists, finds and terminates pods by
 - ``images``    image profiles: the login environment of real images (rc text, env, an
   image Python), built once per pod home

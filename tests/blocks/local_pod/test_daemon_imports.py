@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from prefect_runpod.blocks import exceptions
-from prefect_runpod.blocks.local_pod import daemon
+from prefect_runpod.blocks.local_pod import sessions
 
 
 def test_daemon_imports_no_prefect_paramiko_or_pydantic() -> None:
@@ -23,5 +23,5 @@ def test_daemon_imports_no_prefect_paramiko_or_pydantic() -> None:
 
 
 def test_daemon_writes_the_one_gateway_refusal() -> None:
-    assert daemon.GATEWAY_PTY_ERROR is exceptions.GATEWAY_PTY_ERROR
+    assert sessions.GATEWAY_PTY_ERROR is exceptions.GATEWAY_PTY_ERROR
     assert exceptions.GATEWAY_PTY_ERROR == "Error: Your SSH client doesn't support PTY"
