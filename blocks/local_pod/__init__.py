@@ -3,6 +3,7 @@ behaves like RunPod's gateway (or a direct-TCP sshd).
 
 - ``provider``  ``LocalPodProvider`` (create / wait_ready / find / list / terminate) and
   the ``LocalPod`` block
+- ``spawn``     a new pod: the request checked, its directory laid out, its daemon started
 - ``daemon``    one process per pod serving SSH (asyncssh); started in its own session
 - ``sessions``  one SSH session of a pod: its bash on a pty (or pipes), bridged to the channel
 - ``registry``  the on-disk registry any process lists, finds and terminates pods by

@@ -6,22 +6,17 @@ on-disk registry (``prefect_runpod.blocks.local_pod.registry``). It behaves like
 RunPod pod seen through RunPod's SSH gateway (PTY only, no exec, no SFTP) or, in
 ``direct`` mode, like a pod's own sshd on an exposed 22/tcp port. A run can
 rehearse end to end on it, with a configurable price to show what a GPU would cost.
+A new pod's directory and daemon are made by :mod:`prefect_runpod.blocks.local_pod.spawn`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import builtins
 import contextlib
-import json
-import os
 import shutil
 import socket
-import subprocess
-import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -34,14 +29,11 @@ from prefect_runpod.blocks.exceptions import (
     SpecError,
     TerminateError,
 )
-from prefect_runpod.blocks.faults import FAULT_DIR_ENV, FAULTS_ENV
 from prefect_runpod.blocks.local_pod.images import (
     DEFAULT_PROFILE,
     get_profile,
-    prepare_image,
     profile_names,
 )
-from prefect_runpod.blocks.local_pod.pod_files import runpodctl_script
 from prefect_runpod.blocks.local_pod.registry import (
     ENDING_FILE,
     LockBusyError,
@@ -54,14 +46,20 @@ from prefect_runpod.blocks.local_pod.registry import (
     kill_marked,
     list_records,
     name_lock,
-    new_pod_host_id,
     new_pod_id,
-    pid_alive,
     read_deadman_attempts,
     read_record,
     read_tombstone,
     remove_record,
     write_tombstone,
+)
+from prefect_runpod.blocks.local_pod.spawn import (
+    base_python,
+    check_request,
+    lay_out_pod,
+    reap,
+    start_daemon,
+    stop_daemon,
 )
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.provider import (
@@ -72,50 +70,10 @@ from prefect_runpod.blocks.provider import (
     end_command,
     lost_error,
 )
-from prefect_runpod.blocks.validation import is_env_name
 
 __all__ = ["LocalPod", "LocalPodProvider", "base_python", "default_home"]
 
-_POLL_SECONDS = 0.02
 _BANNER_PREFIX = b"SSH-2.0-"
-_KEY_TYPES = ("ssh-", "ecdsa-sha2-", "sk-")
-
-# Daemons this process started: kept so their exit is reaped (no zombies).
-_SPAWNED: dict[str, subprocess.Popen[bytes]] = {}
-
-
-def base_python() -> Path:
-    """The interpreter a pod's ``python3`` points at: the base installation behind any
-    virtualenv (``sys._base_executable``), so the pod never sees the host venv's packages."""
-    candidate = Path(getattr(sys, "_base_executable", "") or sys.executable).resolve()
-    venv = Path(sys.prefix).resolve()
-    if sys.prefix != sys.base_prefix and venv in candidate.parents:
-        major, minor = sys.version_info[:2]
-        candidate = (Path(sys.base_prefix) / "bin" / f"python{major}.{minor}").resolve()
-    return candidate
-
-
-def _check_request(request: PodRequest) -> str:
-    """Validate the request before anything is created; return the key line."""
-    line = request.public_key.strip()
-    parts = line.split()
-    try:
-        ok = len(parts) >= 2 and parts[0].startswith(_KEY_TYPES)
-        ok = ok and bool(base64.b64decode(parts[1], validate=True))
-    except (binascii.Error, ValueError):
-        ok = False
-    if not ok or "\n" in line:
-        raise SpecError(
-            "the pod request's public_key is not one OpenSSH public-key line "
-            "(`ssh-ed25519 AAAA… comment`); pass KeyPair.public_key from generate_keypair()"
-        )
-    for key, value in request.env.items():
-        if not is_env_name(key) or "\0" in value:
-            raise SpecError(
-                f"pod env variable {key!r} is not a valid name=value pair; use letters, "
-                "digits and underscores for names and no NUL bytes in values"
-            )
-    return line
 
 
 def _port_accepts(port: int, *, banner: bool, timeout_seconds: float = 1.0) -> bool:
@@ -212,7 +170,7 @@ class LocalPodProvider:
             ProviderError: the daemon exited or did not listen within
                 ``start_timeout_seconds``; its log tail is in the message.
         """
-        public_key = _check_request(request)
+        public_key = check_request(request)
         self.home.mkdir(parents=True, exist_ok=True)
         try:
             with name_lock(self.home, name, timeout_seconds=self.start_timeout_seconds * 3):
@@ -233,8 +191,8 @@ class LocalPodProvider:
         pod_id = new_pod_id()
         paths = PodPaths.of(self.home, pod_id)
         try:
-            self._prepare(paths, pod_id, name, public_key, request)
-            return self._to_handle(self._start_daemon(paths, pod_id))
+            lay_out_pod(self, paths, pod_id, name, public_key, request)
+            return self._to_handle(start_daemon(self, paths, pod_id))
         except BaseException:
             self._discard(pod_id, paths)
             raise
@@ -313,7 +271,7 @@ class LocalPodProvider:
         paths = PodPaths.of(self.home, pod_id)
         record = read_record(self.home, pod_id)
         if record is None and not paths.root.exists() and not find_marked_pids(pod_id):
-            self._reap(pod_id)
+            reap(pod_id)
             tomb = read_tombstone(self.home, pod_id)
             ended = datetime.fromisoformat(tomb.ended_at) if tomb else datetime.now(UTC)
             return TerminateResult(pod_id=pod_id, confirmed_at=ended, already_gone=True)
@@ -322,13 +280,13 @@ class LocalPodProvider:
                 (paths.root / ENDING_FILE).write_text('{"by": "terminate", "layer": "terminate"}\n')
         attempts = read_deadman_attempts(paths.workspace)
         if record is not None and daemon_alive(record):
-            self._stop_daemon(record.pid, grace_seconds=min(10.0, timeout_seconds / 2))
+            stop_daemon(record.pid, grace_seconds=min(10.0, timeout_seconds / 2))
         problem = ""
         while True:
             leftovers = kill_marked(pod_id, timeout_seconds=max(0.0, deadline - time.monotonic()))
             shutil.rmtree(paths.root, ignore_errors=True)
             remove_record(self.home, pod_id)
-            self._reap(pod_id)
+            reap(pod_id)
             port_open = record is not None and _port_accepts(record.port, banner=False)
             if not leftovers and not port_open and not paths.root.exists():
                 confirmed = datetime.now(UTC)
@@ -448,167 +406,11 @@ class LocalPodProvider:
             else None,
         )
 
-    def _prepare(
-        self, paths: PodPaths, pod_id: str, name: str, public_key: str, request: PodRequest
-    ) -> None:
-        """Lay out the pod directory: workspace, home, bin, host key, authorized_keys,
-        ``pod.json``."""
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-        paths.root.parent.mkdir(parents=True, exist_ok=True)
-        paths.root.mkdir(mode=0o700)
-        for directory in (paths.workspace, paths.home, paths.bin):
-            directory.mkdir(mode=0o755)
-        key = Ed25519PrivateKey.generate()
-        private = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.OpenSSH,
-            serialization.NoEncryption(),
-        )
-        host_key = (
-            key.public_key()
-            .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-            .decode()
-        )
-        _write(paths.host_key, private, 0o600)
-        _write(paths.authorized_keys, (public_key + "\n").encode(), 0o600)
-        python = base_python()
-        for link in ("python3", "python"):
-            (paths.bin / link).symlink_to(python)
-        image = prepare_image(
-            self.home,
-            get_profile(self.image),
-            python=python,
-            pod_id=pod_id,
-            workspace=paths.workspace,
-            pod_home=paths.home,
-        )
-        _write(
-            paths.bin / "runpodctl",
-            runpodctl_script(pod_id, paths.pid_file, paths.bin, paths.root / ENDING_FILE).encode(),
-            0o755,
-        )
-        _write(paths.home / ".bashrc", image.bashrc.encode(), 0o644)
-        pod_host_id = new_pod_host_id(pod_id)
-        created = datetime.now(UTC)
-        lifetime = request.deadman.lifetime_seconds if request.deadman is not None else None
-        lease = created + timedelta(seconds=lifetime) if lifetime is not None else None
-        config = {
-            "pod_id": pod_id,
-            "name": name,
-            "mode": self.mode,
-            "user": pod_host_id if self.mode == "gateway" else "root",
-            "pod_host_id": pod_host_id,
-            "host_key": host_key,
-            "public_key": public_key,
-            "cost_per_hr": self.cost_per_hr,
-            "gpu_type": self.gpu_type,
-            "created_at": created.isoformat(),
-            "env": {**image.env, **request.env},
-            "image": image.profile,
-            "path_first": image.path_first,
-            "lifetime_seconds": lifetime,
-            "terminate_after": lease.isoformat() if lease else None,
-        }
-        _write(paths.config, json.dumps(config, indent=1).encode(), 0o600)
-
-    def _start_daemon(self, paths: PodPaths, pod_id: str) -> PodRecord:
-        """Spawn the daemon in its own session and wait for its registry entry."""
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(paths.home),
-            "LANG": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "RUNPOD_POD_ID": pod_id,  # the daemon is a process of the pod too
-        }
-        # The daemon's own fault points (the gateway_relay fault), never the pod's env.
-        for name in (FAULTS_ENV, FAULT_DIR_ENV):
-            if name in os.environ:
-                env[name] = os.environ[name]
-        with open(paths.log, "ab") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "prefect_runpod.blocks.local_pod.daemon",
-                    "--home",
-                    str(self.home),
-                    "--pod-id",
-                    pod_id,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=paths.root,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-        _SPAWNED[pod_id] = proc
-        deadline = time.monotonic() + self.start_timeout_seconds
-        while True:
-            record = read_record(self.home, pod_id)
-            if record is not None:
-                return record
-            if proc.poll() is not None:
-                raise ProviderError(
-                    f"local pod {pod_id}'s daemon exited with status {proc.returncode} before "
-                    f"listening: {_log_tail(paths.log)}",
-                    pod_id=pod_id,
-                    stage="provision",
-                )
-            if time.monotonic() > deadline:
-                raise ProviderError(
-                    f"local pod {pod_id}'s daemon did not listen within "
-                    f"{self.start_timeout_seconds:.0f} s (raise start_timeout_seconds on a "
-                    f"busy machine): {_log_tail(paths.log)}",
-                    pod_id=pod_id,
-                    stage="provision",
-                )
-            time.sleep(_POLL_SECONDS)
-
     def _discard(self, pod_id: str, paths: PodPaths) -> None:
         """Undo a failed create."""
         with contextlib.suppress(Exception):
             self.terminate(pod_id, timeout_seconds=10.0)
         shutil.rmtree(paths.root, ignore_errors=True)
-
-    @staticmethod
-    def _stop_daemon(pid: int, grace_seconds: float) -> None:
-        """SIGTERM the daemon, wait up to ``grace_seconds``, then SIGKILL."""
-        import signal
-
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_seconds
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(_POLL_SECONDS)
-        if pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    @staticmethod
-    def _reap(pod_id: str) -> None:
-        proc = _SPAWNED.get(pod_id)
-        if proc is not None and proc.poll() is not None:
-            del _SPAWNED[pod_id]
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(path, mode)
-
-
-def _log_tail(path: Path, max_bytes: int = 2000) -> str:
-    try:
-        data = path.read_bytes()[-max_bytes:]
-    except OSError:
-        return "(no daemon log)"
-    return data.decode(errors="replace").strip() or "(daemon log empty)"
 
 
 class LocalPod(Block):
