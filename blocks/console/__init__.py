@@ -1,6 +1,7 @@
 """PodConsole: commands on a pod through a PTY-only SSH gateway.
 
 - ``session``        ``PodConsole`` and ``run_remote`` (the console's contract)
+- ``connection``     the SSH connection and PTY shell behind it, kept ready for the next command
 - ``protocol``       ``ConsoleLike``: what a task needs of a console (``PodConsole`` or a stand-in)
 - ``shell``          the shell behind a console: framing, verified setup, drift, ``exec``, resync
 - ``channel``        the byte layer: a channel read while written, ``PtyStream``
