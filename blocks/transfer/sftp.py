@@ -7,23 +7,18 @@ hashes on both ends (the pod side through ``manifest.py --prefix-bytes`` over ex
 The pod's manifest is computed by exec of ``manifest.py`` on the pod's disk, the
 local one by the same module imported here. ``sftp_upload`` / ``sftp_download`` work on
 an endpoint; ``SftpMethod`` is the ``TransferMethod`` that finds the pod's direct
-endpoint. Both answer with a ``MethodResult``.
+endpoint. Both answer with a ``MethodResult``. The connection they run on is
+:mod:`prefect_runpod.blocks.transfer.sftp_session`.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import shlex
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import paramiko
 from pydantic import SecretStr
 
-from prefect_runpod.blocks.console.ssh import open_ssh_client
 from prefect_runpod.blocks.exceptions import (
     ChecksumMismatchError,
     SpecError,
@@ -32,7 +27,14 @@ from prefect_runpod.blocks.exceptions import (
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
-from prefect_runpod.blocks.transfer.models import Manifest, MethodResult, tree_refusal
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
+from prefect_runpod.blocks.transfer.sftp_session import (
+    SftpSession,
+    connect_direct,
+    direct_endpoint,
+    remote_size,
+    with_reconnect,
+)
 
 __all__ = [
     "SftpMethod",
@@ -43,171 +45,97 @@ __all__ = [
     "sftp_upload",
 ]
 
-WINDOW_BYTES = 8 * 1024 * 1024
 READ_BYTES = 1024 * 1024
-_DROPS = (paramiko.SSHException, OSError, EOFError)
 
 
-def direct_endpoint(handle: PodHandle) -> SSHEndpoint | None:
-    """The pod's direct-TCP sshd (``handle.direct_ssh``, or ``handle.ssh`` in direct
-    mode), or None when it has only the gateway."""
-    if handle.direct_ssh is not None:
-        return handle.direct_ssh
-    if handle.ssh is not None and handle.ssh.mode == "direct":
-        return handle.ssh
-    return None
-
-
-def connect_direct(
-    endpoint: SSHEndpoint, private_key: SecretStr, timeout_seconds: float = 30.0
-) -> paramiko.SSHClient:
-    """A paramiko client on a direct-mode endpoint, host key pinned when known.
-
-    The connection itself is ``ssh_connect.open_ssh_client`` (one place for host-key
-    pinning and the cipher choice).
-
-    Raises:
-        ConsoleConnectError: the connection or the login failed, or the host key differs.
-    """
-    where = f"{endpoint.user}@{endpoint.host}:{endpoint.port}"
-    client = open_ssh_client(
-        endpoint,
-        private_key,
-        pinned_host_key=endpoint.host_key,
-        timeout_seconds=timeout_seconds,
-        where=where,
-    )
-    transport = client.get_transport()
-    assert transport is not None
-    transport.default_window_size = WINDOW_BYTES
-    transport.set_keepalive(15)
-    return client
-
-
-class SftpSession:
-    """One SSH connection with an SFTP channel and exec for ``manifest.py``."""
-
-    def __init__(
-        self, endpoint: SSHEndpoint, private_key: SecretStr, tools_dir: str, python: str = "python3"
-    ):
-        self.endpoint, self.private_key = endpoint, private_key
-        self.tools_dir, self.python = tools_dir, python
-        self.client = connect_direct(endpoint, private_key)
-        transport = self.client.get_transport()
-        assert transport is not None
-        sftp = paramiko.SFTPClient.from_transport(transport, window_size=WINDOW_BYTES)
-        assert sftp is not None
-        self.sftp = sftp
-        self._install_manifest()
-
-    def _install_manifest(self) -> None:
-        local = Path(mf.__file__)
-        self.makedirs(self.tools_dir)
-        target = f"{self.tools_dir}/manifest.py"
-        try:
-            if self.sftp.stat(target).st_size == local.stat().st_size:
-                return
-        except OSError:
-            pass
-        self.sftp.put(str(local), target + ".tmp")
-        self.sftp.posix_rename(target + ".tmp", target)
-
-    def makedirs(self, path: str) -> None:
-        """``mkdir -p`` over SFTP."""
-        parts = path.split("/")
-        for i in range(1, len(parts) + 1):
-            sub = "/".join(parts[:i])
-            if not sub:
-                continue
-            try:
-                if stat.S_ISDIR(self.sftp.stat(sub).st_mode or 0):
-                    continue
-            except OSError:
-                self.sftp.mkdir(sub)
-
-    def manifest(
-        self,
-        root: str,
-        paths: list[str] | None = None,
-        prefix_bytes: int | None = None,
-        *,
-        follow_links: bool = False,
-        structure: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        """The pod's manifest of ``root`` (``manifest.py`` over exec), after making the
-        directory and link entries of ``structure`` when given.
-
-        Raises:
-            SpecError: the tree holds links that leave it or dangle (each named).
-            TransferError: the script failed (e.g. the folder is missing), or the
-                ``structure`` entries could not be made."""
-        cmd = f"{shlex.quote(self.python)} {shlex.quote(self.tools_dir + '/manifest.py')} {shlex.quote(root)}"
-        if prefix_bytes is not None:
-            cmd += f" --prefix-bytes {prefix_bytes}"
-        if follow_links:
-            cmd += " --follow-links"
-        if structure:
-            blob = base64.b64encode(json.dumps(structure).encode()).decode("ascii")
-            cmd += f" --apply-b64 {blob}"
-        if paths is not None:
-            cmd += " --files " + " ".join(shlex.quote(p) for p in paths) if paths else " --files"
-        _, stdout, stderr = self.client.exec_command(cmd, timeout=600)
-        out = stdout.read()
-        code = stdout.channel.recv_exit_status()
-        if code == 3:
-            answer: dict[str, Any] = json.loads(out)
-            problems = answer.get("problems") or []
-            if structure:
-                listed = "; ".join(f"{path} ({why})" for path, why in problems[:20])
-                raise TransferError(f"could not make {listed} under {root} on the pod")
-            raise SpecError(tree_refusal(f"the pod's {root}", problems))
-        if code != 0:
-            raise TransferError(
-                f"manifest of {root} on the pod failed: "
-                f"{stderr.read().decode(errors='replace').strip()}"
-            )
-        result: dict[str, Any] = json.loads(out)
-        return result
-
-    def close(self) -> None:
-        """Close SFTP and SSH."""
-        try:
-            self.sftp.close()
-        finally:
-            self.client.close()
-
-
-def _remote_size(sftp: paramiko.SFTPClient, path: str) -> int | None:
-    try:
-        return sftp.stat(path).st_size
-    except OSError:
-        return None
-
-
-def _with_reconnect(
-    work: Callable[[SftpSession], MethodResult],
-    open_session: Callable[[], SftpSession],
-    max_reconnects: int,
+def _put_file(
+    s: SftpSession,
+    e: dict[str, Any],
+    remote_root: str,
+    local_path: Path,
+    state: dict[str, int],
+    total: int,
+    on_progress: ProgressCallback | None,
     pod: str,
-) -> MethodResult:
-    reconnects = 0
-    while True:
-        session = None
-        try:
-            session = open_session()
-            result = work(session)
-            return result.model_copy(update={"reconnects": reconnects})
-        except _DROPS as exc:
-            reconnects += 1
-            if reconnects > max_reconnects:
+) -> None:
+    """Send one file of an upload to ``<remote_root>/<path>.part``, resuming a ``.part``
+    whose prefix hashes match, then rename it into place."""
+    rel = e["path"]
+    remote = f"{remote_root}/{rel}"
+    part = remote + mf.PART_SUFFIX
+    s.makedirs(remote.rsplit("/", 1)[0])
+    offset = remote_size(s.sftp, part) or 0
+    if 0 < offset <= e["size_bytes"]:
+        theirs = s.manifest(remote_root, [rel + mf.PART_SUFFIX], offset)["entries"][0]
+        if theirs["sha256"] != mf.entry_for(str(local_path), rel, offset)["sha256"]:
+            offset = 0
+    else:
+        offset = 0
+    with open(local_path, "rb") as src, s.sftp.open(part, "r+" if offset else "w") as dst:
+        dst.set_pipelined(True)
+        if offset:
+            dst.truncate(offset)
+            dst.seek(offset)
+            src.seek(offset)
+        state["done"] += offset
+        while True:
+            buf = src.read(READ_BYTES)
+            if not buf:
+                break
+            try:
+                dst.write(buf)
+            except OSError as exc:
                 raise TransferError(
-                    f"sftp transfer with pod {pod} dropped {reconnects} times (last: {exc}); "
-                    "check the pod is running and rerun — partial files resume",
+                    f"pod {pod}: writing {rel} failed ({exc}); free space "
+                    "on the pod's volume and rerun",
                     pod_id=pod,
                 ) from exc
-        finally:
-            if session is not None:
-                session.close()
+            state["done"] += len(buf)
+            if on_progress:
+                on_progress(state["done"], total)
+    s.sftp.posix_rename(part, remote)
+
+
+def _get_file(
+    s: SftpSession,
+    e: dict[str, Any],
+    remote_root: str,
+    local_root: Path,
+    state: dict[str, Any],
+    total: int,
+    on_progress: ProgressCallback | None,
+) -> None:
+    """Fetch one file of a download into ``<local_root>/<path>.part``, resuming a
+    ``.part`` whose prefix hashes match, then rename it into place."""
+    rel = e["path"]
+    dest = local_root.joinpath(*rel.split("/"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = Path(str(dest) + mf.PART_SUFFIX)
+    offset = part.stat().st_size if part.is_file() else 0
+    if 0 < offset <= e["size_bytes"]:
+        theirs = s.manifest(remote_root, [rel], offset)["entries"][0]
+        if theirs["sha256"] != mf.hash_file(str(part), offset)[2]:
+            offset = 0
+    else:
+        offset = 0
+    with (
+        s.sftp.open(f"{remote_root}/{rel}", "r") as src,
+        open(part, "r+b" if offset else "wb") as out,
+    ):
+        out.truncate(offset)
+        out.seek(offset)
+        src.seek(offset)
+        src.prefetch(e["size_bytes"] - offset)
+        state["done"] += offset
+        while True:
+            buf = src.read(READ_BYTES)
+            if not buf:
+                break
+            out.write(buf)
+            state["done"] += len(buf)
+            if on_progress:
+                on_progress(state["done"], total)
+    part.replace(dest)
 
 
 def sftp_upload(
@@ -259,42 +187,6 @@ def sftp_upload(
     def local_of(rel: str) -> Path:
         return local_root if single else local_root.joinpath(*rel.split("/"))
 
-    def put_file(s: SftpSession, e: dict[str, Any]) -> None:
-        rel = e["path"]
-        remote = f"{remote_root}/{rel}"
-        part = remote + mf.PART_SUFFIX
-        s.makedirs(remote.rsplit("/", 1)[0])
-        offset = _remote_size(s.sftp, part) or 0
-        if 0 < offset <= e["size_bytes"]:
-            theirs = s.manifest(remote_root, [rel + mf.PART_SUFFIX], offset)["entries"][0]
-            if theirs["sha256"] != mf.entry_for(str(local_of(rel)), rel, offset)["sha256"]:
-                offset = 0
-        else:
-            offset = 0
-        with open(local_of(rel), "rb") as src, s.sftp.open(part, "r+" if offset else "w") as dst:
-            dst.set_pipelined(True)
-            if offset:
-                dst.truncate(offset)
-                dst.seek(offset)
-                src.seek(offset)
-            state["done"] += offset
-            while True:
-                buf = src.read(READ_BYTES)
-                if not buf:
-                    break
-                try:
-                    dst.write(buf)
-                except OSError as exc:
-                    raise TransferError(
-                        f"pod {pod}: writing {rel} failed ({exc}); free space "
-                        "on the pod's volume and rerun",
-                        pod_id=pod,
-                    ) from exc
-                state["done"] += len(buf)
-                if on_progress:
-                    on_progress(state["done"], total)
-        s.sftp.posix_rename(part, remote)
-
     def work(s: SftpSession) -> MethodResult:
         s.makedirs(remote_root)
         state["done"] = 0
@@ -302,7 +194,7 @@ def sftp_upload(
         present = [
             e["path"]
             for e in entries
-            if _remote_size(s.sftp, f"{remote_root}/{e['path']}") == e["size_bytes"]
+            if remote_size(s.sftp, f"{remote_root}/{e['path']}") == e["size_bytes"]
         ]
         if present:
             have = {x["path"]: x for x in s.manifest(remote_root, present)["entries"]}
@@ -310,7 +202,7 @@ def sftp_upload(
         state["done"] = total - sum(e["size_bytes"] for e in todo)
         for attempt in range(2):
             for e in todo:
-                put_file(s, e)
+                _put_file(s, e, remote_root, local_of(e["path"]), state, total, on_progress, pod)
             dest = s.manifest(remote_root, every_path, structure=structure)
             problems = mf.compare_manifests(expected, dest)
             if not problems:
@@ -334,7 +226,7 @@ def sftp_upload(
             state["retries"] += len(todo)
         raise AssertionError("unreachable")
 
-    return _with_reconnect(work, opener, max_reconnects, pod)
+    return with_reconnect(work, opener, max_reconnects, pod)
 
 
 def sftp_download(
@@ -369,37 +261,6 @@ def sftp_download(
     state: dict[str, Any] = {"source": None, "retries": 0}
     local_root.mkdir(parents=True, exist_ok=True)
 
-    def get_file(s: SftpSession, e: dict[str, Any], total: int) -> None:
-        rel = e["path"]
-        dest = local_root.joinpath(*rel.split("/"))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        part = Path(str(dest) + mf.PART_SUFFIX)
-        offset = part.stat().st_size if part.is_file() else 0
-        if 0 < offset <= e["size_bytes"]:
-            theirs = s.manifest(remote_root, [rel], offset)["entries"][0]
-            if theirs["sha256"] != mf.hash_file(str(part), offset)[2]:
-                offset = 0
-        else:
-            offset = 0
-        with (
-            s.sftp.open(f"{remote_root}/{rel}", "r") as src,
-            open(part, "r+b" if offset else "wb") as out,
-        ):
-            out.truncate(offset)
-            out.seek(offset)
-            src.seek(offset)
-            src.prefetch(e["size_bytes"] - offset)
-            state["done"] += offset
-            while True:
-                buf = src.read(READ_BYTES)
-                if not buf:
-                    break
-                out.write(buf)
-                state["done"] += len(buf)
-                if on_progress:
-                    on_progress(state["done"], total)
-        part.replace(dest)
-
     def work(s: SftpSession) -> MethodResult:
         if state["source"] is None:
             state["source"] = s.manifest(remote_root, follow_links=follow_links)
@@ -418,7 +279,7 @@ def sftp_download(
         state["done"] = total - sum(e["size_bytes"] for e in todo)
         for attempt in range(2):
             for e in todo:
-                get_file(s, e, total)
+                _get_file(s, e, remote_root, local_root, state, total, on_progress)
             made = mf.apply_structure(str(local_root), src["entries"])
             if made:
                 listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
@@ -445,7 +306,7 @@ def sftp_download(
             state["retries"] += len(todo)
         raise AssertionError("unreachable")
 
-    return _with_reconnect(work, opener, max_reconnects, pod)
+    return with_reconnect(work, opener, max_reconnects, pod)
 
 
 class SftpMethod:
