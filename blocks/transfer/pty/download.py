@@ -206,6 +206,60 @@ def _join_local(
     return redo
 
 
+def _screen_here(s: Session, striped: list[Striped], run: Transfer) -> None:
+    """Files already here, whole and verified, are not fetched again."""
+    tally = run.tally
+    for st in striped:
+        p = st.piece
+        assert p.local is not None
+        p.done = part_files.already_there(str(p.local), p.size, p.sha256, run.known)
+        if p.done:
+            tally.move(p, p.size)
+
+
+def _verify_here(
+    s: Session, attempt: int, run: Transfer, source: dict[str, Any], local_root: Path
+) -> list[Piece] | MethodResult:
+    """Make the empty directories and links, then compare the local manifest with the
+    pod's: the result when they agree, else the files to fetch again (once), else
+    ``ChecksumMismatchError``."""
+    pod, tally = run.pod, run.tally
+    made = mf.apply_structure(str(local_root), source["entries"])
+    if made:
+        listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
+        raise TransferError(f"could not make {listed} under {local_root}", pod_id=pod)
+    dest = mf.compute_manifest(
+        str(local_root), [e["path"] for e in source["entries"]], known=run.known
+    )
+    problems = mf.compare_manifests(source, dest)
+    if not problems:
+        return MethodResult(
+            bytes=tally.total,
+            retries=run.stats["retries"],
+            source_manifest=Manifest.from_dict(source),
+            dest_manifest=Manifest.from_dict(dest),
+            link=run.report(),
+        )
+    if attempt == 1:
+        path, why = problems[0]
+        raise ChecksumMismatchError(
+            f"{path} from pod {pod} differs from the pod's copy after a retry ({why}); "
+            "check the local disk and rerun the download",
+            path=path,
+            pod_id=pod,
+            stage="download",
+        )
+    bad = {p for p, _ in problems}
+    redo = []
+    for f in run.files or []:
+        if f.rel in bad:
+            assert f.local is not None
+            f.local.unlink(missing_ok=True)
+            redo.append(f.whole())
+    run.stats["retries"] += len(redo)
+    return redo
+
+
 def pty_download(
     open_stream: Callable[[str], ByteStream],
     tools_dir: str,
@@ -278,54 +332,10 @@ def pty_download(
         tally.total = sum(f.size for f in files)
         return files
 
-    def screen(s: Session, striped: list[Striped]) -> None:
-        for st in striped:
-            p = st.piece
-            assert p.local is not None
-            p.done = part_files.already_there(str(p.local), p.size, p.sha256, run.known)
-            if p.done:
-                tally.move(p, p.size)
-
-    def verify(s: Session, attempt: int) -> list[Piece] | MethodResult:
-        made = mf.apply_structure(str(local_root), source["entries"])
-        if made:
-            listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
-            raise TransferError(f"could not make {listed} under {local_root}", pod_id=pod)
-        dest = mf.compute_manifest(
-            str(local_root), [e["path"] for e in source["entries"]], known=run.known
-        )
-        problems = mf.compare_manifests(source, dest)
-        if not problems:
-            return MethodResult(
-                bytes=tally.total,
-                retries=run.stats["retries"],
-                source_manifest=Manifest.from_dict(source),
-                dest_manifest=Manifest.from_dict(dest),
-                link=run.report(),
-            )
-        if attempt == 1:
-            path, why = problems[0]
-            raise ChecksumMismatchError(
-                f"{path} from pod {pod} differs from the pod's copy after a retry ({why}); "
-                "check the local disk and rerun the download",
-                path=path,
-                pod_id=pod,
-                stage="download",
-            )
-        bad = {p for p, _ in problems}
-        redo = []
-        for f in run.files or []:
-            if f.rel in bad:
-                assert f.local is not None
-                f.local.unlink(missing_ok=True)
-                redo.append(f.whole())
-        run.stats["retries"] += len(redo)
-        return redo
-
     return run.go(
         prepare,
         fetch_pieces,
         lambda s, striped, stats: _join_local(striped, stats, pod, run.known),
-        verify,
-        screen,
+        lambda s, attempt: _verify_here(s, attempt, run, source, local_root),
+        lambda s, striped: _screen_here(s, striped, run),
     )

@@ -70,18 +70,33 @@ def _bad_twice(p: Piece, actual: str, pod: str) -> ChecksumMismatchError:
     )
 
 
-def send_pieces(s: Session, todo: list[Piece], window: PathWindow, run: Transfer) -> None:
-    """Send ``todo`` through one session until the receiver has every piece (whole
-    files verified and named, segments complete).
+class _InFlight:
+    """What one session has sent and not yet heard back about: the files still to send
+    (``queue``), each chunk awaiting its answer (``chunks``: ``(fid, epoch, offset)`` ->
+    ``(bytes, sent at)``) and their bytes (``bytes``)."""
 
-    Raises:
-        ChecksumMismatchError: a file arrived wrong twice (named).
-        TransferError: the pod refused a write (disk full, size limit: file named), or
-            refused one piece more than ``MAX_REWINDS`` times in a row.
-        Dropped: the receiver stopped answering.
-    """
-    opts, pod, by_fid = s.opts, s.pod, {p.fid: p for p in todo}
-    tally, stats, crew = run.tally, run.stats, run.crew
+    def __init__(self, todo: list[Piece]) -> None:
+        self.queue = deque(p for p in todo if not p.done)
+        self.chunks: dict[tuple[str, int, int], tuple[int, float]] = {}
+        self.bytes = 0
+
+    def forget(self, p: Piece) -> None:
+        for key in [k for k in self.chunks if k[0] == p.fid]:
+            self.bytes -= self.chunks.pop(key)[0]
+
+    def rewind(self, p: Piece, offset: int) -> None:
+        self.forget(p)
+        p.epoch += 1
+        p.next = p.acked = offset
+        p.close_sent = False
+        if p not in self.queue:
+            self.queue.appendleft(p)
+
+
+def _open_pieces(s: Session, todo: list[Piece], by_fid: dict[str, Piece], run: Transfer) -> None:
+    """Announce every piece (``#OPEN``) and wait until the receiver said for each where
+    it stands (``#O``: its verified offset, or done)."""
+    opts, pod, tally, crew = s.opts, s.pod, run.tally, run.crew
     for p in todo:
         p.close_sent = False
         p.epoch += 1
@@ -101,29 +116,87 @@ def send_pieces(s: Session, todo: list[Piece], window: PathWindow, run: Transfer
                 _raise_pod_error(ev, by_fid, pod)
         if not events and time.monotonic() - s.last_rx > opts.stall_seconds:
             raise Dropped("no answer to OPEN")
-    sendq = deque(p for p in todo if not p.done)
-    inflight: dict[tuple[str, int, int], tuple[int, float]] = {}
-    flying = 0
+
+
+def _on_answer(
+    s: Session,
+    q: _InFlight,
+    ev: list[str],
+    by_fid: dict[str, Piece],
+    window: PathWindow,
+    run: Transfer,
+) -> None:
+    """Act on one answer of the receiver about piece ``ev[1]``: an acknowledged or
+    refused chunk, a finished file or segment, a verified offset to resume from, a file
+    that arrived wrong, or a write the pod refused."""
+    pod, tally, stats = s.pod, run.tally, run.stats
+    tag, p = ev[0], by_fid[ev[1]]
+    if tag in ("#A", "#N"):
+        key = (p.fid, int(ev[2]), int(ev[3]))
+        sent = q.chunks.pop(key, None)
+        if sent is not None:
+            q.bytes -= sent[0]
+        if key[1] != p.epoch or p.done:
+            return
+        if tag == "#A":
+            p.acked = max(p.acked, int(ev[4]))
+            p.rewinds = 0
+            if sent is not None:
+                window.on_rtt(time.monotonic() - sent[1])
+            tally.move(p, p.acked - p.start)
+            window.on_acked(tally.done)
+        else:
+            stats["retries"] += 1
+            p.rewinds += 1
+            if p.rewinds > MAX_REWINDS:
+                raise TransferError(
+                    f"pod {pod}: {p.rel} was refused {p.rewinds} times in a row at "
+                    f"offset {ev[4]} (last: {' '.join(ev[5:]) or '?'}); the link "
+                    "damages every chunk: rerun, or use another method",
+                    pod_id=pod,
+                    stage="upload",
+                )
+            q.rewind(p, int(ev[4]))
+    elif tag in ("#C", "#K"):
+        p.done = True
+        if tag == "#C":
+            p.md5 = ev[3]
+        p.close()
+    elif tag in ("#I", "#S") and not p.done:
+        stats["retries"] += 1
+        q.rewind(p, int(ev[2]))
+    elif tag == "#BAD":
+        p.bad += 1
+        if p.bad > 1:
+            raise _bad_twice(p, ev[3], pod)
+        stats["retries"] += 1
+        s.line(*_open_line(p))
+        q.rewind(p, p.start)
+        tally.move(p, 0)
+    elif tag == "#X":
+        _raise_pod_error(ev, by_fid, pod)
+
+
+def send_pieces(s: Session, todo: list[Piece], window: PathWindow, run: Transfer) -> None:
+    """Send ``todo`` through one session until the receiver has every piece (whole
+    files verified and named, segments complete).
+
+    Raises:
+        ChecksumMismatchError: a file arrived wrong twice (named).
+        TransferError: the pod refused a write (disk full, size limit: file named), or
+            refused one piece more than ``MAX_REWINDS`` times in a row.
+        Dropped: the receiver stopped answering.
+    """
+    opts, pod, by_fid = s.opts, s.pod, {p.fid: p for p in todo}
+    crew = run.crew
+    _open_pieces(s, todo, by_fid, run)
+    q = _InFlight(todo)
     stalls = 0
-
-    def forget(p: Piece) -> None:
-        nonlocal flying
-        for key in [k for k in inflight if k[0] == p.fid]:
-            flying -= inflight.pop(key)[0]
-
-    def rewind(p: Piece, offset: int) -> None:
-        forget(p)
-        p.epoch += 1
-        p.next = p.acked = offset
-        p.close_sent = False
-        if p not in sendq:
-            sendq.appendleft(p)
-
     while not all(p.done for p in todo):
         crew.check()
-        budget = window.bytes - flying
-        while sendq and budget > 0:
-            p = sendq[0]
+        budget = window.bytes - q.bytes
+        while q.queue and budget > 0:
+            p = q.queue[0]
             if p.next < p.end:
                 if p.fh is None:
                     assert p.local is not None
@@ -138,65 +211,21 @@ def send_pieces(s: Session, todo: list[Piece], window: PathWindow, run: Transfer
                     p.fid, p.epoch, p.next, raw, p.compress, opts.line_chars, s.framing
                 )
                 s.write(s.hooks.frame_out(p.fid, p.next, frame))
-                inflight[(p.fid, p.epoch, p.next)] = (len(raw), time.monotonic())
-                flying += len(raw)
+                q.chunks[(p.fid, p.epoch, p.next)] = (len(raw), time.monotonic())
+                q.bytes += len(raw)
                 p.next += len(raw)
                 budget -= len(raw)
             else:
                 if not p.close_sent:
                     s.line("#CLOSE", p.fid)
                     p.close_sent = True
-                sendq.popleft()
-        waiting = not sendq or budget <= 0
+                q.queue.popleft()
+        waiting = not q.queue or budget <= 0
         events = s.poll(0.2 if waiting else 0.0)
         for kind, ev in events:
             if kind != "line" or len(ev) < 2 or ev[1] not in by_fid:
                 continue
-            tag, p = ev[0], by_fid[ev[1]]
-            if tag in ("#A", "#N"):
-                key = (p.fid, int(ev[2]), int(ev[3]))
-                sent = inflight.pop(key, None)
-                if sent is not None:
-                    flying -= sent[0]
-                if key[1] != p.epoch or p.done:
-                    continue
-                if tag == "#A":
-                    p.acked = max(p.acked, int(ev[4]))
-                    p.rewinds = 0
-                    if sent is not None:
-                        window.on_rtt(time.monotonic() - sent[1])
-                    tally.move(p, p.acked - p.start)
-                    window.on_acked(tally.done)
-                else:
-                    stats["retries"] += 1
-                    p.rewinds += 1
-                    if p.rewinds > MAX_REWINDS:
-                        raise TransferError(
-                            f"pod {pod}: {p.rel} was refused {p.rewinds} times in a row at "
-                            f"offset {ev[4]} (last: {' '.join(ev[5:]) or '?'}); the link "
-                            "damages every chunk: rerun, or use another method",
-                            pod_id=pod,
-                            stage="upload",
-                        )
-                    rewind(p, int(ev[4]))
-            elif tag in ("#C", "#K"):
-                p.done = True
-                if tag == "#C":
-                    p.md5 = ev[3]
-                p.close()
-            elif tag in ("#I", "#S") and not p.done:
-                stats["retries"] += 1
-                rewind(p, int(ev[2]))
-            elif tag == "#BAD":
-                p.bad += 1
-                if p.bad > 1:
-                    raise _bad_twice(p, ev[3], pod)
-                stats["retries"] += 1
-                s.line(*_open_line(p))
-                rewind(p, p.start)
-                tally.move(p, 0)
-            elif tag == "#X":
-                _raise_pod_error(ev, by_fid, pod)
+            _on_answer(s, q, ev, by_fid, window, run)
         if events:
             stalls = 0
         elif waiting and time.monotonic() - s.last_rx > opts.stall_seconds:
@@ -243,6 +272,72 @@ def _join(s: Session, striped: list[Striped], stats: dict[str, int]) -> list[Pie
                 pod_id=s.pod,
                 stage="upload",
             )
+    return redo
+
+
+def _screen_on_pod(s: Session, striped: list[Striped], run: Transfer) -> None:
+    """Files already on the pod, whole and verified, are not striped again."""
+    for st in striped:
+        p = st.piece
+        s.line("#STAT", p.fid, p.size, p.sha256, b64text(p.rel))
+    for st in striped:
+        p = st.piece
+        _, ev = s.wait_for(
+            lambda k, e, f=p.fid: k == "line" and e[:2] == ["#O", f],  # type: ignore[misc]
+            600.0,
+            f"#STAT answer for {p.rel}",
+        )
+        p.done = ev[3:4] == ["done"]
+        if p.done:
+            run.tally.move(p, p.size)
+
+
+def _verify_on_pod(
+    s: Session,
+    attempt: int,
+    run: Transfer,
+    source: Manifest,
+    files: list[Piece],
+    remote_root: str,
+) -> list[Piece] | MethodResult:
+    """Compare the pod's manifest of ``remote_root`` with ``source``: the result when
+    they agree, else the files to send again (once), else ``ChecksumMismatchError``."""
+    pod, opts = run.pod, run.opts
+    expected = source.as_dict()
+    structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
+    every_path = [e["path"] for e in expected["entries"]]
+    # The receiver makes the empty directories and links, then hashes the tree.
+    dest = s.blob({"paths": every_path, "structure": structure}, 600.0)
+    if dest.get("problems"):
+        listed = "; ".join(f"{path} ({why})" for path, why in dest["problems"][:20])
+        raise TransferError(f"pod {pod}: could not make {listed} under {remote_root}", pod_id=pod)
+    if "error" in dest:
+        raise TransferError(
+            f"pod {pod}: manifest of {remote_root} failed: {dest['error']}", pod_id=pod
+        )
+    problems = mf.compare_manifests(expected, dest)
+    if not problems:
+        return MethodResult(
+            bytes=run.tally.total,
+            retries=run.stats["retries"],
+            source_manifest=source,
+            dest_manifest=Manifest.from_dict(dest),
+            link=run.report(),
+        )
+    if attempt == 1:
+        path, why = problems[0]
+        raise ChecksumMismatchError(
+            f"{path} on pod {pod} differs from the local file after a retry ({why}); "
+            "the pod's disk may be failing: rerun on a new pod",
+            path=path,
+            pod_id=pod,
+            stage="upload",
+        )
+    bad = {p for p, _ in problems}
+    redo = [f.whole() for f in files if f.rel in bad]
+    for f in redo:
+        f.compress = choose_compression(f, opts.compress)
+    run.stats["retries"] += len(redo)
     return redo
 
 
@@ -301,8 +396,6 @@ def pty_upload(
         )
         for i, e in enumerate(mf.file_entries(expected))
     ]
-    structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
-    every_path = [e["path"] for e in expected["entries"]]
     window = opts.window_bytes or opts.min_window_bytes
     run = Transfer(
         Lane(open_stream, reconnect),
@@ -319,57 +412,10 @@ def pty_upload(
             f.compress = choose_compression(f, opts.compress)
         return files
 
-    def screen(s: Session, striped: list[Striped]) -> None:
-        """Files already on the pod, whole and verified, are not striped again."""
-        for st in striped:
-            p = st.piece
-            s.line("#STAT", p.fid, p.size, p.sha256, b64text(p.rel))
-        for st in striped:
-            p = st.piece
-            _, ev = s.wait_for(
-                lambda k, e, f=p.fid: k == "line" and e[:2] == ["#O", f],  # type: ignore[misc]
-                600.0,
-                f"#STAT answer for {p.rel}",
-            )
-            p.done = ev[3:4] == ["done"]
-            if p.done:
-                run.tally.move(p, p.size)
-
-    def verify(s: Session, attempt: int) -> list[Piece] | MethodResult:
-        # The receiver makes the empty directories and links, then hashes the tree.
-        dest = s.blob({"paths": every_path, "structure": structure}, 600.0)
-        if dest.get("problems"):
-            listed = "; ".join(f"{path} ({why})" for path, why in dest["problems"][:20])
-            raise TransferError(
-                f"pod {pod}: could not make {listed} under {remote_root}", pod_id=pod
-            )
-        if "error" in dest:
-            raise TransferError(
-                f"pod {pod}: manifest of {remote_root} failed: {dest['error']}", pod_id=pod
-            )
-        problems = mf.compare_manifests(expected, dest)
-        if not problems:
-            return MethodResult(
-                bytes=run.tally.total,
-                retries=run.stats["retries"],
-                source_manifest=source,
-                dest_manifest=Manifest.from_dict(dest),
-                link=run.report(),
-            )
-        if attempt == 1:
-            path, why = problems[0]
-            raise ChecksumMismatchError(
-                f"{path} on pod {pod} differs from the local file after a retry ({why}); "
-                "the pod's disk may be failing: rerun on a new pod",
-                path=path,
-                pod_id=pod,
-                stage="upload",
-            )
-        bad = {p for p, _ in problems}
-        redo = [f.whole() for f in files if f.rel in bad]
-        for f in redo:
-            f.compress = choose_compression(f, opts.compress)
-        run.stats["retries"] += len(redo)
-        return redo
-
-    return run.go(prepare, send_pieces, _join, verify, screen)
+    return run.go(
+        prepare,
+        send_pieces,
+        _join,
+        lambda s, attempt: _verify_on_pod(s, attempt, run, source, files, remote_root),
+        lambda s, striped: _screen_on_pod(s, striped, run),
+    )
