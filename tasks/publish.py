@@ -18,7 +18,8 @@ pod-side manifest — no model byte crosses the gateway (docs/architecture.md#pu
    ``ChecksumMismatchError`` naming the file.
 
 :func:`verify_published`, :func:`publisher_command` and :func:`parse_publish_output` are
-pure; :func:`publish_on_pod` does the work on a console; :func:`publish_task` makes the
+pure (:mod:`prefect_runpod.tasks.publish_verify`); :func:`publish_on_pod` does the work
+on a console; :func:`publish_task` makes the
 Prefect task that materialises the model's asset (``hf://ORG/REPO`` or the S3 URI), and
 :func:`publish` — what the flow calls — names the asset and runs it.
 """
@@ -26,7 +27,6 @@ Prefect task that materialises the model's asset (``hf://ORG/REPO`` or the S3 UR
 from __future__ import annotations
 
 import logging
-import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,6 @@ from prefect.states import State
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console import ConsoleLike
-from prefect_runpod.blocks.console.terminal_text import last_json_object
 from prefect_runpod.blocks.exceptions import (
     ChecksumMismatchError,
     ConsoleError,
@@ -47,7 +46,13 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.secret_mask import error_text
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.s3 import S3Target
-from prefect_runpod.tasks.models import PublishedFile, PublishReport, PublishTarget
+from prefect_runpod.tasks.models import PublishReport, PublishTarget
+from prefect_runpod.tasks.publish_verify import (
+    parse_publish_output,
+    publisher_command,
+    timeout_for,
+    verify_published,
+)
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
@@ -55,144 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prefect_runpod.publish")
 
-__all__ = [
-    "parse_publish_output",
-    "publish",
-    "publish_on_pod",
-    "publish_task",
-    "publisher_command",
-    "timeout_for",
-    "verify_published",
-]
-
-_RESULT_KIND = "publish_result"
-
-
-def timeout_for(total_bytes: int) -> float:
-    """The publish command's deadline in seconds: 10 minutes plus 1 s per MiB (a pod's
-    link to the Hub is far faster; this only bounds a stuck upload)."""
-    return 600.0 + total_bytes / (1024 * 1024)
-
-
-def verify_published(
-    manifest: Manifest, records: dict[str, dict[str, Any]], kind: str
-) -> tuple[list[PublishedFile], list[tuple[str, str]]]:
-    """Compare what the destination recorded with the pod-side manifest. Pure.
-
-    The Hub (``hub_file_records``): an LFS file must carry ``lfs_sha256`` = the
-    manifest's sha256 and ``lfs_size`` = its size; a regular file's ``blob_id`` (git's
-    object id) must equal the manifest's ``git_sha1`` and its ``size`` the size.
-    S3 (``s3_object_records``): the object's ``sha256`` metadata and its
-    ``ContentLength``.
-
-    Args:
-        manifest: computed on the pod before the upload.
-        records: path → the destination's record.
-        kind: ``hf`` or ``s3``.
-
-    Returns:
-        ``(files, problems)``: one :class:`PublishedFile` per file of the manifest
-        (directories and links are not published), and ``(path, why)`` for each file
-        that is missing or differs.
-    """
-    files: list[PublishedFile] = []
-    problems: list[tuple[str, str]] = []
-    for entry in manifest.files:
-        record = records.get(entry.path)
-        storage: str = "s3" if kind == "s3" else "regular"
-        remote: str | None = None
-        why: str | None = None
-        if record is None:
-            why = "missing at the destination"
-        elif kind == "s3":
-            remote = record.get("sha256")
-            if record.get("size") != entry.size_bytes:
-                why = f"size {entry.size_bytes} != {record.get('size')}"
-            elif remote != entry.sha256:
-                why = f"sha256 {entry.sha256} != {remote}"
-        elif record.get("lfs_sha256"):
-            storage, remote = "lfs", record["lfs_sha256"]
-            if record.get("lfs_size") != entry.size_bytes:
-                why = f"size {entry.size_bytes} != {record.get('lfs_size')}"
-            elif remote != entry.sha256:
-                why = f"sha256 {entry.sha256} != {remote}"
-        else:
-            remote = record.get("blob_id")
-            if record.get("size") != entry.size_bytes:
-                why = f"size {entry.size_bytes} != {record.get('size')}"
-            elif entry.git_sha1 is None:
-                why = "the pod's manifest has no git blob id to compare"
-            elif remote != entry.git_sha1:
-                why = f"git blob id {entry.git_sha1} != {remote}"
-        if why is not None:
-            problems.append((entry.path, why))
-        files.append(
-            PublishedFile(
-                path=entry.path,
-                size_bytes=entry.size_bytes,
-                sha256=entry.sha256,
-                git_sha1=entry.git_sha1,
-                storage=storage,  # type: ignore[arg-type]
-                remote_id=remote,
-                verified=why is None,
-            )
-        )
-    return files, problems
-
-
-def publisher_command(
-    python: str,
-    script: str,
-    target: PublishTarget,
-    root: str,
-    paths: list[str],
-    *,
-    hf_endpoint: str | None = None,
-    s3: S3Target | None = None,
-    key_prefix: str = "",
-    deadline_seconds: float = 3600.0,
-) -> str:
-    """The command line that runs the pod-side publisher. Pure; it never holds a secret
-    (those are in the shell's environment).
-
-    Args:
-        python: the publish Python on the pod (the env stage's ``publish_python``).
-        script: ``publisher.py`` on the pod.
-        target: where to publish.
-        root: the pod folder the paths are relative to.
-        paths: the files to publish (the manifest's).
-        hf_endpoint: the Hub base URL; Xet is used only against huggingface.co.
-        s3: the ``S3Target`` (bucket, endpoint, region, part sizes) for ``s3``.
-        key_prefix: for ``s3``: the keys' prefix (the target's own prefix included).
-        deadline_seconds: the publisher's own deadline.
-    """
-    parts = [python, script, target.kind, "--root", root]
-    parts += ["--deadline-seconds", str(int(deadline_seconds))]
-    if target.kind == "hf":
-        endpoint = (hf_endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
-        parts += ["--repo-id", str(target.repo_id), "--endpoint", endpoint]
-        parts += ["--xet", "auto" if endpoint == DEFAULT_HF_ENDPOINT else "off"]
-        if target.revision:
-            parts += ["--branch", target.revision]
-        if not target.private:
-            parts.append("--public")
-    else:
-        assert s3 is not None
-        parts += ["--bucket", s3.bucket, "--key-prefix", key_prefix]
-        if s3.endpoint_url:
-            parts += ["--endpoint-url", s3.endpoint_url]
-        if s3.region_name:
-            parts += ["--region", s3.region_name]
-        parts += ["--multipart-threshold-bytes", str(s3.multipart_threshold_bytes)]
-        parts += ["--part-bytes", str(s3.part_bytes)]
-    parts += ["--files", *paths]
-    return " ".join(shlex.quote(p) for p in parts)
-
-
-def parse_publish_output(output: str) -> dict[str, Any] | None:
-    """The publisher's result line (the last JSON object with ``kind ==
-    "publish_result"``) in console output; None when it printed none."""
-    return last_json_object(output, lambda obj: obj.get("kind") == _RESULT_KIND)
+__all__ = ["publish", "publish_on_pod", "publish_task"]
 
 
 def _export_secrets(
@@ -207,6 +75,74 @@ def _export_secrets(
         console.set_secret_env("AWS_ACCESS_KEY_ID", SecretStr(s3.access_key_id))
     if s3.secret_access_key is not None:
         console.set_secret_env("AWS_SECRET_ACCESS_KEY", s3.secret_access_key)
+
+
+def _outputs_manifest(
+    console: PodConsole,
+    handle: PodHandle,
+    outputs_dir: str,
+    manifest_python: str,
+    follow_links: bool,
+) -> Manifest:
+    """The pod-side manifest of the outputs to publish; what the destination cannot hold
+    (empty directories, in-tree links) is named in a warning.
+
+    Raises:
+        SpecError: links that leave the outputs or dangle (from ``pod_manifest``).
+        PublishError: the outputs hold no file.
+    """
+    from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
+
+    manifest = Manifest.from_dict(
+        pod_manifest(
+            console, handle, outputs_dir, python=manifest_python, follow_links=follow_links
+        )
+    )
+    skipped = [e for e in manifest.entries if e.kind != "file"]
+    if skipped:
+        _logger().warning(
+            "%s: the destination holds files only; not published: %s",
+            handle.pod_id,
+            ", ".join(
+                f"{e.path} -> {e.target}" if e.kind == "link" else f"{e.path}/ (empty)"
+                for e in skipped
+            ),
+        )
+    if not manifest.files:
+        raise PublishError(
+            f"{handle.pod_id}: {outputs_dir} holds no files to publish; check the bundle's "
+            "outputs folder",
+            pod_id=handle.pod_id,
+            stage="publish",
+            retryable=False,
+        )
+    return manifest
+
+
+def _publisher_failed(
+    handle: PodHandle, where: str, answer: dict[str, Any] | None, output: str, exit_code: int
+) -> PublishError:
+    """The error for a publisher that failed or printed no result: the destination's
+    status and message, and whether a rerun can help."""
+    tail = "\n".join(output.strip().splitlines()[-6:])
+    status = (answer or {}).get("status")
+    why = (answer or {}).get(
+        "error"
+    ) or f"the publisher printed no result (exit {exit_code}): {tail}"
+    retryable = bool((answer or {}).get("retryable", True))
+    step = (
+        "check the token's write access or the S3 key (the answer above) and rerun"
+        if not retryable
+        else "rerun: files already at the destination are not sent again"
+    )
+    return PublishError(
+        f"{handle.pod_id}: publishing to {where} failed"
+        f"{f' (HTTP {status})' if status else ''}: {why}; {step}",
+        pod_id=handle.pod_id,
+        stage="publish",
+        status=status,
+        retryable=retryable,
+    )
 
 
 def publish_on_pod(
@@ -253,32 +189,8 @@ def publish_on_pod(
         ChecksumMismatchError: a file at the destination differs from the pod's
             manifest (``path`` names it).
     """
-    from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
-
     started = time.monotonic()
-    manifest = Manifest.from_dict(
-        pod_manifest(
-            console, handle, outputs_dir, python=manifest_python, follow_links=follow_links
-        )
-    )
-    skipped = [e for e in manifest.entries if e.kind != "file"]
-    if skipped:
-        _logger().warning(
-            "%s: the destination holds files only; not published: %s",
-            handle.pod_id,
-            ", ".join(
-                f"{e.path} -> {e.target}" if e.kind == "link" else f"{e.path}/ (empty)"
-                for e in skipped
-            ),
-        )
-    if not manifest.files:
-        raise PublishError(
-            f"{handle.pod_id}: {outputs_dir} holds no files to publish; check the bundle's "
-            "outputs folder",
-            pod_id=handle.pod_id,
-            stage="publish",
-            retryable=False,
-        )
+    manifest = _outputs_manifest(console, handle, outputs_dir, manifest_python, follow_links)
     fault_point("publish_upload")
     paths = [e.path for e in manifest.files]
     prefix = s3.key_for("", key_prefix) if s3 is not None else ""
@@ -299,25 +211,7 @@ def publish_on_pod(
     answer = parse_publish_output(result.output)
     where = _describe(target, s3, prefix)
     if answer is None or not answer.get("ok"):
-        tail = "\n".join(result.output.strip().splitlines()[-6:])
-        status = (answer or {}).get("status")
-        why = (answer or {}).get(
-            "error"
-        ) or f"the publisher printed no result (exit {result.exit_code}): {tail}"
-        retryable = bool((answer or {}).get("retryable", True))
-        step = (
-            "check the token's write access or the S3 key (the answer above) and rerun"
-            if not retryable
-            else "rerun: files already at the destination are not sent again"
-        )
-        raise PublishError(
-            f"{handle.pod_id}: publishing to {where} failed"
-            f"{f' (HTTP {status})' if status else ''}: {why}; {step}",
-            pod_id=handle.pod_id,
-            stage="publish",
-            status=status,
-            retryable=retryable,
-        )
+        raise _publisher_failed(handle, where, answer, result.output, result.exit_code)
     revision = answer.get("revision")
     records = _read_back(handle, target, paths, revision, answer, hf_token, hf_endpoint, s3)
     files, problems = verify_published(manifest, records, target.kind)

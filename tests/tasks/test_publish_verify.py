@@ -14,13 +14,13 @@ from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.checksum import manifest_rows, verification_records
-from prefect_runpod.tasks.publish import (
+from prefect_runpod.tasks.publish_target import parse_publish_target
+from prefect_runpod.tasks.publish_verify import (
     parse_publish_output,
     publisher_command,
     timeout_for,
     verify_published,
 )
-from prefect_runpod.tasks.publish_target import parse_publish_target
 from tests.fixtures.publish import make_outputs
 
 

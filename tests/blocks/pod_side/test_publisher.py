@@ -20,7 +20,7 @@ from prefect_runpod.blocks.huggingface import hub_file_records
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.s3 import s3_object_records
-from prefect_runpod.tasks.publish import verify_published
+from prefect_runpod.tasks.publish_verify import verify_published
 from tests.emulators.hf_hub import HubFault
 from tests.emulators.hf_hub_write import git_blob_id
 from tests.fixtures.publish import PART_BYTES, PublishHub, make_outputs
