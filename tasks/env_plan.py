@@ -267,35 +267,7 @@ def plan_env(  # noqa: PLR0913 - plain planner inputs
 
     torch_install: str | None = None
     if require_torch:
-        minors = _torch_minors(torch_spec, floor)
-        if gpu:
-            ceiling = _v(report.driver_cuda or "0")
-            tags = sorted(
-                (t for t in CUDA_INDEXES if _v(CUDA_INDEXES[t][0]) <= ceiling),
-                key=lambda t: _v(CUDA_INDEXES[t][0]),
-                reverse=True,
-            )
-            tag = next((t for t in tags if _index_minors(t) & set(minors)), None)
-            if tag is None:
-                raise EnvError(
-                    f"the driver ({report.driver_version}, CUDA {report.driver_cuda}) is too old "
-                    f"for torch {torch_spec or f'>= {floor}'}: no PyTorch index up to CUDA "
-                    f"{report.driver_cuda} has it. Rent a host with allowedCudaVersions "
-                    f"{plan.allowed_cuda_versions or 'newer'}, or pin an older transformers."
-                )
-            usable = sorted(_index_minors(tag) & set(minors))
-        else:
-            tag = "cpu"
-            usable = minors
-        if not usable:
-            raise EnvError(f"no torch 2.x satisfies {torch_spec} with floor {floor}")
-        bounds = SpecifierSet(f">=2.{usable[0]},<2.{usable[-1] + 1}") & torch_spec
-        torch_install = f"torch{bounds}"
-        plan.wheel_index = tag
-        notes.append(
-            f"torch {base.torch or 'missing'} → {torch_install} from {tag}"
-            + (f" (driver CUDA {report.driver_cuda})" if gpu else " (no GPU: cpu wheels)")
-        )
+        torch_install = _torch_install(report, plan, base, torch_spec, floor, notes)
     elif base.torch:
         notes.append(f"torch {base.torch} already fits")
 
@@ -308,6 +280,75 @@ def plan_env(  # noqa: PLR0913 - plain planner inputs
         return plan
     if venv is None:
         raise EnvError("there is something to install but no venv path was given")
+    _add_install_commands(
+        plan, base, venv, torch_install, others, torch_index_base, pip_index_url, notes
+    )
+    plan.notes = notes
+    return plan
+
+
+def _torch_install(
+    report: EnvReport,
+    plan: EnvPlan,
+    base: PythonProbe,
+    torch_spec: SpecifierSet,
+    floor: str | None,
+    notes: list[str],
+) -> str:
+    """The torch requirement to install (``torch>=2.6,<2.11``) and, in ``plan``, the
+    wheel index it comes from: the highest CUDA index the driver allows that has an
+    acceptable torch, or the cpu wheels without a GPU.
+
+    Raises:
+        EnvError: the driver is too old for every index that has the needed torch, or
+            no torch 2.x satisfies the specifier and the floor.
+    """
+    gpu = report.driver_cuda is not None
+    minors = _torch_minors(torch_spec, floor)
+    if gpu:
+        ceiling = _v(report.driver_cuda or "0")
+        tags = sorted(
+            (t for t in CUDA_INDEXES if _v(CUDA_INDEXES[t][0]) <= ceiling),
+            key=lambda t: _v(CUDA_INDEXES[t][0]),
+            reverse=True,
+        )
+        tag = next((t for t in tags if _index_minors(t) & set(minors)), None)
+        if tag is None:
+            raise EnvError(
+                f"the driver ({report.driver_version}, CUDA {report.driver_cuda}) is too old "
+                f"for torch {torch_spec or f'>= {floor}'}: no PyTorch index up to CUDA "
+                f"{report.driver_cuda} has it. Rent a host with allowedCudaVersions "
+                f"{plan.allowed_cuda_versions or 'newer'}, or pin an older transformers."
+            )
+        usable = sorted(_index_minors(tag) & set(minors))
+    else:
+        tag = "cpu"
+        usable = minors
+    if not usable:
+        raise EnvError(f"no torch 2.x satisfies {torch_spec} with floor {floor}")
+    bounds = SpecifierSet(f">=2.{usable[0]},<2.{usable[-1] + 1}") & torch_spec
+    torch_install = f"torch{bounds}"
+    plan.wheel_index = tag
+    notes.append(
+        f"torch {base.torch or 'missing'} → {torch_install} from {tag}"
+        + (f" (driver CUDA {report.driver_cuda})" if gpu else " (no GPU: cpu wheels)")
+    )
+    return torch_install
+
+
+def _add_install_commands(
+    plan: EnvPlan,
+    base: PythonProbe,
+    venv: str,
+    torch_install: str | None,
+    others: list[str],
+    torch_index_base: str,
+    pip_index_url: str | None,
+    notes: list[str],
+) -> None:
+    """Make the pod venv from ``base`` (inheriting a parent venv's packages), then the
+    pip commands: torch from its wheel index, the other requirements; ``plan.python``
+    becomes the venv's."""
     venv_python = f"{venv.rstrip('/')}/bin/python"
     q = shlex.quote
     pip = (
@@ -328,8 +369,6 @@ def plan_env(  # noqa: PLR0913 - plain planner inputs
     if others:
         index = f" --index-url {q(pip_index_url)}" if pip_index_url else ""
         plan.commands.append(f"{pip}{index} " + " ".join(q(o) for o in others))
-    plan.notes = notes
-    return plan
 
 
 _TRACKED = ("transformers", "peft", "trl", "accelerate")

@@ -153,6 +153,17 @@ def eval_parity(
     return report
 
 
+def _copy_both(remote_bundle: str, parity_dir: str, bundle: BundleSpec) -> str:
+    """The pod command that copies both eval files into ``parity_dir`` (as
+    ``train.jsonl`` and ``standalone.jsonl``), so only they travel."""
+    q = shlex.quote
+    return (
+        f"rm -rf {q(parity_dir)} && mkdir -p {q(parity_dir)} && "
+        f"cp {q(remote_bundle + '/' + bundle.train_eval_jsonl)} {q(parity_dir)}/train.jsonl && "
+        f"cp {q(remote_bundle + '/' + bundle.standalone_eval_jsonl)} {q(parity_dir)}/standalone.jsonl"
+    )
+
+
 def check_parity_on_pod(
     handle: PodHandle,
     private_key: SecretStr,
@@ -220,7 +231,6 @@ def check_parity_on_pod(
 
     remote_bundle = f"{run_dir}/bundle"
     parity_dir = f"{run_dir}/parity"
-    q = shlex.quote
     with PodConsole.for_pod(handle, private_key, reconnect=reconnect) as console:
         steps = resuming(console)
         if hf_token is not None:
@@ -233,12 +243,7 @@ def check_parity_on_pod(
             timeout_seconds=timeout_seconds,
             output_path=bundle.standalone_eval_jsonl,
         )
-        steps.run(
-            f"rm -rf {q(parity_dir)} && mkdir -p {q(parity_dir)} && "
-            f"cp {q(remote_bundle + '/' + bundle.train_eval_jsonl)} {q(parity_dir)}/train.jsonl && "
-            f"cp {q(remote_bundle + '/' + bundle.standalone_eval_jsonl)} {q(parity_dir)}/standalone.jsonl",
-            check=True,
-        )
+        steps.run(_copy_both(remote_bundle, parity_dir, bundle), check=True)
         download_dir(
             console,
             handle,

@@ -129,6 +129,51 @@ def _remedy(
     )
 
 
+def _read_cause(
+    status: int | None,
+    code: str | None,
+    text: str,
+    token_present: bool,
+    token_valid: bool | None,
+    token_can_read_gated: bool | None,
+) -> tuple[HFCause, bool]:
+    """The cause the table in :func:`classify_hf_access` gives the evidence, and
+    whether the answer was recognised (``text``: the server's message, lower-cased)."""
+    recognised = True
+    if status is not None and (status < 400 or (status == 404 and code == "EntryNotFound")):
+        cause = HFCause.OK
+    elif not token_present and status in (401, 403) and code != "RepoNotFound":
+        cause = HFCause.NO_TOKEN
+    elif token_present and (
+        token_valid is False or (status == 401 and any(p in text for p in _INVALID_PHRASES))
+    ):
+        cause = HFCause.INVALID_TOKEN
+    elif status == 404 or code == "RepoNotFound":
+        cause = HFCause.REPO_NOT_FOUND
+    elif _SCOPE_PHRASE in text or (status == 403 and token_can_read_gated is False):
+        cause = HFCause.TOKEN_SCOPE
+    elif _PENDING_PHRASE in text:
+        cause = HFCause.ACCESS_PENDING
+    elif _REJECTED_PHRASE in text:
+        cause = HFCause.ACCESS_REJECTED
+    elif (
+        status == 403
+        and code == "GatedRepo"
+        and _UNLISTED_PHRASE in text
+        or status == 401
+        and code == "GatedRepo"
+        and token_present
+    ):
+        cause = HFCause.LICENCE_NOT_ACCEPTED
+    elif status == 401:
+        cause, recognised = HFCause.LICENCE_NOT_ACCEPTED, False
+    elif status == 403:
+        cause, recognised = HFCause.TOKEN_SCOPE, False
+    else:
+        cause, recognised = HFCause.UNKNOWN, False
+    return cause, recognised
+
+
 def classify_hf_access(
     *,
     repo_id: str | None,
@@ -184,40 +229,10 @@ def classify_hf_access(
     Returns:
         An :class:`HFDiagnosis` carrying the evidence and one remediation + URL.
     """
-    text = (message or "").lower()
     code = error_code or None
-    recognised = True
-    if status is not None and (status < 400 or (status == 404 and code == "EntryNotFound")):
-        cause = HFCause.OK
-    elif not token_present and status in (401, 403) and code != "RepoNotFound":
-        cause = HFCause.NO_TOKEN
-    elif token_present and (
-        token_valid is False or (status == 401 and any(p in text for p in _INVALID_PHRASES))
-    ):
-        cause = HFCause.INVALID_TOKEN
-    elif status == 404 or code == "RepoNotFound":
-        cause = HFCause.REPO_NOT_FOUND
-    elif _SCOPE_PHRASE in text or (status == 403 and token_can_read_gated is False):
-        cause = HFCause.TOKEN_SCOPE
-    elif _PENDING_PHRASE in text:
-        cause = HFCause.ACCESS_PENDING
-    elif _REJECTED_PHRASE in text:
-        cause = HFCause.ACCESS_REJECTED
-    elif (
-        status == 403
-        and code == "GatedRepo"
-        and _UNLISTED_PHRASE in text
-        or status == 401
-        and code == "GatedRepo"
-        and token_present
-    ):
-        cause = HFCause.LICENCE_NOT_ACCEPTED
-    elif status == 401:
-        cause, recognised = HFCause.LICENCE_NOT_ACCEPTED, False
-    elif status == 403:
-        cause, recognised = HFCause.TOKEN_SCOPE, False
-    else:
-        cause, recognised = HFCause.UNKNOWN, False
+    cause, recognised = _read_cause(
+        status, code, (message or "").lower(), token_present, token_valid, token_can_read_gated
+    )
     unreachable = None
     if cause == HFCause.UNKNOWN and status is None:
         host = urlsplit(endpoint or HF_WEB).netloc or (endpoint or HF_WEB)

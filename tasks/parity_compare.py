@@ -133,6 +133,92 @@ def _parse_hint(triples: list[tuple[Any, str | None]]) -> str:
     return "it does not parse answers with the trained output format"
 
 
+def _record_diff(
+    rid: str,
+    kinds: list[str],
+    ours: dict[str, Any],
+    theirs: dict[str, Any],
+    predictions: tuple[str | None, str | None],
+    parsed_theirs: str | None,
+) -> ParityRecordDiff:
+    """One divergent record, both sides side by side (``predictions``: training's,
+    then the standalone eval's)."""
+    ours_input, theirs_input = (
+        str(ours.get("model_input", "")),
+        str(theirs.get("model_input", "")),
+    )
+    pred_ours, pred_theirs = predictions
+    return ParityRecordDiff(
+        id=rid,
+        kinds=kinds,
+        train_model_input=ours_input,
+        eval_model_input=theirs_input,
+        input_diff=char_diff(ours_input, theirs_input) if "input_drift" in kinds else None,
+        train_raw_output=_text(ours.get("raw_output")),
+        eval_raw_output=_text(theirs.get("raw_output")),
+        train_prediction=pred_ours,
+        eval_prediction=pred_theirs,
+        expected_parse=parsed_theirs,
+        label=_text(ours.get("label")),
+    )
+
+
+def _add_reasons(
+    report: ParityReport,
+    n_train: int,
+    n_eval: int,
+    drifted_inputs: list[tuple[str, str, str]],
+    parse_drift_eval: list[tuple[Any, str | None]],
+    parse_drift_train: int,
+    violations_train: set[str],
+    violations_eval: set[str],
+) -> None:
+    """Name, in ``report.reasons``, each way the two evals drifted apart, in plain words
+    (``n_train`` / ``n_eval``: the records on each side)."""
+    n = report.n_records
+    output_format, tolerance = report.output_format, report.tolerance
+    reasons = report.reasons
+    if not n:
+        reasons.append(
+            "no records in common: the two eval files share no id "
+            f"({n_train} in training, {n_eval} standalone) — the same held-out split?"
+        )
+    if report.missing_in_eval or report.missing_in_train:
+        reasons.append(
+            f"coverage: {len(report.missing_in_eval)} training-eval records are missing from "
+            f"the standalone eval and {len(report.missing_in_train)} standalone records are "
+            "not in the training eval — they did not score the same held-out split"
+        )
+    if drifted_inputs:
+        reasons.append(
+            f"input drift: {len(drifted_inputs)}/{n} records fed different model_input — "
+            + _input_hint(drifted_inputs)
+        )
+    if parse_drift_eval:
+        reasons.append(
+            f"parse drift: {len(parse_drift_eval)}/{n} standalone predictions are not what "
+            f"{output_format} extracts from raw_output — " + _parse_hint(parse_drift_eval)
+        )
+    if parse_drift_train:
+        reasons.append(
+            f"parse drift in training: {parse_drift_train}/{n} in-training predictions are not "
+            f"what {output_format} extracts from raw_output — is output_format in bundle.toml "
+            "the format the model was trained to emit?"
+        )
+    if violations_train != violations_eval:
+        reasons.append(
+            f"format violations: {len(violations_eval)}/{n} standalone answers break "
+            f"{output_format} against {len(violations_train)}/{n} in training — the model "
+            "answers off-format when fed or prompted differently (input, prompt template, "
+            "generation settings)"
+        )
+    if n and report.accuracy_gap > tolerance + 1e-9:  # a gap equal to the tolerance passes
+        reasons.append(
+            f"accuracy gap: in-training {report.accuracy_train:.3f} vs standalone "
+            f"{report.accuracy_eval:.3f} (gap {report.accuracy_gap:.3f} > tolerance {tolerance:.3f})"
+        )
+
+
 def compare_eval(
     train_records: Sequence[dict[str, Any]],
     eval_records: Sequence[dict[str, Any]],
@@ -206,21 +292,7 @@ def compare_eval(
         report.parse_drift += "parse_drift" in kinds
         if kinds and len(report.first_divergent) < max_divergent:
             report.first_divergent.append(
-                ParityRecordDiff(
-                    id=rid,
-                    kinds=kinds,
-                    train_model_input=ours_input,
-                    eval_model_input=theirs_input,
-                    input_diff=char_diff(ours_input, theirs_input)
-                    if "input_drift" in kinds
-                    else None,
-                    train_raw_output=_text(ours.get("raw_output")),
-                    eval_raw_output=_text(theirs.get("raw_output")),
-                    train_prediction=pred_ours,
-                    eval_prediction=pred_theirs,
-                    expected_parse=parsed_theirs,
-                    label=_text(ours.get("label")),
-                )
+                _record_diff(rid, kinds, ours, theirs, (pred_ours, pred_theirs), parsed_theirs)
             )
     n = len(common)
     report.format_violations = len(violations_train | violations_eval)
@@ -230,45 +302,15 @@ def compare_eval(
     report.accuracy_eval = correct_eval / n if n else 0.0
     report.accuracy_gap = abs(report.accuracy_train - report.accuracy_eval)
 
-    reasons = report.reasons
-    if not n:
-        reasons.append(
-            "no records in common: the two eval files share no id "
-            f"({len(train)} in training, {len(other)} standalone) — the same held-out split?"
-        )
-    if report.missing_in_eval or report.missing_in_train:
-        reasons.append(
-            f"coverage: {len(report.missing_in_eval)} training-eval records are missing from "
-            f"the standalone eval and {len(report.missing_in_train)} standalone records are "
-            "not in the training eval — they did not score the same held-out split"
-        )
-    if drifted_inputs:
-        reasons.append(
-            f"input drift: {len(drifted_inputs)}/{n} records fed different model_input — "
-            + _input_hint(drifted_inputs)
-        )
-    if parse_drift_eval:
-        reasons.append(
-            f"parse drift: {len(parse_drift_eval)}/{n} standalone predictions are not what "
-            f"{output_format} extracts from raw_output — " + _parse_hint(parse_drift_eval)
-        )
-    if parse_drift_train:
-        reasons.append(
-            f"parse drift in training: {parse_drift_train}/{n} in-training predictions are not "
-            f"what {output_format} extracts from raw_output — is output_format in bundle.toml "
-            "the format the model was trained to emit?"
-        )
-    if violations_train != violations_eval:
-        reasons.append(
-            f"format violations: {len(violations_eval)}/{n} standalone answers break "
-            f"{output_format} against {len(violations_train)}/{n} in training — the model "
-            "answers off-format when fed or prompted differently (input, prompt template, "
-            "generation settings)"
-        )
-    if n and report.accuracy_gap > tolerance + 1e-9:  # a gap equal to the tolerance passes
-        reasons.append(
-            f"accuracy gap: in-training {report.accuracy_train:.3f} vs standalone "
-            f"{report.accuracy_eval:.3f} (gap {report.accuracy_gap:.3f} > tolerance {tolerance:.3f})"
-        )
-    report.verdict = "fail" if reasons else "pass"
+    _add_reasons(
+        report,
+        len(train),
+        len(other),
+        drifted_inputs,
+        parse_drift_eval,
+        parse_drift_train,
+        violations_train,
+        violations_eval,
+    )
+    report.verdict = "fail" if report.reasons else "pass"
     return report
