@@ -121,6 +121,126 @@ class RunSettings(BaseModel):
         return PtyOptions(framing=self.pty_framing, streams=self.pty_streams)
 
 
+def _check_choices(
+    transfer_method: str,
+    publish: str | None,
+    publish_public: bool,
+    s3_target_block: str | None,
+    download: str,
+    local_mode: str | None,
+    local_image: str | None,
+) -> PublishTarget | None:
+    """The transfer method, the publish target and the download choice, the S3 target's
+    use, the local pod's mode and image; returns the publish target.
+
+    Raises:
+        SpecError: the first one that does not hold.
+    """
+    methods = transfer_methods()
+    if transfer_method not in methods:
+        raise SpecError(
+            f"{v.label('transfer_method')} {transfer_method!r} is not one of: {', '.join(methods)}."
+        )
+    target = parse_publish_target(publish, public=publish_public, s3_target_block=s3_target_block)
+    check_download_choice(download, target)
+    publishes_to_s3 = target is not None and target.kind == "s3"
+    if s3_target_block and transfer_method not in ("auto", "s3") and not publishes_to_s3:
+        raise SpecError(
+            f"{v.label('s3_target_block')} is only used by --transfer s3 (or auto) and "
+            f"--publish s3, and this run asks for {transfer_method!r}: drop it, or use "
+            "--transfer s3."
+        )
+    if transfer_method == "s3" and not s3_target_block:
+        raise SpecError(
+            "transfer method 's3' needs a saved S3Target block (a bucket or a RunPod network "
+            "volume's S3 endpoint): save one and pass --s3-target NAME."
+        )
+    if local_mode is not None and local_mode not in ("gateway", "direct"):
+        raise SpecError(f"{v.label('local_mode')} {local_mode!r} is not one of: gateway, direct.")
+    if local_image is not None and local_image not in profile_names():
+        raise SpecError(
+            f"{v.label('local_image')} {local_image!r} is not one of: {', '.join(profile_names())}."
+        )
+    return target
+
+
+def _check_names(given: dict[str, Any]) -> None:
+    """Each saved block named among ``given`` (the run's parameters) has a block's name
+    (loading it needs the Prefect API and comes later), then the pod-name prefix.
+
+    Raises:
+        SpecError: the first malformed name.
+    """
+    for param in _BLOCK_PARAMS:
+        if given[param] is not None:
+            v.check_block_name(given[param], param)
+    v.check_name_prefix(given["name_prefix"])
+
+
+def _check_limits(
+    runtime: float,
+    lifetime: float,
+    concurrency_limit: str | None,
+    hf_endpoint: str | None,
+    gpu_type_ids: list[str] | None,
+) -> str | None:
+    """The runtime cap against the pod's lifetime, the concurrency limit's name, the Hub
+    URL and the GPU type list; returns the Hub URL as checked.
+
+    Raises:
+        SpecError: the first one that does not hold.
+    """
+    if runtime > lifetime:
+        raise SpecError(
+            f"{v.label('max_runtime_seconds')} {runtime:g} s is longer than "
+            f"{v.label('pod_lifetime_seconds')} {lifetime:g} s: the pod would remove itself "
+            "before training could finish; raise the lifetime or lower the runtime cap."
+        )
+    if concurrency_limit is not None:
+        v.check_limit_name(concurrency_limit)
+    if hf_endpoint is not None:
+        hf_endpoint = v.check_url(hf_endpoint, "hf_endpoint")
+    if gpu_type_ids is not None and (
+        not isinstance(gpu_type_ids, list) or not all(isinstance(g, str) for g in gpu_type_ids)
+    ):
+        raise SpecError(f"{v.label('gpu_type_ids')} must be a list of GPU type ids.")
+    return hf_endpoint
+
+
+def _check_bundle(
+    output_dir: str | Path,
+    bundle: str | Path,
+    model_id: str | None,
+    allow_secret_files: list[str] | None,
+    follow_links: bool,
+) -> tuple[Path, BundleSpec, str | None, BundleFiles]:
+    """The output dir (writable), the bundle (``bundle.toml``), the model repo id (the
+    bundle's own when none is given), and the files it would upload: none that looks
+    like a secret, no link that leaves it or dangles. Returns ``(output dir, spec, repo
+    id, files)``.
+
+    Raises:
+        SpecError: the first problem found.
+    """
+    out = v.check_output_dir(output_dir)
+    spec = load_bundle(bundle)
+    repo = model_id or spec.model_id or None
+    if repo is not None:
+        v.check_repo_id(repo)
+    files = select_bundle_files(
+        spec.root, allow_secret_files=list(allow_secret_files or []), skip_dirs=[out]
+    )
+    if not files.files:
+        raise SpecError(
+            f"the bundle {spec.root} has no file to upload after {IGNORE_FILE} and the "
+            "built-in excludes: check the ignore file."
+        )
+    # The upload's own rule for links, on what it would send: none may leave the bundle
+    # or dangle (each named), unless follow_links copies the escaping ones.
+    check_tree(spec.root, follow_links=follow_links, paths=files.files)
+    return out, spec, repo, files
+
+
 def validate_settings(
     *,
     bundle: str | Path,
@@ -178,35 +298,10 @@ def validate_settings(
     v.refuse_secret_values({k: val for k, val in given.items() if k != "hf_token_env"})
     v.check_env_name(hf_token_env)
     v.check_provider_options(provider, given)
-    methods = transfer_methods()
-    if transfer_method not in methods:
-        raise SpecError(
-            f"{v.label('transfer_method')} {transfer_method!r} is not one of: {', '.join(methods)}."
-        )
-    target = parse_publish_target(publish, public=publish_public, s3_target_block=s3_target_block)
-    check_download_choice(download, target)
-    publishes_to_s3 = target is not None and target.kind == "s3"
-    if s3_target_block and transfer_method not in ("auto", "s3") and not publishes_to_s3:
-        raise SpecError(
-            f"{v.label('s3_target_block')} is only used by --transfer s3 (or auto) and "
-            f"--publish s3, and this run asks for {transfer_method!r}: drop it, or use "
-            "--transfer s3."
-        )
-    if transfer_method == "s3" and not s3_target_block:
-        raise SpecError(
-            "transfer method 's3' needs a saved S3Target block (a bucket or a RunPod network "
-            "volume's S3 endpoint): save one and pass --s3-target NAME."
-        )
-    if local_mode is not None and local_mode not in ("gateway", "direct"):
-        raise SpecError(f"{v.label('local_mode')} {local_mode!r} is not one of: gateway, direct.")
-    if local_image is not None and local_image not in profile_names():
-        raise SpecError(
-            f"{v.label('local_image')} {local_image!r} is not one of: {', '.join(profile_names())}."
-        )
-    for param in _BLOCK_PARAMS:
-        if given[param] is not None:
-            v.check_block_name(given[param], param)
-    v.check_name_prefix(name_prefix)
+    target = _check_choices(
+        transfer_method, publish, publish_public, s3_target_block, download, local_mode, local_image
+    )
+    _check_names(given)
     max_cost_usd = v.check_number("max_cost_usd", max_cost_usd, optional=True)
     runtime = v.check_number("max_runtime_seconds", max_runtime_seconds)
     tolerance = v.check_number("parity_tolerance", parity_tolerance)
@@ -219,36 +314,10 @@ def validate_settings(
     assert runtime is not None and tolerance is not None and stale is not None and lifetime
     assert reconnect_budget is not None and poll is not None and terminate_timeout is not None
     pty = PtyOptions(framing=pty_framing, streams=pty_streams)  # checked where it is made
-    if runtime > lifetime:
-        raise SpecError(
-            f"{v.label('max_runtime_seconds')} {runtime:g} s is longer than "
-            f"{v.label('pod_lifetime_seconds')} {lifetime:g} s: the pod would remove itself "
-            "before training could finish; raise the lifetime or lower the runtime cap."
-        )
-    if concurrency_limit is not None:
-        v.check_limit_name(concurrency_limit)
-    if hf_endpoint is not None:
-        hf_endpoint = v.check_url(hf_endpoint, "hf_endpoint")
-    if gpu_type_ids is not None and (
-        not isinstance(gpu_type_ids, list) or not all(isinstance(g, str) for g in gpu_type_ids)
-    ):
-        raise SpecError(f"{v.label('gpu_type_ids')} must be a list of GPU type ids.")
-    out = v.check_output_dir(output_dir)
-    spec = load_bundle(bundle)
-    repo = model_id or spec.model_id or None
-    if repo is not None:
-        v.check_repo_id(repo)
-    files = select_bundle_files(
-        spec.root, allow_secret_files=list(allow_secret_files or []), skip_dirs=[out]
+    hf_endpoint = _check_limits(runtime, lifetime, concurrency_limit, hf_endpoint, gpu_type_ids)
+    out, spec, repo, files = _check_bundle(
+        output_dir, bundle, model_id, allow_secret_files, follow_links
     )
-    if not files.files:
-        raise SpecError(
-            f"the bundle {spec.root} has no file to upload after {IGNORE_FILE} and the "
-            "built-in excludes: check the ignore file."
-        )
-    # The upload's own rule for links, on what it would send: none may leave the bundle
-    # or dangle (each named), unless follow_links copies the escaping ones.
-    check_tree(spec.root, follow_links=follow_links, paths=files.files)
     return RunSettings(
         bundle=spec,
         provider=provider,  # type: ignore[arg-type]
