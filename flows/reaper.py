@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -43,7 +43,7 @@ from pydantic import BaseModel
 
 from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import EndedBy, PodEnd, reaper_ttl_seconds
+from prefect_runpod.blocks.provider import EndedBy, PodEnd, PodProvider, reaper_ttl_seconds
 from prefect_runpod.blocks.validation import check_name_prefix, check_number
 from prefect_runpod.flows.run.cost_record import record_pod_end
 from prefect_runpod.flows.run.providers import build_provider
@@ -252,6 +252,83 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _decide_all(
+    pods: list[PodHandle],
+    now: datetime,
+    *,
+    name_prefix: str,
+    ttl_seconds: float | None,
+    stale_running_seconds: float,
+    grace_seconds: float,
+) -> list[ReapDecision]:
+    """One decision per pod, from its flow run as the Prefect API sees it now."""
+    decisions: list[ReapDecision] = []
+    with get_client(sync_client=True) as client:
+        for pod in pods:
+            run_id = flow_run_id_from_pod_name(pod.name, name_prefix)
+            run = read_run_snapshot(client, run_id) if run_id is not None else None
+            reap, reason = decide_reap(
+                pod,
+                run,
+                now,
+                name_prefix=name_prefix,
+                ttl_seconds=ttl_seconds,
+                stale_running_seconds=stale_running_seconds,
+                grace_seconds=grace_seconds,
+            )
+            decisions.append(
+                ReapDecision(
+                    pod_id=pod.pod_id,
+                    pod_name=pod.name,
+                    flow_run_id=str(run_id) if run_id else None,
+                    run_state=run.state_name if run else ("unknown" if run_id else "-"),
+                    age_seconds=round((now - _utc(pod.created_at)).total_seconds(), 1),
+                    reap=reap,
+                    reason=reason,
+                )
+            )
+    return decisions
+
+
+def _act_on(
+    decision: ReapDecision, pod: PodHandle, prov: PodProvider, dry_run: bool, logger: Any
+) -> None:
+    """Keep the pod, report what would be done (``dry_run``), or terminate it and record
+    the end in its run's cost record; an unconfirmed terminate is kept in ``decision``."""
+    if not decision.reap:
+        logger.info("keep %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason)
+        return
+    if dry_run:
+        logger.warning(
+            "would reap %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason
+        )
+        return
+    logger.warning("reaping %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason)
+    tried = deadman_note(pod)  # read before the pod (and its files) are gone
+    try:
+        result = terminate_pod(prov, decision.pod_id)
+        decision.terminated = True
+    except ProviderError as exc:
+        decision.error = str(exc)
+        logger.error("%s: terminate not confirmed: %s", decision.pod_id, exc)
+        return
+    if decision.flow_run_id:
+        record_pod_end(
+            decision.flow_run_id,
+            PodEnd(
+                pod_id=decision.pod_id,
+                ended_by=EndedBy.REAPER,
+                confirmed=True,
+                ended_at=result.confirmed_at,
+                layer="terminate (the reaper)",
+                detail=f"{decision.reason}; dead-man: {tried}"[:300],
+            ),
+            recorded_by="reaper",
+            handle=pod,
+            provider=prov,
+        )
+
+
 @flow(name="runpod-reaper", log_prints=False)
 def reaper(
     provider: Literal["local", "runpod"] = "local",
@@ -307,66 +384,17 @@ def reaper(
     )
     pods = prov.list(name_prefix)
     now = datetime.now(UTC)
-    decisions: list[ReapDecision] = []
-    with get_client(sync_client=True) as client:
-        for pod in pods:
-            run_id = flow_run_id_from_pod_name(pod.name, name_prefix)
-            run = read_run_snapshot(client, run_id) if run_id is not None else None
-            reap, reason = decide_reap(
-                pod,
-                run,
-                now,
-                name_prefix=name_prefix,
-                ttl_seconds=ttl_seconds,
-                stale_running_seconds=stale_running_seconds,
-                grace_seconds=grace_seconds,
-            )
-            decisions.append(
-                ReapDecision(
-                    pod_id=pod.pod_id,
-                    pod_name=pod.name,
-                    flow_run_id=str(run_id) if run_id else None,
-                    run_state=run.state_name if run else ("unknown" if run_id else "-"),
-                    age_seconds=round((now - _utc(pod.created_at)).total_seconds(), 1),
-                    reap=reap,
-                    reason=reason,
-                )
-            )
+    decisions = _decide_all(
+        pods,
+        now,
+        name_prefix=name_prefix,
+        ttl_seconds=ttl_seconds,
+        stale_running_seconds=stale_running_seconds,
+        grace_seconds=grace_seconds,
+    )
     by_id = {pod.pod_id: pod for pod in pods}
     for decision in decisions:
-        if not decision.reap:
-            logger.info("keep %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason)
-            continue
-        if dry_run:
-            logger.warning(
-                "would reap %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason
-            )
-            continue
-        logger.warning("reaping %s (%s): %s", decision.pod_id, decision.pod_name, decision.reason)
-        pod = by_id[decision.pod_id]
-        tried = deadman_note(pod)  # read before the pod (and its files) are gone
-        try:
-            result = terminate_pod(prov, decision.pod_id)
-            decision.terminated = True
-        except ProviderError as exc:
-            decision.error = str(exc)
-            logger.error("%s: terminate not confirmed: %s", decision.pod_id, exc)
-            continue
-        if decision.flow_run_id:
-            record_pod_end(
-                decision.flow_run_id,
-                PodEnd(
-                    pod_id=decision.pod_id,
-                    ended_by=EndedBy.REAPER,
-                    confirmed=True,
-                    ended_at=result.confirmed_at,
-                    layer="terminate (the reaper)",
-                    detail=f"{decision.reason}; dead-man: {tried}"[:300],
-                ),
-                recorded_by="reaper",
-                handle=pod,
-                provider=prov,
-            )
+        _act_on(decision, by_id[decision.pod_id], prov, dry_run, logger)
     rows = [d.model_dump() for d in decisions]
     create_table_artifact(
         table=rows

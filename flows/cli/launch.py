@@ -57,10 +57,19 @@ def add_parser(sub: Any) -> None:
 
 
 def add_finetune_options(ft: argparse.ArgumentParser) -> None:
-    """Add every option of a fine-tune run (``finetune`` and ``plan`` take the same)."""
-    from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
-    from prefect_runpod.blocks.local_pod.images import profile_names
+    """Add every option of a fine-tune run (``finetune`` and ``plan`` take the same), in
+    the order ``--help`` lists them."""
+    _add_source_options(ft)
+    _add_publish_options(ft)
+    _add_transfer_options(ft)
+    _add_limit_options(ft)
+    _add_local_pod_options(ft)
+    _add_pod_life_options(ft)
+    _add_block_options(ft)
 
+
+def _add_source_options(ft: argparse.ArgumentParser) -> None:
+    """The bundle, the provider, and the Hugging Face model, token and endpoint."""
     ft.add_argument("--bundle", help="bundle directory with bundle.toml (default: the demo bundle)")
     ft.add_argument(
         "--provider",
@@ -93,6 +102,10 @@ def add_finetune_options(ft: argparse.ArgumentParser) -> None:
         help="Hugging Face Hub endpoint (default huggingface.co; a mirror or a test Hub), "
         "for the model check and for publishing",
     )
+
+
+def _add_publish_options(ft: argparse.ArgumentParser) -> None:
+    """Where the outputs go: a publish target from the pod, what comes back."""
     ft.add_argument(
         "--publish",
         metavar="TARGET",
@@ -112,6 +125,10 @@ def add_finetune_options(ft: argparse.ArgumentParser) -> None:
         help="what comes back through the gateway: all outputs (default), only the eval "
         "files, or none (only with --publish)",
     )
+
+
+def _add_transfer_options(ft: argparse.ArgumentParser) -> None:
+    """How files travel to and from the pod."""
     ft.add_argument(
         "--transfer",
         default="auto",
@@ -136,6 +153,10 @@ def add_finetune_options(ft: argparse.ArgumentParser) -> None:
         action="store_true",
         help="copy what links leaving the bundle point at (default: refuse them, naming each)",
     )
+
+
+def _add_limit_options(ft: argparse.ArgumentParser) -> None:
+    """The run's caps and gates, and the pods' name prefix."""
     ft.add_argument(
         "--max-cost-usd", type=float, help="budget cap in USD: reaching it ends the run"
     )
@@ -162,6 +183,12 @@ def add_finetune_options(ft: argparse.ArgumentParser) -> None:
         help="leave the pod up after a failure for inspection (dead-man lifetime applies)",
     )
     ft.add_argument("--name-prefix", default="prft", help="pods are named <prefix>-<flow_run_id>")
+
+
+def _add_local_pod_options(ft: argparse.ArgumentParser) -> None:
+    """The local pod's mode, image and pretend price."""
+    from prefect_runpod.blocks.local_pod.images import profile_names
+
     ft.add_argument(
         "--local-mode",
         choices=["gateway", "direct"],
@@ -181,6 +208,12 @@ def add_finetune_options(ft: argparse.ArgumentParser) -> None:
         type=float,
         help="pretend price of the local pod in USD/h, to rehearse costs (e.g. 0.22; default 0)",
     )
+
+
+def _add_pod_life_options(ft: argparse.ArgumentParser) -> None:
+    """Where results go, and how the pod is watched, reconnected and ended."""
+    from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
+
     ft.add_argument(
         "--output-dir",
         help="where outputs and run-report.json go (default ./prefect-runpod-runs/<flow_run_id>)",
@@ -223,6 +256,10 @@ def add_finetune_options(ft: argparse.ArgumentParser) -> None:
         help="how long each stage waits for the pod's SSH to come back after it refuses or "
         "drops connections (default 120)",
     )
+
+
+def _add_block_options(ft: argparse.ArgumentParser) -> None:
+    """Saved blocks, RunPod's GPU types, and bundle files allowed despite a secret's look."""
     ft.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
     ft.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
     ft.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
