@@ -2,7 +2,7 @@
 downloading it through the gateway vs publishing it from the pod, and the bytes that
 cross the gateway for each.
 
-    python -m benchmarks.publish --json                 # 1600 MiB, the field guide's model
+    python -m benchmarks.publish --json                 # 1600 MiB, a 1.6 GB checkpoint
     python -m benchmarks.publish --json --mib 256       # a smaller output
 
 A local pod (PTY-only gateway mode) holds an output folder: one random file of the

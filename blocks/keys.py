@@ -1,7 +1,7 @@
 """SSH key pairs: generation and loading, on paramiko.
 
-The field guide's advice is a dedicated ed25519 key for RunPod; the local pod gets a
-fresh one per run. Private keys travel only as ``SecretStr``.
+RunPod gets an ed25519 key of its own (revoking it then touches nothing else); the
+local pod gets a fresh one per run. Private keys travel only as ``SecretStr``.
 """
 
 from __future__ import annotations

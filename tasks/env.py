@@ -1,7 +1,7 @@
 """The ``env`` stage: probe the pod, plan the fix, apply it with the right Python, and
 prove it by probing again (docs/architecture.md#env-fix-and-hugging-face-diagnosis).
 
-The failure it exists for (field guide): an image ships ``torch 2.1.0+cu118`` and the
+The failure it exists for: an image ships ``torch 2.1.0+cu118`` and the
 job needs a newer transformers, which silently runs without torch
 (``Disabling PyTorch because PyTorch >= X is required but found …``). The plan raises
 torch to transformers' floor from the highest PyTorch wheel index the driver allows

@@ -456,7 +456,7 @@ def verify_env(plan: EnvPlan, after: EnvReport) -> EnvPlan:
 
 def cuda_floor_for_requirements(requirements: Sequence[str]) -> list[str]:
     """RunPod ``allowedCudaVersions`` for a bundle, from its declared requirements alone
-    (before any pod exists): the torch floor transformers imposes (reference E) and the
+    (before any pod exists): the torch floor transformers imposes (:data:`_TRANSFORMERS_FLOORS`) and the
     job's own torch specifier decide the lowest usable wheel index.
 
     Args:

@@ -7,8 +7,8 @@ stage (:mod:`prefect_runpod.tasks.hf_auth` collects the evidence there);
 :func:`diagnose_evidence` turns an evidence dict into an :class:`HFDiagnosis` with it.
 
 Evidence comes first (status, ``X-Error-Code``, the server's message — strings as the
-Hub sends them, see huggingface_hub 2.4.0 ``hf_raise_for_status``). The field guide's
-rule of thumb — 401 means the licence was not accepted, 403 means the token lacks the
+Hub sends them, see huggingface_hub 2.4.0 ``hf_raise_for_status``). The usual rule
+of thumb — 401 means the licence was not accepted, 403 means the token lacks the
 gated-repo scope — decides only when the message is not one we recognise, and the
 diagnosis is then flagged ``recognised=False``.
 

@@ -6,8 +6,8 @@ Both paths write JSONL, one record per held-out example::
     {"id": ..., "raw_input": ..., "model_input": ..., "raw_output": ..., "prediction": ..., "label": ...}
 
 ``compare_eval`` matches records by ``id`` and names each way the two paths can drift
-apart, the failure mode the field guide describes ("in-process eval says 0.9, the
-standalone eval says 0.4"): input drift (the model was fed a different ``model_input``:
+apart, the failure this stage exists for (the in-process eval says 0.9, the
+standalone eval says 0.4): input drift (the model was fed a different ``model_input``:
 skipped preprocessing, another truncation length, other whitespace or case handling),
 parse drift (the prediction is not what the trained output format extracts from
 ``raw_output``: e.g. the first token), format violations, and the accuracy gap.

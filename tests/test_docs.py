@@ -1,9 +1,10 @@
 """The project documents itself: checks on docs/architecture.md and on what points at it.
 
 - No tracked file refers to a document outside the repository, by its file name or
-  by its section marks (``FORBIDDEN``): the code refers to docs/architecture.md
-  instead. The forbidden strings are assembled from pieces, so this file never holds
-  them.
+  by its section marks (``FORBIDDEN``), nor to the notes the project grew from by their
+  name (``FORBIDDEN_NAMES``, found across line breaks too): the code says the fact
+  itself, cites its public source, or refers to docs/architecture.md. The forbidden
+  strings are assembled from pieces, so this file never holds them.
 - Every ``docs/architecture.md#<anchor>`` written anywhere in a tracked file (and
   every ``, #<anchor>`` that continues such a reference on the same line) names a
   heading of docs/architecture.md, with anchors made the way GitHub makes them.
@@ -29,6 +30,11 @@ _OUTSIDE = "DESIGN"
 FORBIDDEN = (
     re.compile(re.escape(_OUTSIDE) + r"\s*" + re.escape("\u00a7")),  # its section marks
     re.compile(r"\b" + re.escape(_OUTSIDE + "." + "md") + r"\b"),  # its file name
+)
+_NOTES = ("fie" + "ld", "gu" + "ide")
+FORBIDDEN_NAMES = (
+    # the notes' name, in any case, spaced, hyphenated or joined by "_", across lines
+    re.compile(r"(?<![A-Za-z])" + _NOTES[0] + r"[\s_-]*" + _NOTES[1], re.IGNORECASE),
 )
 
 # ``docs/architecture.md#<anchor>``; built from pieces, so this file holds no reference.
@@ -159,6 +165,16 @@ def test_forbidden_patterns_match_what_they_should() -> None:
     for text in (f"see {file_name}", f"as in {mark}4", f"({_OUTSIDE}\u00a72)"):
         assert any(p.search(text) for p in FORBIDDEN), text
     assert not any(p.search("the design of the console") for p in FORBIDDEN)
+    name = " ".join(_NOTES)
+    for text in (
+        f"as the {name} advises",
+        f"The {name.title()}'s rule",
+        f"test_{name.replace(' ', '_')}_fix",
+        f"{name.replace(' ', '-')}: 2.1 image",
+        f"the {_NOTES[0]}\n    {_NOTES[1]}'s report",
+    ):
+        assert any(p.search(text) for p in FORBIDDEN_NAMES), text
+    assert not any(p.search(f"a {_NOTES[0]}, then a {_NOTES[1]}") for p in FORBIDDEN_NAMES)
 
 
 # -- the repository -----------------------------------------------------------------
@@ -173,6 +189,20 @@ def test_no_file_cites_an_outside_document() -> None:
     assert not hits, (
         "these lines cite a document outside the repository; point at "
         f"{DOC}#<section> (the project's own words) instead:\n" + "\n".join(hits)
+    )
+
+
+def test_no_file_names_the_notes_the_project_grew_from() -> None:
+    hits = []
+    for name, text in text_files():
+        for pattern in FORBIDDEN_NAMES:
+            for match in pattern.finditer(text):
+                number = text.count("\n", 0, match.start()) + 1
+                line = text.splitlines()[number - 1].strip()[:120]
+                hits.append(f"{name}:{number}: {line}")
+    assert not hits, (
+        "these lines cite notes the repository does not have; say the fact itself or cite "
+        "its public source (RunPod's docs, huggingface_hub, …):\n" + "\n".join(hits)
     )
 
 

@@ -1,10 +1,9 @@
 """PodConsole: run commands on a pod through a PTY-only SSH gateway (docs/architecture.md#the-console).
 
 RunPod's proxied gateway (``ssh.runpod.io``) offers an interactive PTY shell and
-nothing else: no exec channel, no SFTP. This module drives that shell the way the
-field guide's ``run_remote(pod, key, commands, per_command_timeout) -> (output,
-exit_code)`` wrapper does, on paramiko's ``invoke_shell(term="xterm")``, and makes it
-exact:
+nothing else: no exec channel, no SFTP. This module drives that shell on paramiko's
+``invoke_shell(term="xterm")`` (``run_remote(pod, key, commands, per_command_timeout)
+-> (output, exit_code)`` is the one-call form) and makes it exact:
 
 - Every command is typed as one framed line (``shell_lines.command_line``): its output
   is what the shell prints between a start and an end marker carrying a per-session
@@ -18,8 +17,8 @@ exact:
 - Output is read while input is written (a PTY deadlocks if a client only writes),
   cleaned by ``terminal_text`` (escapes, ``\\r`` redraws, cursor queries answered) and
   streamed line by line.
-- A line typed into a tty in canonical mode is cut at 4096 bytes (observed: the real
-  cause of the field guide's truncated heredoc). A long or multi-line command is sent
+- A line typed into a tty in canonical mode is cut at 4096 bytes (observed: a long
+  heredoc typed whole arrives truncated). A long or multi-line command is sent
   as base64 pieces appended to a temporary file, checked by sha256 and then sourced.
 - A command past its deadline gets Ctrl-C and ``CommandTimeoutError``; a shell that
   then stays silent is replaced by a fresh session before the next command.
@@ -201,8 +200,8 @@ class PodConsole(ConsoleConnection):
 
         Returns:
             ``(output, exit_code)``: the outputs joined by ``\\n`` and the exit code of
-            the last command run (0 when ``commands`` is empty), as the field guide's
-            ``run_remote`` contract.
+            the last command run (0 when ``commands`` is empty): the ``run_remote``
+            contract.
 
         Raises:
             CommandTimeoutError, ConsoleConnectError: as ``run``.
@@ -381,7 +380,7 @@ def run_remote(
     commands: Sequence[str],
     per_command_timeout: float = 60.0,
 ) -> tuple[str, int]:
-    """The field guide's contract: run ``commands`` in one PTY session on ``pod``,
+    """The console in one call: run ``commands`` in one PTY session on ``pod``,
     stopping at the first failure.
 
     Args:

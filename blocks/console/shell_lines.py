@@ -19,7 +19,7 @@ change the next command's output.
 The markers are typed as separately quoted pieces (``printf '%s%s.%s' __PRB_ NONCE
 SEQ``), so the typed text never holds an assembled marker. Every line stays under the
 tty's 4096-byte canonical line limit (observed: a longer typed line is cut at 4096
-bytes, the real cause of the field guide's truncated heredoc); longer commands go
+bytes, which is why a long heredoc typed whole arrives truncated); longer commands go
 through a staged file. The lines work in bash and in a POSIX ``sh`` (after ``exec sh``):
 bash-only settings sit behind ``case ${BASH_VERSION-}``, because an interactive
 ``dash`` abandons the rest of a line after a failing special builtin (observed).

@@ -1,8 +1,8 @@
 """The ``runpodctl`` transfer method: ``runpodctl send`` / ``receive`` (croc relay).
 
-As the field guide learned the hard way, the sender runs in the background with its
-output in a log file, and the one-time code is read from ``Code is: …`` in that log
-(colours and ``\\r`` progress stripped), never matched on a live coloured TTY.
+The sender runs in the background with its output in a log file, and the one-time
+code is read from ``Code is: …`` in that log (colours and ``\\r`` progress stripped),
+never matched on a live coloured TTY, where progress redraws break the line up.
 Folders are zipped by runpodctl and arrive under their own name in the receiver's
 working directory, so each side receives into a staging folder and moves the tree
 into place. Both ends verify against the manifest: the pod's ``manifest.py`` for an

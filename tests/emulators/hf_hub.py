@@ -22,7 +22,7 @@ Access is per user (as on the Hub): a repo lists which users were accepted, are
 pending or were rejected. A fine-grained token without ``canReadGatedRepos`` gets
 the 403 "enable access to public gated repositories" answer on gated repos. A repo
 may be set to answer 401 instead of 403 to a valid token that never asked for access
-(the field guide's observation).
+(an answer seen from the Hub, not documented by it).
 
 Every request lands in :attr:`HubEmulator.requests` with the Authorization header
 redacted (only the configured user label is kept), so tests can prove that no
@@ -95,7 +95,7 @@ class HubRepo:
         access: user → ``accepted`` / ``pending`` / ``rejected``; absent = never asked.
         files: file name → content bytes.
         unlisted_status: status for a valid token whose user never asked (403 on today's
-            Hub; 401 reproduces the field guide's report).
+            Hub; 401 reproduces the undocumented answer seen from some repos).
         private: visible only to its namespace (the user, or the org's members).
         commits / branches: commit id → files, branch → commit id (filled from ``files``
             on first use; see ``hf_hub_write.HubWriter``).

@@ -125,7 +125,7 @@ def test_probe_without_gpu_and_with_a_broken_python(tmp_path):
 
 
 @needs_pip
-def test_field_guide_fix_on_a_cpu_pod(tmp_path, wheel_index):
+def test_an_old_torch_image_is_fixed_on_a_cpu_pod(tmp_path, wheel_index):
     """torch 2.1 + transformers 5.2 (torch disabled) → the plan raises torch from the cpu
     index into a pod venv, and the re-probe proves transformers sees torch again."""
     console = _console(tmp_path, tmp_path / "image" / "bin", None)

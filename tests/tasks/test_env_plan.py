@@ -72,7 +72,7 @@ def test_transformers_torch_floor(version, floor):
 
 # (report, requirements) → (wheel index, torch specifier or None, torch floor)
 CASES = {
-    "field-guide: 2.1+cu118 image, transformers>=5.1, driver 12.2": (
+    "old image: 2.1+cu118, transformers>=5.1, driver 12.2": (
         image(**RUNPOD_21, driver="535.183.01", driver_cuda="12.2"),
         ["transformers>=5.1"],
         "cu118",

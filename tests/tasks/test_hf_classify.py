@@ -60,7 +60,7 @@ CASES = [
     (404, "RepoNotFound", "Repository not found", True, True, None, HFCause.REPO_NOT_FOUND, True),
     (401, "RepoNotFound", "Repository not found", False, None, None, HFCause.REPO_NOT_FOUND, True),
     (404, None, None, True, True, None, HFCause.REPO_NOT_FOUND, True),
-    # The field guide's rule of thumb, only for text we do not recognise:
+    # The usual rule of thumb, only for text we do not recognise:
     (401, None, "Unauthorized", True, True, None, HFCause.LICENCE_NOT_ACCEPTED, False),
     (403, None, "Forbidden", True, True, None, HFCause.TOKEN_SCOPE, False),
     (403, "GatedRepo", "something new", True, True, None, HFCause.TOKEN_SCOPE, False),
