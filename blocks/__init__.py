@@ -21,7 +21,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, typed (PEP 562's __getattr__ hides them)
+    from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
+    from prefect_runpod.blocks.local_pod.provider import LocalPod
+    from prefect_runpod.blocks.runpod.blocks import RunPodCredentials, RunPodPodSpec
+    from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
+    from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = [
     "HuggingFaceCredentials",

@@ -16,7 +16,17 @@ Names load lazily: the daemon imports ``registry`` alone and stays light.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect_runpod.blocks import lazy_exports
+
+if TYPE_CHECKING:  # the same names, typed (PEP 562's __getattr__ hides them)
+    from prefect_runpod.blocks.local_pod.provider import (
+        LocalPod,
+        LocalPodProvider,
+        base_python,
+        default_home,
+    )
 
 __all__ = ["LocalPod", "LocalPodProvider", "base_python", "default_home"]
 

@@ -19,7 +19,15 @@ Names load lazily, so importing this package does not import the SDK.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect_runpod.blocks import lazy_exports
+
+if TYPE_CHECKING:  # the same names, typed (PEP 562's __getattr__ hides them)
+    from prefect_runpod.blocks.runpod.blocks import RunPodCredentials, RunPodPodSpec
+    from prefect_runpod.blocks.runpod.client import RunPodClient
+    from prefect_runpod.blocks.runpod.provider import RunPodProvider
+    from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
 
 __all__ = ["RunPodClient", "RunPodCredentials", "RunPodPodSpec", "RunPodProvider", "RunPodSSHKey"]
 

@@ -12,7 +12,44 @@ Names load lazily (the ``s3`` method imports Prefect's blocks and boto3).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect_runpod.blocks import lazy_exports
+
+if TYPE_CHECKING:  # the same names, typed (PEP 562's __getattr__ hides them)
+    from prefect_runpod.blocks.transfer.base import (
+        MethodConfig,
+        MethodOptions,
+        PodLink,
+        TransferHooks,
+        TransferMethod,
+    )
+    from prefect_runpod.blocks.transfer.dispatch import (
+        METHOD_REGISTRY,
+        check_tree,
+        download_dir,
+        method_names,
+        pick_method,
+        register_method,
+        upload_dir,
+    )
+    from prefect_runpod.blocks.transfer.models import (
+        Manifest,
+        ManifestEntry,
+        MethodResult,
+        TransferReport,
+    )
+    from prefect_runpod.blocks.transfer.pod_tools import (
+        POD_TOOLS_DIR,
+        bootstrap_pod_tools,
+        pod_manifest,
+        remote_path,
+        tools_dir,
+    )
+    from prefect_runpod.blocks.transfer.pty import PtyMethod, PtyOptions
+    from prefect_runpod.blocks.transfer.runpodctl import RunpodctlMethod, RunpodctlOptions
+    from prefect_runpod.blocks.transfer.s3 import S3Method, S3Target
+    from prefect_runpod.blocks.transfer.sftp import SftpMethod
 
 __all__ = [
     "METHOD_REGISTRY",
