@@ -47,6 +47,9 @@ class Case:
         runpod: run with RunPod's API emulated (and an API key and SSH key in the env).
         files: files to create first (path under ``{tmp}`` or ``{bundle}`` -> text).
         env: environment changes (value None unsets).
+        api: a case whose checks reach the Prefect API (a saved block named next to the
+            bad input): it runs against the session's test server, so the CLI does not
+            start (and stop) a temporary one of its own.
     """
 
     id: str
@@ -55,6 +58,7 @@ class Case:
     runpod: bool = False
     files: dict[str, str] = field(default_factory=dict)
     env: dict[str, str | None] = field(default_factory=dict)
+    api: bool = False
 
 
 def ft(*args: str) -> list[str]:
@@ -127,7 +131,7 @@ CASES = [
     Case("transfer-sftp-on-gateway", ft("--transfer", "sftp"), "'sftp' cannot work with a local pod in gateway mode"),
     Case("transfer-runpodctl-missing", ft("--transfer", "runpodctl"), "runpodctl is not installed on this machine", env={"PATH": "/nonexistent"}),
     Case("transfer-s3-without-target", ft("--transfer", "s3"), "needs a saved S3Target block"),
-    Case("s3-target-with-pty", ft("--transfer", "pty", "--s3-target", "vol"), "is only used by --transfer s3"),
+    Case("s3-target-with-pty", ft("--transfer", "pty", "--s3-target", "vol"), "is only used by --transfer s3", api=True),
     # --- Hugging Face ---
     Case("hf-endpoint-not-a-url", ft("--hf-endpoint", "not-a-url"), "hf_endpoint (--hf-endpoint) 'not-a-url' must start with http"),
     Case("hf-endpoint-ftp", ft("--hf-endpoint", "ftp://hub.example"), "must start with http:// or https://"),
@@ -285,6 +289,8 @@ def _run_case(case: Case, tmp_path: Path, monkeypatch, capfd, emu: RunPodEmulato
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_refused_before_renting(case, tmp_path, monkeypatch, capfd, request):
+    if case.api:
+        request.getfixturevalue("prefect_server")
     emu = request.getfixturevalue("runpod_api") if case.runpod else None
     err = _run_case(case, tmp_path, monkeypatch, capfd, emu)
     if case.id in ARGPARSE_CASES:  # argparse's own usage line, then its one error line

@@ -61,6 +61,7 @@ def test_the_catalog_parser_reads_rest_v2_and_leaves_the_unknown_unknown():
     assert len(found) == 2
 
 
+@pytest.mark.slow
 def test_plan_on_the_local_pod_prices_the_demo_and_rents_nothing(
     prefect_server, tmp_path, capsys, runpod_home, monkeypatch
 ):
@@ -111,6 +112,7 @@ def test_plan_lists_every_failing_precondition_with_its_fix(prefect_server, tmp_
     assert main(["plan", "--max-cost-usd", "lots"]) == 2  # bad usage: argparse's own
 
 
+@pytest.mark.slow
 def test_plan_and_check_on_emulated_runpod(
     prefect_server, runpod_emulator, runpod_blocks, tmp_path, capsys
 ):
@@ -157,6 +159,7 @@ def test_plan_and_check_on_emulated_runpod(
     assert "✘ account SSH key" in out and "Settings, SSH Public Keys" in out
 
 
+@pytest.mark.slow
 def test_reaper_prints_a_table_and_says_when_there_is_nothing(prefect_server, capsys):
     """It printed raw JSON (``[]`` when empty); now a table, or one sentence."""
     assert main(["reaper", "--dry-run", "--name-prefix", "nobody"]) == 0

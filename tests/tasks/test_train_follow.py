@@ -50,6 +50,7 @@ def follow(console, run_dir: Path, **kw):
     return follow_training(console, str(run_dir), TOOLS, python=PY, pod_id="pod-t", **kw)
 
 
+@pytest.mark.slow
 class TestExactlyOnce:
     def test_lines_survive_lost_answers_and_dead_channels(
         self, train_run_dir: Path, shell_console: LocalShellConsole
@@ -91,6 +92,7 @@ class TestExactlyOnce:
         assert (train_run_dir / "heartbeat").exists()
 
 
+@pytest.mark.slow
 class TestProgressAndMetrics:
     def test_redraws_feed_progress_and_only_the_last_reaches_the_log(
         self, train_run_dir: Path, shell_console
@@ -117,6 +119,7 @@ class TestProgressAndMetrics:
         assert report.metrics == pytest.approx({"loss": 0.1, "eval_accuracy": 0.875})
 
 
+@pytest.mark.slow
 class TestEndings:
     def test_nonzero_exit_raises_with_the_last_lines(self, train_run_dir: Path, shell_console):
         command = write_job(

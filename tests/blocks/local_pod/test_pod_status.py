@@ -42,12 +42,14 @@ def _type(fixture: PodFixture, line: bytes, marker: bytes = b"\x00never") -> byt
         client.close()
 
 
+@pytest.mark.slow
 def test_a_live_pod_is_alive(local_pod: PodFixture) -> None:
     provider, handle, _ = local_pod
     status = provider.status(handle.pod_id)
     assert status.cause is PodCause.ALIVE and not status.gone
 
 
+@pytest.mark.slow
 def test_runpodctl_pod_delete_ends_the_pod_and_leaves_a_tombstone(local_pod: PodFixture) -> None:
     """runpodctl 2.x's verb; the tombstone says when, by whom and how."""
     provider, handle, _ = local_pod
@@ -65,6 +67,7 @@ def test_runpodctl_pod_delete_ends_the_pod_and_leaves_a_tombstone(local_pod: Pod
     assert again.already_gone and again.confirmed_at == status.ended_at
 
 
+@pytest.mark.slow
 def test_the_deprecated_remove_verb_still_works_and_says_so(local_pod: PodFixture) -> None:
     provider, handle, _ = local_pod
     out = _type(local_pod, b"runpodctl remove pod someotherpod; echo RC=$?-$((40+2))\n", b"RC=1-42")
@@ -75,6 +78,7 @@ def test_the_deprecated_remove_verb_still_works_and_says_so(local_pod: PodFixtur
     assert (status.ended_by, status.ended_layer) == ("pod", "runpodctl remove pod")
 
 
+@pytest.mark.slow
 def test_a_dead_daemon_is_a_lost_host(local_provider: LocalPodProvider) -> None:
     handle, _ = start_pod(local_provider)
     try:
@@ -95,6 +99,7 @@ def test_nothing_at_all_is_terminated_outside(local_provider: LocalPodProvider) 
     assert status.cause is PodCause.TERMINATED_OUTSIDE and status.ended_at is None
 
 
+@pytest.mark.slow
 def test_the_daemon_ends_the_pod_at_its_lease(local_provider: LocalPodProvider) -> None:
     """The local pod's equivalent of RunPod's terminateAfter: created + the dead-man
     lifetime, kept by the daemon itself, so a pod whose flow dies before the watchdog is
@@ -117,6 +122,7 @@ def test_the_daemon_ends_the_pod_at_its_lease(local_provider: LocalPodProvider) 
         local_provider.terminate(handle.pod_id)
 
 
+@pytest.mark.slow
 def test_the_x509_fault_breaks_runpodctl(local_provider: LocalPodProvider) -> None:
     """An image whose runpodctl cannot verify RunPod's certificate (runpodctl#149)."""
     handle, keypair = start_pod(local_provider, env={"PREFECT_RUNPOD_POD_FAULTS": "runpodctl:x509"})

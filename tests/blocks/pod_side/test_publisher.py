@@ -68,6 +68,7 @@ def _result(lines: list[dict]) -> dict:
     return results[0]
 
 
+@pytest.mark.slow
 def test_commit_lands_and_the_hub_records_match_the_pod_manifest(publish_hub, tmp_path):
     """One LFS file (multipart) and two regular ones, verified from paths-info."""
     root = make_outputs(tmp_path / "outputs")
@@ -105,6 +106,7 @@ def test_commit_lands_and_the_hub_records_match_the_pod_manifest(publish_hub, tm
     assert token not in publish_hub.hub.log_text()
 
 
+@pytest.mark.slow
 def test_a_dropped_part_is_resent_alone(publish_hub, tmp_path):
     """The link drops 1000 bytes into part 2: huggingface_hub re-sends that part only."""
     root = make_outputs(tmp_path / "outputs")
@@ -126,6 +128,7 @@ def test_a_dropped_part_is_resent_alone(publish_hub, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_failed_commit_is_retried_without_sending_the_model_again(publish_hub, tmp_path):
     """The commit answers 503 once: the publisher tries again, and the LFS batch says the
     object is already stored, so no model byte is uploaded twice."""
@@ -147,6 +150,7 @@ def test_a_failed_commit_is_retried_without_sending_the_model_again(publish_hub,
     )
 
 
+@pytest.mark.slow
 def test_a_read_only_token_is_refused_at_once(publish_hub, tmp_path):
     root = make_outputs(tmp_path / "outputs")
     code, lines, _ = _run(
@@ -161,6 +165,7 @@ def test_a_read_only_token_is_refused_at_once(publish_hub, tmp_path):
     assert not publish_hub.hub.writer.calls.get("batch")  # nothing was sent
 
 
+@pytest.mark.slow
 def test_a_namespace_that_is_not_yours_is_refused_with_the_hubs_words(publish_hub, tmp_path):
     root = make_outputs(tmp_path / "outputs", lfs_bytes=10)
     code, lines, _ = _run(
@@ -173,6 +178,7 @@ def test_a_namespace_that_is_not_yours_is_refused_with_the_hubs_words(publish_hu
     assert ("model", "someone-else/model") not in publish_hub.hub.repos
 
 
+@pytest.mark.slow
 def test_a_branch_is_created_and_committed_to(publish_hub, tmp_path):
     root = make_outputs(tmp_path / "outputs", lfs_bytes=10)
     code, lines, err = _run(
@@ -186,6 +192,7 @@ def test_a_branch_is_created_and_committed_to(publish_hub, tmp_path):
     assert "config.json" in publish_hub.stored("demo/branched", "exp/1")
 
 
+@pytest.mark.slow
 def test_no_token_and_missing_files_are_reported_not_raised(publish_hub, tmp_path):
     root = make_outputs(tmp_path / "outputs", lfs_bytes=10)
     code, lines, _ = _run(_hub_args(publish_hub, root, "demo/x"), {})
@@ -195,6 +202,7 @@ def test_no_token_and_missing_files_are_reported_not_raised(publish_hub, tmp_pat
     assert code == 1 and "not on the pod: gone.bin" in _result(lines)["error"]
 
 
+@pytest.mark.slow
 def test_s3_objects_carry_our_sha256_and_a_second_run_sends_nothing(moto_s3, tmp_path):
     target = moto_target(moto_s3, "pub")
     bucket = target.bucket

@@ -91,6 +91,7 @@ class TestPodSideScripts:
         assert answer["exit_code"] == 0
 
 
+@pytest.mark.slow
 class TestStart:
     def test_records_log_pid_cmd_and_exit_code(self, train_run_dir: Path):
         command = write_job(
@@ -156,6 +157,7 @@ class TestStart:
         assert b"cannot start no-such-program-xyz" in data
 
 
+@pytest.mark.slow
 class TestRead:
     def test_returns_only_whole_lines_while_running(self, train_run_dir: Path):
         gate = train_run_dir / "gate"
@@ -221,6 +223,7 @@ class TestRead:
         assert answer["state"] == "absent" and answer["running"] is False
 
 
+@pytest.mark.slow
 class TestKill:
     def test_kills_the_whole_detached_process_group(self, train_run_dir: Path):
         command = write_job(
@@ -266,6 +269,7 @@ class TestKill:
         assert answer["signals"] == [] and answer["exit_code"] == 0
 
 
+@pytest.mark.slow
 class TestDetachment:
     def test_training_survives_the_hangup_of_the_launching_terminal(self, train_run_dir: Path):
         """An SSH drop hangs up the login shell's terminal; the job must live on."""

@@ -92,6 +92,7 @@ class TestDecide:
             assert expected in reason
 
 
+@pytest.mark.slow
 class TestWatchdog:
     def test_stale_heartbeat_removes_the_pod(self, tmp_path: Path, pod_env: dict, pod_id: str):
         marker = tmp_path / "removed.txt"
@@ -320,6 +321,7 @@ def _stale(run_dir: Path, *extra: str, env: dict) -> subprocess.CompletedProcess
     )  # fmt: skip
 
 
+@pytest.mark.slow
 class TestLayers:
     def test_the_deprecated_verb_when_pod_delete_fails(
         self, tmp_path: Path, pod_env: dict, pod_id: str

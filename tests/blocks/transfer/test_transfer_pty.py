@@ -61,6 +61,7 @@ def test_codec_roundtrip_and_detects_damage() -> None:
     assert bad.raw is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compress", [False, True])
 def test_upload_then_download_roundtrip(
     tmp_path: Path, pipe_streams, compress: bool, framing: str
@@ -84,6 +85,7 @@ def test_upload_then_download_roundtrip(
     _same_tree(src, back)
 
 
+@pytest.mark.slow
 def test_raw_pty_carries_lines_longer_than_4096(tmp_path: Path, pty_streams, framing: str) -> None:
     src = make_tree(tmp_path / "src", big_bytes=300_000)
     remote = tmp_path / "pod"
@@ -98,6 +100,7 @@ def test_raw_pty_carries_lines_longer_than_4096(tmp_path: Path, pty_streams, fra
     _same_tree(src, tmp_path / "back")
 
 
+@pytest.mark.slow
 def test_flipped_and_truncated_frames_are_repaired(
     tmp_path: Path, pipe_streams, framing: str
 ) -> None:
@@ -131,6 +134,7 @@ def test_flipped_and_truncated_frames_are_repaired(
     _same_tree(src, tmp_path / "back")
 
 
+@pytest.mark.slow
 def test_dropped_connection_resumes_from_verified_offset(
     tmp_path: Path, pipe_streams, framing: str
 ) -> None:
@@ -165,6 +169,7 @@ def test_dropped_connection_resumes_from_verified_offset(
     _same_tree(src, tmp_path / "back")
 
 
+@pytest.mark.slow
 def test_upload_resumes_from_part_file(tmp_path: Path, pipe_streams, framing: str) -> None:
     src = tmp_path / "src"
     src.mkdir()
@@ -187,6 +192,7 @@ def test_upload_resumes_from_part_file(tmp_path: Path, pipe_streams, framing: st
     assert (remote / "f.bin").read_bytes() == data
 
 
+@pytest.mark.slow
 def test_disk_limit_names_the_file(tmp_path: Path, pipe_streams, framing: str) -> None:
     src = make_tree(tmp_path / "src")
     opts = fast(framing, shell_prefix="ulimit -f 1024;")  # 1 MiB
@@ -204,6 +210,7 @@ def test_disk_limit_names_the_file(tmp_path: Path, pipe_streams, framing: str) -
     assert not isinstance(info.value, ChecksumMismatchError)
 
 
+@pytest.mark.slow
 def test_source_changed_during_upload_is_never_accepted(
     tmp_path: Path, pipe_streams, framing: str
 ) -> None:
@@ -219,6 +226,7 @@ def test_source_changed_during_upload_is_never_accepted(
     assert not (remote / "model.bin").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["first-chunk", "middle", "last-byte"])
 def test_a_drop_at_any_point_resumes(
     tmp_path: Path, pipe_streams, framing: str, where: str

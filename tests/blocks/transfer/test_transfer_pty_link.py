@@ -57,6 +57,7 @@ class Recorder(TransferHooks):
 # --- the probe and the framing --------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("streams", ["pipe_streams", "pty_streams"])
 def test_a_clean_path_passes_the_probe_and_carries_raw_frames(
     tmp_path: Path, streams: str, request: pytest.FixtureRequest
@@ -92,6 +93,7 @@ def test_a_clean_path_passes_the_probe_and_carries_raw_frames(
     _same_tree(src, tmp_path / "back")
 
 
+@pytest.mark.slow
 def test_a_cooked_path_fails_the_probe_and_falls_back_to_base64(
     tmp_path: Path, cooked_streams: StreamFactory
 ) -> None:
@@ -127,6 +129,7 @@ def test_a_cooked_path_fails_the_probe_and_falls_back_to_base64(
     _same_tree(src, tmp_path / "back")
 
 
+@pytest.mark.slow
 def test_raw_framing_asked_for_on_a_cooked_path_is_refused(
     tmp_path: Path, cooked_streams: StreamFactory
 ) -> None:
@@ -145,6 +148,7 @@ def test_raw_framing_asked_for_on_a_cooked_path_is_refused(
     assert not (tmp_path / "pod" / "text.log").exists()
 
 
+@pytest.mark.slow
 def test_base64_framing_skips_the_probe(tmp_path: Path, pty_streams: StreamFactory) -> None:
     src = make_tree(tmp_path / "src", big_bytes=200_000)
     hooks = Recorder()
@@ -206,6 +210,7 @@ def _old_tools(tmp_path: Path, version: int) -> str:
     return str(tools)
 
 
+@pytest.mark.slow
 def test_a_protocol_3_receiver_is_spoken_to_in_protocol_3(
     tmp_path: Path, pty_streams: StreamFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -236,6 +241,7 @@ def test_a_protocol_3_receiver_is_spoken_to_in_protocol_3(
     _same_tree(src, tmp_path / "back")
 
 
+@pytest.mark.slow
 def test_a_protocol_2_receiver_is_refused_naming_both_versions(
     tmp_path: Path, pipe_streams: StreamFactory
 ) -> None:
@@ -257,6 +263,7 @@ def test_a_protocol_2_receiver_is_refused_naming_both_versions(
     assert not (tmp_path / "pod" / "text.log").exists()
 
 
+@pytest.mark.slow
 def test_raw_framing_with_a_protocol_3_receiver_is_refused(
     tmp_path: Path, pipe_streams: StreamFactory
 ) -> None:
@@ -298,6 +305,7 @@ def test_the_window_keeps_twice_the_bandwidth_delay_product() -> None:
     assert fixed.on_acked(10**9, now=5.0) == 300_000
 
 
+@pytest.mark.slow
 def test_chunks_are_pipelined_never_stop_and_wait(
     tmp_path: Path, pty_streams: StreamFactory
 ) -> None:
@@ -321,6 +329,7 @@ def test_chunks_are_pipelined_never_stop_and_wait(
 # --- compression ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_only_files_whose_sample_shrinks_are_compressed(
     tmp_path: Path, pipe_streams: StreamFactory
 ) -> None:
@@ -367,6 +376,7 @@ def test_worth_compressing_says_no_to_random_data() -> None:
 # --- several streams ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framing", ["raw", "base64"])
 def test_large_files_stripe_over_several_streams(
     tmp_path: Path, pty_streams: StreamFactory, framing: str
@@ -421,6 +431,7 @@ class _BreaksOnProbe(StreamFactory):
         return stream
 
 
+@pytest.mark.slow
 def test_a_path_that_drops_on_the_probe_settles_for_base64(tmp_path: Path) -> None:
     factory = _BreaksOnProbe()
     try:
