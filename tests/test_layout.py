@@ -24,7 +24,6 @@ _RESHAPE = "split by the pod-session reshape (one run as a sequence of pod attem
 
 MODULE_EXCEPTIONS: dict[str, str] = {
     "flows/finetune.py": _RESHAPE,
-    "blocks/runpod/provider.py": "rewritten by the RunPod REST v2 work; split there",
     "blocks/pod_side/manifest.py": (
         "one stdlib script run by path on the pod and imported by the flow: one file keeps "
         "both ends one implementation without cross-file import fallbacks"

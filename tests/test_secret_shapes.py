@@ -124,8 +124,8 @@ def test_keys_of_every_shape_are_refused_by_check_plan_cost_and_the_flow(
     from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
     from prefect_runpod.blocks.runpod.blocks import RunPodCredentials
     from prefect_runpod.blocks.transfer.s3 import S3Target
-    from prefect_runpod.flows.run.cost_record import CostRecord, publish_record
     from prefect_runpod.flows.finetune import finetune
+    from prefect_runpod.flows.run.cost_record import CostRecord, publish_record
 
     rp, hf, s3, pf = (shaped_sentinels(p) for p in ("rpa_", "hf_", "rps_", "pnu_"))
     RunPodCredentials(api_key=rp["tab"]).save("shape-creds", overwrite=True)
