@@ -3,7 +3,9 @@
 - ``base``       the ``TransferMethod`` protocol, ``PodLink``, ``MethodConfig``, ``TransferHooks``
 - ``dispatch``   ``upload_dir`` / ``download_dir`` / ``pick_method`` over ``METHOD_REGISTRY``;
   ``check_tree`` (would a transfer carry this tree?)
-- ``pod_tools``  the pod tools folder: ``tools_dir``, ``bootstrap_pod_tools``, ``pod_manifest``
+- ``pod_tools``  the pod tools folder: ``tools_dir``, ``bootstrap_pod_tools``, ``pod_manifest``,
+  ``manifest_command`` (the one builder of ``manifest.py``'s command line)
+- ``verify``     the step every method ends with: check against the manifest, resend once
 - ``models``     ``Manifest``, ``MethodResult``, ``TransferReport``
 - one module per method: ``pty``, ``sftp``, ``s3``, ``runpodctl``
 

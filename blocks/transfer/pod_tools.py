@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer.models import tree_refusal
+from prefect_runpod.blocks.transfer.models import Manifest, tree_refusal
+from prefect_runpod.blocks.transfer.verify import structure_entries
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.protocol import ConsoleLike
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = [
     "POD_TOOLS_DIR",
     "bootstrap_pod_tools",
+    "landed_manifest",
+    "manifest_command",
     "pod_manifest",
     "raise_for_tree_answer",
     "remote_path",
@@ -106,6 +109,35 @@ def bootstrap_pod_tools(console: ConsoleLike, handle: PodHandle) -> str:
     return remote
 
 
+def manifest_command(
+    tools: str,
+    root: str,
+    paths: list[str] | None = None,
+    *,
+    python: str = "python3",
+    prefix_bytes: int | None = None,
+    follow_links: bool = False,
+    structure: list[dict[str, Any]] | None = None,
+) -> str:
+    """The shell command that runs ``manifest.py`` (in the pod tools folder ``tools``)
+    on ``root`` with the options of its command line: ``--files`` when ``paths`` is
+    given (an empty list describes nothing), ``--prefix-bytes``, ``--follow-links``,
+    ``--apply-b64`` for ``structure``. Every method that asks the pod for a manifest
+    builds the command here."""
+    q = shlex.quote
+    cmd = f"{q(python)} {q(tools + '/manifest.py')} {q(root)}"
+    if prefix_bytes is not None:
+        cmd += f" --prefix-bytes {prefix_bytes}"
+    if follow_links:
+        cmd += " --follow-links"
+    if structure:
+        blob = base64.b64encode(json.dumps(structure).encode()).decode("ascii")
+        cmd += f" --apply-b64 {blob}"
+    if paths is not None:
+        cmd += " --files" + "".join(f" {q(p)}" for p in paths)
+    return cmd
+
+
 def pod_manifest(
     console: PodConsole,
     handle: PodHandle,
@@ -139,15 +171,14 @@ def pod_manifest(
         TransferError: the script failed, printed no JSON within 900 s, or could not
             make the ``structure`` entries (each named).
     """
-    script = tools_dir(handle) + "/manifest.py"
-    cmd = f"{shlex.quote(python)} {shlex.quote(script)} {shlex.quote(root)}"
-    if follow_links:
-        cmd += " --follow-links"
-    if structure:
-        blob = base64.b64encode(json.dumps(structure).encode()).decode("ascii")
-        cmd += f" --apply-b64 {blob}"
-    if paths is not None:
-        cmd += " --files " + " ".join(shlex.quote(p) for p in paths)
+    cmd = manifest_command(
+        tools_dir(handle),
+        root,
+        paths,
+        python=python,
+        follow_links=follow_links,
+        structure=structure,
+    )
     stream = console.open_stream(cmd + " 2>&1")
     chunks = []
     deadline = time.monotonic() + _MANIFEST_TIMEOUT_SECONDS
@@ -165,6 +196,16 @@ def pod_manifest(
         f"pod {handle.pod_id}: manifest of {root} failed (exit {code}): {text[-500:]}",
         pod_id=handle.pod_id,
     )
+
+
+def landed_manifest(
+    console: PodConsole, handle: PodHandle, root: str, source: Manifest
+) -> dict[str, Any]:
+    """After an upload to ``root``: ``source``'s empty directories and links made there,
+    then the pod's manifest of every entry of ``source`` (:func:`pod_manifest`)."""
+    expected = source.as_dict()
+    paths = [e["path"] for e in expected["entries"]]
+    return pod_manifest(console, handle, root, paths, structure=structure_entries(expected))
 
 
 def raise_for_tree_answer(

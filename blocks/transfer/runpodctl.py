@@ -23,10 +23,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prefect_runpod.blocks.console.terminal_text import strip_ansi
-from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError, TransferError
+from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import (
     MethodConfig,
@@ -35,7 +35,11 @@ from prefect_runpod.blocks.transfer.base import (
     ProgressCallback,
 )
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
-from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
+from prefect_runpod.blocks.transfer.pod_tools import landed_manifest, pod_manifest
+from prefect_runpod.blocks.transfer.verify import (
+    local_tree_manifest,
+    verify_resending_once,
+)
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.pod_handle import PodHandle
@@ -197,7 +201,6 @@ class RunpodctlMethod:
             ChecksumMismatchError: a file differs on the pod after one resend (named).
         """
         console, handle, pod_id = pod.console, pod.handle, pod.pod_id
-        local_exe, pod_exe = self.options.local_exe, self.options.pod_exe
         if self.follow_links and _reached_through_links(local_root, source):
             raise SpecError(
                 f"{local_root} holds links to copy through, which runpodctl cannot be told "
@@ -205,62 +208,61 @@ class RunpodctlMethod:
                 "or 's3'",
                 pod_id=pod_id,
             )
-        expected = source.as_dict()
-        structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
-        remote = remote_root
-        for attempt in range(2):
-            with tempfile.TemporaryDirectory(prefix="runpodctl-") as tmp:
-                sent = _only_manifest_files(local_root, source, Path(tmp) / "send")
-                proc, code = _local_send(sent, local_exe, Path(tmp) / "send.log")
-                stage = f"{remote.rstrip('/')}.rx-{uuid.uuid4().hex[:8]}"
-                name = sent.name
-                q = shlex.quote
-                landed = f"{stage}/{name}"
-                move = (
-                    f"mkdir -p {q(remote)} && cp -a {q(landed)}/. {q(remote)}/"
-                    if local_root.is_dir()
-                    else f"mkdir -p {q(remote)} && cp -a {q(landed)} {q(remote)}/"
-                )
-                try:
-                    # All in a subshell: the console's shell keeps its directory and
-                    # variables.
-                    result = console.run(
-                        f"(mkdir -p {q(stage)} && cd {q(stage)} && {q(pod_exe)} receive {q(code)} "
-                        f"&& {move}; rc=$?; cd / && rm -rf {q(stage)}; exit $rc)",
-                        timeout_seconds=TRANSFER_TIMEOUT_SECONDS,
-                    )
-                finally:
-                    try:
-                        proc.wait(30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait(10)
-                if result.exit_code != 0:
-                    raise TransferError(
-                        f"pod {pod_id}: runpodctl receive failed ({result.exit_code}): "
-                        f"{result.output[-500:]}; try method 'pty'",
-                        pod_id=pod_id,
-                    )
-            dest = pod_manifest(
-                console, handle, remote, [e.path for e in source.entries], structure=structure
+        resent: list[str] = []
+
+        def resend(bad: set[str]) -> None:
+            resent.extend(bad)
+            self._send(pod, local_root, remote_root, source)
+
+        self._send(pod, local_root, remote_root, source)
+        dest = verify_resending_once(
+            source.as_dict(),
+            lambda: landed_manifest(console, handle, remote_root, source),
+            resend,
+            method="runpodctl",
+            direction="upload",
+            pod=pod_id,
+        )
+        return MethodResult(
+            bytes=source.total_bytes,
+            retries=1 if resent else 0,
+            source_manifest=source,
+            dest_manifest=Manifest.from_dict(dest),
+        )
+
+    def _send(self, pod: PodLink, local_root: Path, remote: str, source: Manifest) -> None:
+        """One ``runpodctl send`` here and ``receive`` on the pod, the tree then copied
+        into ``remote`` (in a subshell: the console's shell keeps its directory and
+        variables)."""
+        local_exe, pod_exe, q = self.options.local_exe, self.options.pod_exe, shlex.quote
+        with tempfile.TemporaryDirectory(prefix="runpodctl-") as tmp:
+            sent = _only_manifest_files(local_root, source, Path(tmp) / "send")
+            proc, code = _local_send(sent, local_exe, Path(tmp) / "send.log")
+            stage = f"{remote.rstrip('/')}.rx-{uuid.uuid4().hex[:8]}"
+            landed = f"{stage}/{sent.name}"
+            move = (
+                f"mkdir -p {q(remote)} && cp -a {q(landed)}/. {q(remote)}/"
+                if local_root.is_dir()
+                else f"mkdir -p {q(remote)} && cp -a {q(landed)} {q(remote)}/"
             )
-            problems = mf.compare_manifests(expected, dest)
-            if not problems:
-                return MethodResult(
-                    bytes=source.total_bytes,
-                    retries=attempt,
-                    source_manifest=source,
-                    dest_manifest=Manifest.from_dict(dest),
+            try:
+                result = pod.console.run(
+                    f"(mkdir -p {q(stage)} && cd {q(stage)} && {q(pod_exe)} receive {q(code)} "
+                    f"&& {move}; rc=$?; cd / && rm -rf {q(stage)}; exit $rc)",
+                    timeout_seconds=TRANSFER_TIMEOUT_SECONDS,
                 )
-            if attempt == 1:
-                path, why = problems[0]
-                raise ChecksumMismatchError(
-                    f"{path} differs on pod {pod_id} after a resend ({why})",
-                    path=path,
-                    pod_id=pod_id,
-                    stage="upload",
-                )
-        raise AssertionError("unreachable")
+            finally:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+        if result.exit_code != 0:
+            raise TransferError(
+                f"pod {pod.pod_id}: runpodctl receive failed ({result.exit_code}): "
+                f"{result.output[-500:]}; try method 'pty'",
+                pod_id=pod.pod_id,
+            )
 
     def download(
         self,
@@ -283,8 +285,7 @@ class RunpodctlMethod:
             ChecksumMismatchError: a file differs after one resend (named).
         """
         console, handle, pod_id = pod.console, pod.handle, pod.pod_id
-        local_exe, pod_exe = self.options.local_exe, self.options.pod_exe
-        remote, local_dir, q = remote_root, local_root, shlex.quote
+        remote, local_dir = remote_root, local_root
         try:
             source = pod_manifest(console, handle, remote)
         except SpecError as exc:
@@ -295,67 +296,70 @@ class RunpodctlMethod:
                 "through links: download with method 'pty' or 'sftp'",
                 pod_id=pod_id,
             ) from exc
-        paths = [e["path"] for e in source["entries"]]
         local_dir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(2):
-            log = f"/tmp/prefect-runpod-send-{uuid.uuid4().hex[:8]}.log"
-            console.run(
-                f"nohup {q(pod_exe)} send {q(remote)} > {q(log)} 2>&1 < /dev/null &",
-                timeout_seconds=30,
-                check=True,
-            )
-            code = None
-            deadline = time.monotonic() + CODE_TIMEOUT_SECONDS
-            while code is None and time.monotonic() < deadline:
-                code = parse_code(console.run(f"cat {q(log)}", timeout_seconds=30).output)
-                if code is None:
-                    time.sleep(0.5)
+        resent: list[str] = []
+
+        def resend(bad: set[str]) -> None:
+            resent.extend(bad)
+            self._receive(pod, remote, local_dir, source)
+
+        self._receive(pod, remote, local_dir, source)
+        dest = verify_resending_once(
+            source,
+            lambda: local_tree_manifest(local_dir, source, pod_id),
+            resend,
+            method="runpodctl",
+            direction="download",
+            pod=pod_id,
+        )
+        return MethodResult(
+            bytes=sum(e["size_bytes"] for e in source["entries"]),
+            retries=1 if resent else 0,
+            source_manifest=Manifest.from_dict(source),
+            dest_manifest=Manifest.from_dict(dest),
+        )
+
+    def _receive(self, pod: PodLink, remote: str, local_dir: Path, source: dict[str, Any]) -> None:
+        """One ``runpodctl send`` on the pod (in the background, its output in a log
+        file) and ``receive`` here into a staging folder, from which only the files of
+        ``source`` are taken."""
+        console, pod_id, q = pod.console, pod.pod_id, shlex.quote
+        log = f"/tmp/prefect-runpod-send-{uuid.uuid4().hex[:8]}.log"
+        console.run(
+            f"nohup {q(self.options.pod_exe)} send {q(remote)} > {q(log)} 2>&1 < /dev/null &",
+            timeout_seconds=30,
+            check=True,
+        )
+        code = None
+        deadline = time.monotonic() + CODE_TIMEOUT_SECONDS
+        while code is None and time.monotonic() < deadline:
+            code = parse_code(console.run(f"cat {q(log)}", timeout_seconds=30).output)
             if code is None:
+                time.sleep(0.5)
+        if code is None:
+            raise TransferError(
+                f"pod {pod_id}: runpodctl send printed no code (log {log})", pod_id=pod_id
+            )
+        with tempfile.TemporaryDirectory(prefix="runpodctl-rx-", dir=local_dir.parent) as stage:
+            done = subprocess.run(
+                [self.options.local_exe, "receive", code],
+                cwd=stage,
+                capture_output=True,
+                timeout=TRANSFER_TIMEOUT_SECONDS,
+                check=False,
+            )
+            if done.returncode != 0:
                 raise TransferError(
-                    f"pod {pod_id}: runpodctl send printed no code (log {log})", pod_id=pod_id
+                    f"runpodctl receive failed: {done.stdout[-500:]!r}", pod_id=pod_id
                 )
-            with tempfile.TemporaryDirectory(prefix="runpodctl-rx-", dir=local_dir.parent) as stage:
-                done = subprocess.run(
-                    [local_exe, "receive", code],
-                    cwd=stage,
-                    capture_output=True,
-                    timeout=TRANSFER_TIMEOUT_SECONDS,
-                    check=False,
-                )
-                if done.returncode != 0:
-                    raise TransferError(
-                        f"runpodctl receive failed: {done.stdout[-500:]!r}", pod_id=pod_id
-                    )
-                landed = Path(stage) / Path(remote.rstrip("/")).name
-                # Only the manifest's files are taken: whatever else arrived (links
-                # runpodctl followed or kept) stays in the staging folder.
-                for entry in mf.file_entries(source):
-                    rel = entry["path"].split("/")
-                    target = local_dir.joinpath(*rel)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    if target.is_symlink():
-                        target.unlink()
-                    shutil.copyfile(landed.joinpath(*rel), target)
-            console.run(f"rm -f {q(log)}", timeout_seconds=30)
-            made = mf.apply_structure(str(local_dir), source["entries"])
-            if made:
-                listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
-                raise TransferError(f"could not make {listed} under {local_dir}", pod_id=pod_id)
-            dest = mf.compute_manifest(str(local_dir), paths)
-            problems = mf.compare_manifests(source, dest)
-            if not problems:
-                return MethodResult(
-                    bytes=sum(e["size_bytes"] for e in source["entries"]),
-                    retries=attempt,
-                    source_manifest=Manifest.from_dict(source),
-                    dest_manifest=Manifest.from_dict(dest),
-                )
-            if attempt == 1:
-                path, why = problems[0]
-                raise ChecksumMismatchError(
-                    f"{path} from pod {pod_id} differs after a resend ({why})",
-                    path=path,
-                    pod_id=pod_id,
-                    stage="download",
-                )
-        raise AssertionError("unreachable")
+            landed = Path(stage) / Path(remote.rstrip("/")).name
+            # Only the manifest's files are taken: whatever else arrived (links
+            # runpodctl followed or kept) stays in the staging folder.
+            for entry in mf.file_entries(source):
+                rel = entry["path"].split("/")
+                target = local_dir.joinpath(*rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.is_symlink():
+                    target.unlink()
+                shutil.copyfile(landed.joinpath(*rel), target)
+        console.run(f"rm -f {q(log)}", timeout_seconds=30)

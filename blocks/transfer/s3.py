@@ -26,17 +26,17 @@ from typing import TYPE_CHECKING, Any
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
-from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError
-from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
-from prefect_runpod.blocks.transfer.pod_tools import pod_manifest
+from prefect_runpod.blocks.transfer.pod_tools import landed_manifest, pod_manifest
 from prefect_runpod.blocks.transfer.s3_objects import (
     check_s3_target,
     s3_download_dir,
     s3_object_records,
     s3_upload_dir,
 )
+from prefect_runpod.blocks.transfer.verify import verify_resending_once
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.pod_handle import PodHandle
@@ -230,33 +230,30 @@ class S3Method:
         target = self._target(pod)
         key_prefix = _volume_prefix(target, pod.handle, remote_root)
         s3_upload_dir(target, local_root, key_prefix, source, on_progress)
-        expected = source.as_dict()
-        paths = [e.path for e in source.entries]
-        structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
-        for attempt in range(2):
-            dest = pod_manifest(pod.console, pod.handle, remote_root, paths, structure=structure)
-            problems = mf.compare_manifests(expected, dest)
-            if not problems:
-                return MethodResult(
-                    bytes=source.total_bytes,
-                    retries=attempt,
-                    source_manifest=source,
-                    dest_manifest=Manifest.from_dict(dest),
-                )
-            if attempt == 1:
-                path, why = problems[0]
-                raise ChecksumMismatchError(
-                    f"{path} as seen on pod {pod.pod_id} differs after a re-upload ({why})",
-                    path=path,
-                    pod_id=pod.pod_id,
-                    stage="upload",
-                )
-            bad = {p for p, _ in problems}
+        resent: list[str] = []
+
+        def resend(bad: set[str]) -> None:
+            resent.extend(bad)
             again = source.model_copy(
                 update={"entries": [e for e in source.entries if e.path in bad]}
             )
             s3_upload_dir(target, local_root, key_prefix, again)
-        raise AssertionError("unreachable")
+
+        dest = verify_resending_once(
+            source.as_dict(),
+            lambda: landed_manifest(pod.console, pod.handle, remote_root, source),
+            resend,
+            method="s3",
+            direction="upload",
+            pod=pod.pod_id,
+            next_step="the network volume may serve a stale copy: rerun, or use method 'pty'",
+        )
+        return MethodResult(
+            bytes=source.total_bytes,
+            retries=1 if resent else 0,
+            source_manifest=source,
+            dest_manifest=Manifest.from_dict(dest),
+        )
 
     def download(
         self,

@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError, TransferError
+from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import ProgressCallback
 from prefect_runpod.blocks.transfer.models import Manifest, ManifestEntry, MethodResult
+from prefect_runpod.blocks.transfer.verify import local_tree_manifest, verify_resending_once
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.transfer.s3 import S3Target
@@ -224,8 +225,8 @@ def s3_download_dir(
         }
     total = sum(e["size_bytes"] for e in wanted["entries"])
     retries = 0
-    todo = mf.file_entries(wanted)
-    for attempt in range(2):
+
+    def fetch(todo: list[dict[str, Any]]) -> None:
         done = 0
         for e in todo:
             dest = local_dir.joinpath(*e["path"].split("/"))
@@ -236,28 +237,26 @@ def s3_download_dir(
             done += e["size_bytes"]
             if on_progress:
                 on_progress(done, total)
-        made = mf.apply_structure(str(local_dir), wanted["entries"])
-        if made:
-            listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
-            raise TransferError(f"could not make {listed} under {local_dir}")
-        dest_manifest = mf.compute_manifest(str(local_dir), [e["path"] for e in wanted["entries"]])
-        problems = mf.compare_manifests(wanted, dest_manifest)
-        if not problems:
-            return MethodResult(
-                bytes=total,
-                retries=retries,
-                source_manifest=Manifest.from_dict(wanted),
-                dest_manifest=Manifest.from_dict(dest_manifest),
-            )
-        if attempt == 1:
-            path, why = problems[0]
-            raise ChecksumMismatchError(
-                f"{path} from s3://{target.bucket}/{prefix} differs from its manifest after a "
-                f"retry ({why}); the object changed or is damaged — re-upload it",
-                path=path,
-                stage="download",
-            )
-        bad = {p for p, _ in problems}
-        todo = [e for e in mf.file_entries(wanted) if e["path"] in bad]
-        retries += len(todo)
-    raise AssertionError("unreachable")
+
+    def resend(bad: set[str]) -> None:
+        nonlocal retries
+        again = [e for e in mf.file_entries(wanted) if e["path"] in bad]
+        retries += len(again)
+        fetch(again)
+
+    fetch(mf.file_entries(wanted))
+    dest_manifest = verify_resending_once(
+        wanted,
+        lambda: local_tree_manifest(local_dir, wanted, None),
+        resend,
+        method="s3",
+        direction="download",
+        where=f"s3://{target.bucket}/{prefix}",
+        next_step="the object changed or is damaged — re-upload it",
+    )
+    return MethodResult(
+        bytes=total,
+        retries=retries,
+        source_manifest=Manifest.from_dict(wanted),
+        dest_manifest=Manifest.from_dict(dest_manifest),
+    )

@@ -19,11 +19,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from prefect_runpod.blocks.exceptions import (
-    ChecksumMismatchError,
-    SpecError,
-    TransferError,
-)
+from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
@@ -34,6 +30,11 @@ from prefect_runpod.blocks.transfer.sftp_session import (
     direct_endpoint,
     remote_size,
     with_reconnect,
+)
+from prefect_runpod.blocks.transfer.verify import (
+    local_tree_manifest,
+    structure_entries,
+    verify_resending_once,
 )
 
 __all__ = [
@@ -178,7 +179,7 @@ def sftp_upload(
     single = local_root.is_file()
     expected = source.as_dict()
     entries = mf.file_entries(expected)
-    structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
+    structure = structure_entries(expected)
     every_path = [e["path"] for e in expected["entries"]]
     total = sum(e["size_bytes"] for e in entries)
     state = {"done": 0, "retries": 0}
@@ -200,31 +201,31 @@ def sftp_upload(
             have = {x["path"]: x for x in s.manifest(remote_root, present)["entries"]}
         todo = [e for e in entries if have.get(e["path"], {}).get("sha256") != e["sha256"]]
         state["done"] = total - sum(e["size_bytes"] for e in todo)
-        for attempt in range(2):
+
+        def send(todo: list[dict[str, Any]]) -> None:
             for e in todo:
                 _put_file(s, e, remote_root, local_of(e["path"]), state, total, on_progress, pod)
-            dest = s.manifest(remote_root, every_path, structure=structure)
-            problems = mf.compare_manifests(expected, dest)
-            if not problems:
-                return MethodResult(
-                    bytes=total,
-                    retries=state["retries"],
-                    source_manifest=source,
-                    dest_manifest=Manifest.from_dict(dest),
-                )
-            if attempt == 1:
-                path, why = problems[0]
-                raise ChecksumMismatchError(
-                    f"{path} on pod {pod} differs from the local file after a retry ({why}); "
-                    "rerun, on a new pod if it repeats",
-                    path=path,
-                    pod_id=pod,
-                    stage="upload",
-                )
-            bad = {p for p, _ in problems}
-            todo = [e for e in entries if e["path"] in bad]
-            state["retries"] += len(todo)
-        raise AssertionError("unreachable")
+
+        def resend(bad: set[str]) -> None:
+            again = [e for e in entries if e["path"] in bad]
+            state["retries"] += len(again)
+            send(again)
+
+        send(todo)
+        dest = verify_resending_once(
+            expected,
+            lambda: s.manifest(remote_root, every_path, structure=structure),
+            resend,
+            method="sftp",
+            direction="upload",
+            pod=pod,
+        )
+        return MethodResult(
+            bytes=total,
+            retries=state["retries"],
+            source_manifest=source,
+            dest_manifest=Manifest.from_dict(dest),
+        )
 
     return with_reconnect(work, opener, max_reconnects, pod)
 
@@ -267,7 +268,6 @@ def sftp_download(
         src = state["source"]
         files = mf.file_entries(src)
         total = sum(e["size_bytes"] for e in files)
-        paths = [e["path"] for e in src["entries"]]
         have = {
             x["path"]: x
             for x in mf.compute_manifest(
@@ -277,34 +277,31 @@ def sftp_download(
         }
         todo = [e for e in files if have.get(e["path"], {}).get("sha256") != e["sha256"]]
         state["done"] = total - sum(e["size_bytes"] for e in todo)
-        for attempt in range(2):
+
+        def fetch(todo: list[dict[str, Any]]) -> None:
             for e in todo:
                 _get_file(s, e, remote_root, local_root, state, total, on_progress)
-            made = mf.apply_structure(str(local_root), src["entries"])
-            if made:
-                listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
-                raise TransferError(f"could not make {listed} under {local_root}", pod_id=pod)
-            dest = mf.compute_manifest(str(local_root), paths)
-            problems = mf.compare_manifests(src, dest)
-            if not problems:
-                return MethodResult(
-                    bytes=total,
-                    retries=state["retries"],
-                    source_manifest=Manifest.from_dict(src),
-                    dest_manifest=Manifest.from_dict(dest),
-                )
-            if attempt == 1:
-                path, why = problems[0]
-                raise ChecksumMismatchError(
-                    f"{path} from pod {pod} differs after a retry ({why}); rerun the download",
-                    path=path,
-                    pod_id=pod,
-                    stage="download",
-                )
-            bad = {p for p, _ in problems}
-            todo = [e for e in files if e["path"] in bad]
-            state["retries"] += len(todo)
-        raise AssertionError("unreachable")
+
+        def resend(bad: set[str]) -> None:
+            again = [e for e in files if e["path"] in bad]
+            state["retries"] += len(again)
+            fetch(again)
+
+        fetch(todo)
+        dest = verify_resending_once(
+            src,
+            lambda: local_tree_manifest(local_root, src, pod),
+            resend,
+            method="sftp",
+            direction="download",
+            pod=pod,
+        )
+        return MethodResult(
+            bytes=total,
+            retries=state["retries"],
+            source_manifest=Manifest.from_dict(src),
+            dest_manifest=Manifest.from_dict(dest),
+        )
 
     return with_reconnect(work, opener, max_reconnects, pod)
 

@@ -8,9 +8,7 @@ Direct mode only: RunPod's gateway refuses SFTP and exec. The files themselves m
 
 from __future__ import annotations
 
-import base64
 import json
-import shlex
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +22,7 @@ from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.models import MethodResult, tree_refusal
+from prefect_runpod.blocks.transfer.pod_tools import manifest_command
 
 __all__ = [
     "WINDOW_BYTES",
@@ -133,16 +132,15 @@ class SftpSession:
             SpecError: the tree holds links that leave it or dangle (each named).
             TransferError: the script failed (e.g. the folder is missing), or the
                 ``structure`` entries could not be made."""
-        cmd = f"{shlex.quote(self.python)} {shlex.quote(self.tools_dir + '/manifest.py')} {shlex.quote(root)}"
-        if prefix_bytes is not None:
-            cmd += f" --prefix-bytes {prefix_bytes}"
-        if follow_links:
-            cmd += " --follow-links"
-        if structure:
-            blob = base64.b64encode(json.dumps(structure).encode()).decode("ascii")
-            cmd += f" --apply-b64 {blob}"
-        if paths is not None:
-            cmd += " --files " + " ".join(shlex.quote(p) for p in paths) if paths else " --files"
+        cmd = manifest_command(
+            self.tools_dir,
+            root,
+            paths,
+            python=self.python,
+            prefix_bytes=prefix_bytes,
+            follow_links=follow_links,
+            structure=structure,
+        )
         _, stdout, stderr = self.client.exec_command(cmd, timeout=600)
         out = stdout.read()
         code = stdout.channel.recv_exit_status()

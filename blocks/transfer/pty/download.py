@@ -31,6 +31,7 @@ from prefect_runpod.blocks.transfer.pty.session import (
     Session,
     receiver_command,
 )
+from prefect_runpod.blocks.transfer.verify import local_tree_manifest, verify_resending_once
 
 __all__ = ["fetch_pieces", "pty_download"]
 
@@ -217,47 +218,36 @@ def _screen_here(s: Session, striped: list[Striped], run: Transfer) -> None:
             tally.move(p, p.size)
 
 
-def _verify_here(
-    s: Session, attempt: int, run: Transfer, source: dict[str, Any], local_root: Path
-) -> list[Piece] | MethodResult:
+def _verify_here(run: Transfer, source: dict[str, Any], local_root: Path) -> MethodResult:
     """Make the empty directories and links, then compare the local manifest with the
-    pod's: the result when they agree, else the files to fetch again (once), else
-    ``ChecksumMismatchError``."""
-    pod, tally = run.pod, run.tally
-    made = mf.apply_structure(str(local_root), source["entries"])
-    if made:
-        listed = "; ".join(f"{path} ({why})" for path, why in made[:20])
-        raise TransferError(f"could not make {listed} under {local_root}", pod_id=pod)
-    dest = mf.compute_manifest(
-        str(local_root), [e["path"] for e in source["entries"]], known=run.known
+    pod's; files that differ are fetched once more (``transfer.verify``)."""
+
+    def resend(bad: set[str]) -> None:
+        redo = []
+        for f in run.files or []:
+            if f.rel in bad:
+                assert f.local is not None
+                f.local.unlink(missing_ok=True)
+                redo.append(f.whole())
+        run.stats["retries"] += len(redo)
+        run.resend(redo)
+
+    dest = verify_resending_once(
+        source,
+        lambda: local_tree_manifest(local_root, source, run.pod, known=run.known),
+        resend,
+        method="pty",
+        direction="download",
+        pod=run.pod,
+        resent=run.resent,
     )
-    problems = mf.compare_manifests(source, dest)
-    if not problems:
-        return MethodResult(
-            bytes=tally.total,
-            retries=run.stats["retries"],
-            source_manifest=Manifest.from_dict(source),
-            dest_manifest=Manifest.from_dict(dest),
-            link=run.report(),
-        )
-    if attempt == 1:
-        path, why = problems[0]
-        raise ChecksumMismatchError(
-            f"{path} from pod {pod} differs from the pod's copy after a retry ({why}); "
-            "check the local disk and rerun the download",
-            path=path,
-            pod_id=pod,
-            stage="download",
-        )
-    bad = {p for p, _ in problems}
-    redo = []
-    for f in run.files or []:
-        if f.rel in bad:
-            assert f.local is not None
-            f.local.unlink(missing_ok=True)
-            redo.append(f.whole())
-    run.stats["retries"] += len(redo)
-    return redo
+    return MethodResult(
+        bytes=run.tally.total,
+        retries=run.stats["retries"],
+        source_manifest=Manifest.from_dict(source),
+        dest_manifest=Manifest.from_dict(dest),
+        link=run.report(),
+    )
 
 
 def pty_download(
@@ -336,6 +326,6 @@ def pty_download(
         prepare,
         fetch_pieces,
         lambda s, striped, stats: _join_local(striped, stats, pod, run.known),
-        lambda s, attempt: _verify_here(s, attempt, run, source, local_root),
+        lambda s: _verify_here(run, source, local_root),
         lambda s, striped: _screen_here(s, striped, run),
     )

@@ -3,10 +3,11 @@
 
 ``Transfer.go`` is what an upload and a download share: the first session's
 handshake (protocol, probe, round trip), the plan (which session moves which file or
-segment), the other sessions in threads, the join of striped files, and the final
-check of the two manifests with one retry of the files that differ. The halves
+segment), the other sessions in threads, the join of striped files, and the resend
+of the files the final check found different (``Transfer.resend``). The halves
 (:mod:`.upload`, :mod:`.download`) bring the parts that differ: how a session
-moves its pieces, how segments are joined, how the result is verified.
+moves its pieces, how segments are joined, how the result is verified (through the
+one verify step of every method, ``transfer.verify``).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class Transfer:
         self.plan: list[list[Piece]] | None = None
         self.striped: list[Striped] = []
         self.redo: list[Piece] = []
-        self.attempt = 0
+        self.resent = False
+        self._resend: Callable[[list[Piece]], None] | None = None
         self.joined = False
         self.windows: list[PathWindow] = []
         self.reconnects = 0
@@ -114,7 +116,7 @@ class Transfer:
         prepare: Callable[[Session], list[Piece]],
         engine: Engine,
         join: Callable[[Session, list[Striped], dict[str, int]], list[Piece]],
-        verify: Callable[[Session, int], list[Piece] | MethodResult],
+        verify: Callable[[Session], MethodResult],
         screen: Callable[[Session, list[Striped]], None] | None = None,
     ) -> MethodResult:
         """Run the transfer; returns the verified result.
@@ -123,8 +125,8 @@ class Transfer:
             prepare: on the first session, the files to move (once).
             engine: moves pieces through one session.
             join: joins the striped files; returns files to move again whole.
-            verify: checks the result (attempt 0, then 1 after a retry); returns the
-                result, or the files to move again.
+            verify: checks the result and returns it (moving files again through
+                ``resend`` when the check asks for it).
             screen: marks striped files that are already in place as done.
         """
         try:
@@ -163,7 +165,7 @@ class Transfer:
         prepare: Callable[[Session], list[Piece]],
         engine: Engine,
         join: Callable[[Session, list[Striped], dict[str, int]], list[Piece]],
-        verify: Callable[[Session, int], list[Piece] | MethodResult],
+        verify: Callable[[Session], MethodResult],
         screen: Callable[[Session, list[Striped]], None] | None,
     ) -> Callable[[Session], MethodResult]:
         def work(s: Session) -> MethodResult:
@@ -178,15 +180,20 @@ class Transfer:
             if not self.joined:
                 self.redo.extend(join(s, self.striped, self.stats))
                 self.joined = True
-            while True:
-                if self.redo:
-                    engine(s, self.redo, window, self)
-                outcome = verify(s, self.attempt)
-                if isinstance(outcome, MethodResult):
-                    return outcome
-                self.redo, self.attempt = outcome, self.attempt + 1
+            if self.redo:  # files the join (or a resend a drop cut short) left to move
+                engine(s, self.redo, window, self)
+            self._resend = lambda pieces: engine(s, pieces, window, self)
+            return verify(s)
 
         return work
+
+    def resend(self, pieces: list[Piece]) -> None:
+        """Move ``pieces`` (files the final check found different) once more, through
+        the session doing the check; a drop on the way moves them again on the next
+        session, whose check then does not resend."""
+        assert self._resend is not None
+        self.redo, self.resent = pieces, True
+        self._resend(pieces)
 
     def _plan(
         self,

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
@@ -37,6 +38,7 @@ from prefect_runpod.blocks.transfer.pty.session import (
     Session,
     receiver_command,
 )
+from prefect_runpod.blocks.transfer.verify import structure_entries, verify_resending_once
 
 __all__ = ["pty_upload", "send_pieces"]
 
@@ -293,52 +295,46 @@ def _screen_on_pod(s: Session, striped: list[Striped], run: Transfer) -> None:
 
 
 def _verify_on_pod(
-    s: Session,
-    attempt: int,
-    run: Transfer,
-    source: Manifest,
-    files: list[Piece],
-    remote_root: str,
-) -> list[Piece] | MethodResult:
-    """Compare the pod's manifest of ``remote_root`` with ``source``: the result when
-    they agree, else the files to send again (once), else ``ChecksumMismatchError``."""
+    s: Session, run: Transfer, source: Manifest, files: list[Piece], remote_root: str
+) -> MethodResult:
+    """The pod's manifest of ``remote_root`` against ``source`` (the receiver makes the
+    empty directories and links, then hashes the tree), files that differ sent once
+    more (``transfer.verify``)."""
     pod, opts = run.pod, run.opts
     expected = source.as_dict()
-    structure = [e for e in expected["entries"] if e.get("kind", "file") != "file"]
-    every_path = [e["path"] for e in expected["entries"]]
-    # The receiver makes the empty directories and links, then hashes the tree.
-    dest = s.blob({"paths": every_path, "structure": structure}, 600.0)
-    if dest.get("problems"):
-        listed = "; ".join(f"{path} ({why})" for path, why in dest["problems"][:20])
-        raise TransferError(f"pod {pod}: could not make {listed} under {remote_root}", pod_id=pod)
-    if "error" in dest:
-        raise TransferError(
-            f"pod {pod}: manifest of {remote_root} failed: {dest['error']}", pod_id=pod
-        )
-    problems = mf.compare_manifests(expected, dest)
-    if not problems:
-        return MethodResult(
-            bytes=run.tally.total,
-            retries=run.stats["retries"],
-            source_manifest=source,
-            dest_manifest=Manifest.from_dict(dest),
-            link=run.report(),
-        )
-    if attempt == 1:
-        path, why = problems[0]
-        raise ChecksumMismatchError(
-            f"{path} on pod {pod} differs from the local file after a retry ({why}); "
-            "the pod's disk may be failing: rerun on a new pod",
-            path=path,
-            pod_id=pod,
-            stage="upload",
-        )
-    bad = {p for p, _ in problems}
-    redo = [f.whole() for f in files if f.rel in bad]
-    for f in redo:
-        f.compress = choose_compression(f, opts.compress)
-    run.stats["retries"] += len(redo)
-    return redo
+    paths = [e["path"] for e in expected["entries"]]
+    request = {"paths": paths, "structure": structure_entries(expected)}
+
+    def measure() -> dict[str, Any]:
+        dest = s.blob(request, 600.0)
+        if dest.get("problems"):
+            listed = "; ".join(f"{path} ({why})" for path, why in dest["problems"][:20])
+            raise TransferError(
+                f"pod {pod}: could not make {listed} under {remote_root}", pod_id=pod
+            )
+        if "error" in dest:
+            raise TransferError(
+                f"pod {pod}: manifest of {remote_root} failed: {dest['error']}", pod_id=pod
+            )
+        return dest
+
+    def resend(bad: set[str]) -> None:
+        redo = [f.whole() for f in files if f.rel in bad]
+        for f in redo:
+            f.compress = choose_compression(f, opts.compress)
+        run.stats["retries"] += len(redo)
+        run.resend(redo)
+
+    dest = verify_resending_once(
+        expected, measure, resend, method="pty", direction="upload", pod=pod, resent=run.resent
+    )
+    return MethodResult(
+        bytes=run.tally.total,
+        retries=run.stats["retries"],
+        source_manifest=source,
+        dest_manifest=Manifest.from_dict(dest),
+        link=run.report(),
+    )
 
 
 def pty_upload(
@@ -416,6 +412,6 @@ def pty_upload(
         prepare,
         send_pieces,
         _join,
-        lambda s, attempt: _verify_on_pod(s, attempt, run, source, files, remote_root),
+        lambda s: _verify_on_pod(s, run, source, files, remote_root),
         lambda s, striped: _screen_on_pod(s, striped, run),
     )
