@@ -41,6 +41,7 @@ Command line (prints one JSON object on stdout)::
     python3 manifest.py ROOT                      # the whole tree (exit 3 on problem links)
     python3 manifest.py ROOT --follow-links       # escaping links read through
     python3 manifest.py ROOT --files a.txt b/c    # only these relative paths
+    python3 manifest.py ROOT --missing-ok --files a b     # those of them that exist
     python3 manifest.py ROOT --prefix-bytes N --files f   # hashes of each file's first N bytes
     python3 manifest.py ROOT --apply-b64 B64 [--files …]  # make dirs/links (JSON entries), then
                                                           # the manifest of them (or of --files)
@@ -328,7 +329,13 @@ def entry_for(root, rel_path, limit_bytes=None, known=None):
 
 
 def compute_manifest(
-    root, paths=None, limit_bytes=None, follow_links=False, select=False, known=None
+    root,
+    paths=None,
+    limit_bytes=None,
+    follow_links=False,
+    select=False,
+    known=None,
+    missing_ok=False,
 ):
     """The manifest of a tree (or of one file).
 
@@ -343,6 +350,9 @@ def compute_manifest(
         known: ``{absolute path: (file_signature, entry)}`` of files this process
             hashed from disk moments ago (a transfer verifying what it just wrote,
             :func:`remember`); one whose signature still matches is not read again.
+        missing_ok: with ``paths`` (not ``select``), leave out the paths that do not
+            exist, and describe a missing ``root`` as an empty tree (what is already at
+            a destination).
 
     Returns:
         ``{"root": str, "entries": [...]}``, entries sorted by path (a file's carries
@@ -353,9 +363,14 @@ def compute_manifest(
         OSError: ``root`` or a listed path is missing or unreadable.
     """
     root = os.fspath(root)
+    there = missing_ok and paths is not None and not select
     if not os.path.exists(root):
+        if there:
+            return {"root": root, "entries": []}
         raise FileNotFoundError("manifest root does not exist: %s" % root)
     if paths is not None and not select:
+        if there and os.path.isdir(root):
+            paths = [p for p in paths if os.path.lexists(os.path.join(root, *p.split("/")))]
         entries = [entry_for(root, p, limit_bytes, known) for p in sorted(paths)]
         return {"root": root, "entries": entries}
     if paths is not None:
@@ -502,6 +517,9 @@ def main(argv=None):
     parser.add_argument("--prefix-bytes", type=int, default=None)
     parser.add_argument("--follow-links", action="store_true", help="read escaping links through")
     parser.add_argument(
+        "--missing-ok", action="store_true", help="with --files: leave out paths that do not exist"
+    )
+    parser.add_argument(
         "--apply-b64",
         default=None,
         help="base64 JSON list of dir/link entries to create under ROOT first",
@@ -521,7 +539,13 @@ def main(argv=None):
         if args.files is None:
             args.files = [e["path"] for e in entries]
     try:
-        manifest = compute_manifest(args.root, args.files, args.prefix_bytes, args.follow_links)
+        manifest = compute_manifest(
+            args.root,
+            args.files,
+            args.prefix_bytes,
+            args.follow_links,
+            missing_ok=args.missing_ok,
+        )
     except TreeProblems as exc:
         body = {"root": args.root, "error": str(exc), "problems": exc.problems}
         sys.stdout.write(json.dumps(body, separators=(",", ":")) + "\n")

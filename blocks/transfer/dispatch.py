@@ -238,6 +238,7 @@ def _report(
         direction=direction,  # type: ignore[arg-type]
         method=method,
         bytes=result.bytes,
+        sent_bytes=result.sent_bytes,
         seconds=time.monotonic() - started,
         retries=result.retries + result.reconnects,
         source_manifest=source,

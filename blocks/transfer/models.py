@@ -87,6 +87,10 @@ class Manifest(BaseModel):
         """The file entries (the ones whose bytes travel)."""
         return [e for e in self.entries if e.kind == "file"]
 
+    def subset(self, paths: set[str]) -> Manifest:
+        """A copy holding only the entries whose path is in ``paths``."""
+        return self.model_copy(update={"entries": [e for e in self.entries if e.path in paths]})
+
     def as_dict(self) -> dict[str, Any]:
         """The plain form ``pod_side.manifest`` uses (``{"root", "entries": [...]}``; a
         file entry has no ``kind`` or ``target``, a directory or link no ``git_sha1``)."""
@@ -173,6 +177,10 @@ class MethodResult(BaseModel):
 
     Attributes:
         bytes: payload bytes moved (files' sizes, not the encoded wire bytes).
+        sent_bytes: file content that actually crossed this time, in bytes: 0 for a
+            file already at the destination and verified, the rest of a resumed one,
+            what ``rsync`` sent after its delta (resends included); None when the
+            method does not count it.
         retries: chunks or files re-sent after a damaged chunk or a mismatch.
         reconnects: dropped connections the method survived.
         source_manifest: computed where the files were (here for an upload, on the pod
@@ -183,6 +191,7 @@ class MethodResult(BaseModel):
     """
 
     bytes: int = Field(ge=0)
+    sent_bytes: int | None = Field(default=None, ge=0)
     retries: int = Field(default=0, ge=0)
     reconnects: int = Field(default=0, ge=0)
     source_manifest: Manifest
@@ -195,8 +204,11 @@ class TransferReport(BaseModel):
 
     Attributes:
         direction: ``upload`` (local → pod) or ``download`` (pod → local).
-        method: the registered method's name (``pty``, ``sftp``, ``s3``, ``runpodctl``).
+        method: the registered method's name (``pty``, ``sftp``, ``rsync``, ``s3``,
+            ``runpodctl``).
         bytes: payload bytes moved (files' sizes, not the encoded wire bytes).
+        sent_bytes: file content that crossed this time (``MethodResult.sent_bytes``:
+            0 when every file was already there and verified); None when not counted.
         seconds: wall time, in seconds.
         retries: chunks/files re-sent after a drop or a mismatch, plus reconnects.
         source_manifest / dest_manifest: computed at each end.
@@ -208,6 +220,7 @@ class TransferReport(BaseModel):
     direction: Literal["upload", "download"]
     method: str
     bytes: int = 0
+    sent_bytes: int | None = None
     seconds: float = 0.0
     retries: int = 0
     source_manifest: Manifest | None = None

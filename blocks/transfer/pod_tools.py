@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "POD_TOOLS_DIR",
     "bootstrap_pod_tools",
+    "files_in_place",
     "landed_manifest",
     "manifest_command",
     "pod_manifest",
@@ -118,12 +119,13 @@ def manifest_command(
     prefix_bytes: int | None = None,
     follow_links: bool = False,
     structure: list[dict[str, Any]] | None = None,
+    missing_ok: bool = False,
 ) -> str:
     """The shell command that runs ``manifest.py`` (in the pod tools folder ``tools``)
     on ``root`` with the options of its command line: ``--files`` when ``paths`` is
     given (an empty list describes nothing), ``--prefix-bytes``, ``--follow-links``,
-    ``--apply-b64`` for ``structure``. Every method that asks the pod for a manifest
-    builds the command here."""
+    ``--apply-b64`` for ``structure``, ``--missing-ok``. Every method that asks the pod
+    for a manifest builds the command here."""
     q = shlex.quote
     cmd = f"{q(python)} {q(tools + '/manifest.py')} {q(root)}"
     if prefix_bytes is not None:
@@ -133,6 +135,8 @@ def manifest_command(
     if structure:
         blob = base64.b64encode(json.dumps(structure).encode()).decode("ascii")
         cmd += f" --apply-b64 {blob}"
+    if missing_ok:
+        cmd += " --missing-ok"
     if paths is not None:
         cmd += " --files" + "".join(f" {q(p)}" for p in paths)
     return cmd
@@ -147,6 +151,7 @@ def pod_manifest(
     *,
     follow_links: bool = False,
     structure: list[dict[str, Any]] | None = None,
+    missing_ok: bool = False,
 ) -> dict[str, Any]:
     """The manifest of ``root`` computed on the pod (``manifest.py`` in the tools folder)
     through a raw stream of the console (no output mangling, no line limits).
@@ -161,6 +166,8 @@ def pod_manifest(
         follow_links: read links that leave the tree through (whole tree only).
         structure: directory and link entries to make under ``root`` first
             (``manifest.apply_structure``); the manifest then covers them (or ``paths``).
+        missing_ok: leave out the ``paths`` that do not exist (a missing ``root`` is
+            an empty tree).
 
     Returns:
         The plain form of ``pod_side.manifest`` (``{"root", "entries": [...]}``).
@@ -178,6 +185,7 @@ def pod_manifest(
         python=python,
         follow_links=follow_links,
         structure=structure,
+        missing_ok=missing_ok,
     )
     stream = console.open_stream(cmd + " 2>&1")
     chunks = []
@@ -196,6 +204,18 @@ def pod_manifest(
         f"pod {handle.pod_id}: manifest of {root} failed (exit {code}): {text[-500:]}",
         pod_id=handle.pod_id,
     )
+
+
+def files_in_place(console: PodConsole, handle: PodHandle, root: str, source: Manifest) -> set[str]:
+    """The files of ``source`` already under ``root`` on the pod with the same size and
+    digests (the pod's ``manifest.py``; absent ones are left out): an upload need not
+    send them again."""
+    if not source.files:
+        return set()
+    paths = [e.path for e in source.files]
+    found = pod_manifest(console, handle, root, paths, missing_ok=True)["entries"]
+    have = {e["path"]: (e.get("kind", "file"), e["size_bytes"], e["sha256"]) for e in found}
+    return {e.path for e in source.files if have.get(e.path) == ("file", e.size_bytes, e.sha256)}
 
 
 def landed_manifest(

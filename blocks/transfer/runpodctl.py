@@ -35,7 +35,7 @@ from prefect_runpod.blocks.transfer.base import (
     ProgressCallback,
 )
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
-from prefect_runpod.blocks.transfer.pod_tools import landed_manifest, pod_manifest
+from prefect_runpod.blocks.transfer.pod_tools import files_in_place, landed_manifest, pod_manifest
 from prefect_runpod.blocks.transfer.verify import (
     local_tree_manifest,
     verify_resending_once,
@@ -188,8 +188,9 @@ class RunpodctlMethod:
         *,
         on_progress: ProgressCallback | None = None,
     ) -> MethodResult:
-        """Send ``local_root`` with runpodctl, receive it on the pod into
-        ``remote_root`` (in a subshell: the console's shell keeps its directory), make
+        """Send the files of ``local_root`` the pod does not already hold (verified)
+        with runpodctl, receive them on the pod into ``remote_root`` (in a subshell:
+        the console's shell keeps its directory), make
         the empty directories and in-tree links there (whatever runpodctl did with
         them), verify with the pod's ``manifest.py``; a mismatch is sent once more.
         ``on_progress`` is not called (runpodctl reports only to its terminal).
@@ -208,13 +209,17 @@ class RunpodctlMethod:
                 "or 's3'",
                 pod_id=pod_id,
             )
-        resent: list[str] = []
+        there = files_in_place(console, handle, remote_root, source)
+        todo = source.subset({e.path for e in source.files} - there)
+        sent = [todo.total_bytes]
+        if todo.entries:
+            self._send(pod, local_root, remote_root, todo)
 
         def resend(bad: set[str]) -> None:
-            resent.extend(bad)
-            self._send(pod, local_root, remote_root, source)
+            again = source.subset(bad)
+            sent.append(again.total_bytes)
+            self._send(pod, local_root, remote_root, again)
 
-        self._send(pod, local_root, remote_root, source)
         dest = verify_resending_once(
             source.as_dict(),
             lambda: landed_manifest(console, handle, remote_root, source),
@@ -225,7 +230,8 @@ class RunpodctlMethod:
         )
         return MethodResult(
             bytes=source.total_bytes,
-            retries=1 if resent else 0,
+            sent_bytes=sum(sent),
+            retries=len(sent) - 1,
             source_manifest=source,
             dest_manifest=Manifest.from_dict(dest),
         )
@@ -312,8 +318,10 @@ class RunpodctlMethod:
             direction="download",
             pod=pod_id,
         )
+        total = sum(e["size_bytes"] for e in source["entries"])
         return MethodResult(
-            bytes=sum(e["size_bytes"] for e in source["entries"]),
+            bytes=total,
+            sent_bytes=total * (2 if resent else 1),
             retries=1 if resent else 0,
             source_manifest=Manifest.from_dict(source),
             dest_manifest=Manifest.from_dict(dest),

@@ -29,7 +29,7 @@ from pydantic import Field, SecretStr
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
-from prefect_runpod.blocks.transfer.pod_tools import landed_manifest, pod_manifest
+from prefect_runpod.blocks.transfer.pod_tools import files_in_place, landed_manifest, pod_manifest
 from prefect_runpod.blocks.transfer.s3_objects import (
     check_s3_target,
     s3_download_dir,
@@ -218,9 +218,10 @@ class S3Method:
         *,
         on_progress: ProgressCallback | None = None,
     ) -> MethodResult:
-        """Upload the files through the network volume, make the empty directories and
-        in-tree links on the pod through the console, and verify on the pod; a file the
-        pod sees differently is uploaded once more.
+        """Upload the files through the network volume — those the pod does not
+        already hold, verified — make the empty directories and in-tree links on the
+        pod through the console, and verify on the pod; a file the pod sees differently
+        is uploaded once more.
 
         Raises:
             SpecError: no target, or ``remote_root`` is not under the volume's mount.
@@ -229,14 +230,21 @@ class S3Method:
         """
         target = self._target(pod)
         key_prefix = _volume_prefix(target, pod.handle, remote_root)
-        s3_upload_dir(target, local_root, key_prefix, source, on_progress)
-        resent: list[str] = []
+        there = files_in_place(pod.console, pod.handle, remote_root, source)
+        todo = source.subset({e.path for e in source.files} - there)
+        done = source.total_bytes - todo.total_bytes
+        sent = [todo.total_bytes]
+
+        def progress(up: int, _total: int) -> None:
+            if on_progress:
+                on_progress(done + up, source.total_bytes)
+
+        if todo.entries:
+            s3_upload_dir(target, local_root, key_prefix, todo, progress)
 
         def resend(bad: set[str]) -> None:
-            resent.extend(bad)
-            again = source.model_copy(
-                update={"entries": [e for e in source.entries if e.path in bad]}
-            )
+            again = source.subset(bad)
+            sent.append(again.total_bytes)
             s3_upload_dir(target, local_root, key_prefix, again)
 
         dest = verify_resending_once(
@@ -250,7 +258,8 @@ class S3Method:
         )
         return MethodResult(
             bytes=source.total_bytes,
-            retries=1 if resent else 0,
+            sent_bytes=sum(sent),
+            retries=len(sent) - 1,
             source_manifest=source,
             dest_manifest=Manifest.from_dict(dest),
         )

@@ -224,9 +224,11 @@ def s3_download_dir(
             "entries": sorted(entries, key=lambda x: x["path"]),
         }
     total = sum(e["size_bytes"] for e in wanted["entries"])
-    retries = 0
+    retries = sent = 0
 
     def fetch(todo: list[dict[str, Any]]) -> None:
+        nonlocal sent
+        sent += sum(e["size_bytes"] for e in todo)
         done = 0
         for e in todo:
             dest = local_dir.joinpath(*e["path"].split("/"))
@@ -256,6 +258,7 @@ def s3_download_dir(
     )
     return MethodResult(
         bytes=total,
+        sent_bytes=sent,
         retries=retries,
         source_manifest=Manifest.from_dict(wanted),
         dest_manifest=Manifest.from_dict(dest_manifest),

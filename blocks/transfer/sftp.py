@@ -92,6 +92,7 @@ def _put_file(
                     pod_id=pod,
                 ) from exc
             state["done"] += len(buf)
+            state["sent"] += len(buf)
             if on_progress:
                 on_progress(state["done"], total)
     s.sftp.posix_rename(part, remote)
@@ -134,6 +135,7 @@ def _get_file(
                 break
             out.write(buf)
             state["done"] += len(buf)
+            state["sent"] += len(buf)
             if on_progress:
                 on_progress(state["done"], total)
     part.replace(dest)
@@ -182,7 +184,7 @@ def sftp_upload(
     structure = structure_entries(expected)
     every_path = [e["path"] for e in expected["entries"]]
     total = sum(e["size_bytes"] for e in entries)
-    state = {"done": 0, "retries": 0}
+    state = {"done": 0, "retries": 0, "sent": 0}
     opener = session_factory or (lambda: SftpSession(endpoint, private_key, tools_dir, python))
 
     def local_of(rel: str) -> Path:
@@ -222,6 +224,7 @@ def sftp_upload(
         )
         return MethodResult(
             bytes=total,
+            sent_bytes=state["sent"],
             retries=state["retries"],
             source_manifest=source,
             dest_manifest=Manifest.from_dict(dest),
@@ -259,7 +262,7 @@ def sftp_download(
         TransferError: the folder is missing on the pod, or the connection kept dropping.
     """
     opener = session_factory or (lambda: SftpSession(endpoint, private_key, tools_dir, python))
-    state: dict[str, Any] = {"source": None, "retries": 0}
+    state: dict[str, Any] = {"source": None, "retries": 0, "sent": 0}
     local_root.mkdir(parents=True, exist_ok=True)
 
     def work(s: SftpSession) -> MethodResult:
@@ -298,6 +301,7 @@ def sftp_download(
         )
         return MethodResult(
             bytes=total,
+            sent_bytes=state["sent"],
             retries=state["retries"],
             source_manifest=Manifest.from_dict(src),
             dest_manifest=Manifest.from_dict(dest),

@@ -121,6 +121,7 @@ def fetch_pieces(s: Session, todo: list[Piece], window: PathWindow, run: Transfe
                 p.rewinds = 0
                 assert p.part is not None
                 p.part.write(ev.raw)
+                stats["sent"] += len(ev.raw)
                 p.next = p.part.offset
                 tally.move(p, p.next - p.start)
                 window.on_acked(tally.done)
@@ -243,6 +244,7 @@ def _verify_here(run: Transfer, source: dict[str, Any], local_root: Path) -> Met
     )
     return MethodResult(
         bytes=run.tally.total,
+        sent_bytes=run.stats["sent"],
         retries=run.stats["retries"],
         source_manifest=Manifest.from_dict(source),
         dest_manifest=Manifest.from_dict(dest),

@@ -75,7 +75,7 @@ class Transfer:
             pod,
         )
         self.link = LinkState()
-        self.stats = {"retries": 0}
+        self.stats = {"retries": 0, "sent": 0}  # sent: payload bytes framed
         self.known: dict[str, Any] = {}  # files hashed from disk here (downloads)
         self.crew = Crew(pod)
         self.files: list[Piece] | None = None

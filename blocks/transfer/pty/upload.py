@@ -215,6 +215,7 @@ def send_pieces(s: Session, todo: list[Piece], window: PathWindow, run: Transfer
                 s.write(s.hooks.frame_out(p.fid, p.next, frame))
                 q.chunks[(p.fid, p.epoch, p.next)] = (len(raw), time.monotonic())
                 q.bytes += len(raw)
+                run.stats["sent"] += len(raw)
                 p.next += len(raw)
                 budget -= len(raw)
             else:
@@ -330,6 +331,7 @@ def _verify_on_pod(
     )
     return MethodResult(
         bytes=run.tally.total,
+        sent_bytes=run.stats["sent"],
         retries=run.stats["retries"],
         source_manifest=source,
         dest_manifest=Manifest.from_dict(dest),

@@ -5,7 +5,8 @@ and ``current -> ckpt`` used to round-trip without ``ckpt/empty`` and ``current`
 reported ``verified=True``; dangling links vanished the same way, and a link pointing
 out of the tree was followed (a bundle holding ``passwd -> /etc/passwd`` uploaded
 /etc/passwd). And ``cd /tmp`` then an upload left the shell in the pod tools folder.
-Every method (pty, sftp, s3, runpodctl) is checked.
+Every method (pty, sftp, s3, runpodctl) is checked, and that a second upload of
+an unchanged tree sends no file content.
 """
 
 from __future__ import annotations
@@ -260,9 +261,9 @@ def pod_for_method(
 ) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     """A pod and the ``upload_dir`` / ``download_dir`` arguments for one method."""
     method = request.param
-    _, handle, keypair = direct_pod if method == "sftp" else local_pod
+    _, handle, keypair = direct_pod if method in ("sftp", "rsync") else local_pod
     kw: dict[str, Any] = {"method": method}
-    if method == "sftp":
+    if method in ("sftp", "rsync"):
         kw["private_key"] = keypair.private_key
     elif method == "s3":
         kw["s3"] = s3_volume(handle)
@@ -295,6 +296,32 @@ def test_a_round_trip_keeps_the_tree_and_the_callers_shell(
     assert _shell_state(console) == before
     assert down.verified
     assert _tree(tmp_path / "back") == _tree(src)  # ckpt/empty and current came back
+
+
+def _stamps(root: Path) -> dict[str, tuple[int, int]]:
+    """Each file's inode and ctime: a write or a replacement changes one of them."""
+    return {
+        p.relative_to(root).as_posix(): (p.stat().st_ino, p.stat().st_ctime_ns)
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and not mf.is_transfer_scratch(p.name)
+    }
+
+
+@pytest.mark.slow
+def test_a_second_upload_of_an_unchanged_tree_sends_no_file_content(
+    tmp_path: Path, pod_for_method: dict[str, Any]
+) -> None:
+    """A resumed attempt or a retry uploads the same bundle again: every file is
+    already on the pod with its manifest's digests, so nothing is sent or rewritten."""
+    console, handle, kw = pod_for_method["console"], pod_for_method["handle"], pod_for_method["kw"]
+    src = make_link_tree(tmp_path / "src")
+    first = upload_dir(console, handle, src, "again", **kw)
+    assert first.verified and first.sent_bytes == first.bytes > 0
+    on_pod = Path(handle.workdir) / "again"
+    before = _stamps(on_pod)
+    second = upload_dir(console, handle, src, "again", **kw)
+    assert second.verified and second.sent_bytes == 0 and second.retries == 0
+    assert _stamps(on_pod) == before and _tree(on_pod) == _tree(src)
 
 
 @pytest.mark.slow
