@@ -13,11 +13,14 @@ method by its name. The built-in ones, each in its own module:
     ``pty``        framed chunks through the PodConsole (works through RunPod's PTY-only
                    gateway); :mod:`prefect_runpod.blocks.transfer.pty`.
     ``sftp``       paramiko SFTP to a direct-TCP sshd; :mod:`.sftp`.
+    ``rsync``      rsync over OpenSSH to a direct-TCP sshd with rsync; :mod:`.rsync`.
     ``s3``         boto3 to a RunPod network volume's S3 API; :mod:`.s3`.
     ``runpodctl``  ``runpodctl send``/``receive`` (croc relay); :mod:`.runpodctl`.
 
 ``auto`` takes the available method with the highest ``auto_priority`` (``s3`` when a
-target is configured, ``sftp`` when the pod has a direct-TCP sshd, else ``pty``).
+target is configured, ``rsync`` when the pod has a direct-TCP sshd and rsync, ``sftp``
+when it has the sshd only, else ``pty``); once the pod runs, a method whose pod end
+is missing (``pod_unavailable``) gives way to the next.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools, remote
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.transfer.pty import PtyMethod
+    from prefect_runpod.blocks.transfer.rsync import RsyncMethod
     from prefect_runpod.blocks.transfer.runpodctl import RunpodctlMethod
     from prefect_runpod.blocks.transfer.s3 import S3Method, S3Target
     from prefect_runpod.blocks.transfer.sftp import SftpMethod
@@ -62,6 +66,7 @@ if TYPE_CHECKING:
     _BUILT_IN: tuple[type[TransferMethod], ...] = (
         PtyMethod,
         SftpMethod,
+        RsyncMethod,
         S3Method,
         RunpodctlMethod,
     )
@@ -93,6 +98,7 @@ def _built_in(module: str, class_name: str) -> MethodFactory:
 METHOD_REGISTRY: dict[str, MethodFactory] = {
     "pty": _built_in("pty", "PtyMethod"),
     "sftp": _built_in("sftp", "SftpMethod"),
+    "rsync": _built_in("rsync", "RsyncMethod"),
     "s3": _built_in("s3", "S3Method"),
     "runpodctl": _built_in("runpodctl", "RunpodctlMethod"),
 }
@@ -100,7 +106,7 @@ METHOD_REGISTRY: dict[str, MethodFactory] = {
 
 
 def method_names() -> tuple[str, ...]:
-    """The registered method names (``pty``, ``sftp``, ``s3``, ``runpodctl``, …)."""
+    """The registered method names (``pty``, ``sftp``, ``rsync``, ``s3``, ``runpodctl``, …)."""
     return tuple(METHOD_REGISTRY)
 
 
@@ -123,24 +129,27 @@ def register_method(name: str, factory: MethodFactory, *, replace: bool = False)
     METHOD_REGISTRY[name] = factory
 
 
-def _choose(handle: PodHandle, requested: str, config: MethodConfig) -> tuple[str, TransferMethod]:
-    """``(name, method)`` for ``requested`` (see ``pick_method``)."""
+def _choose(
+    handle: PodHandle, requested: str, config: MethodConfig, pod: PodLink | None = None
+) -> tuple[str, TransferMethod]:
+    """``(name, method)`` for ``requested`` (see ``pick_method``); with ``pod`` (the pod
+    runs), ``auto`` also passes over methods whose pod end is missing."""
     if requested == "auto":
-        best: tuple[int, str, TransferMethod] | None = None
+        ranked: list[tuple[int, str, TransferMethod]] = []
         for name, factory in METHOD_REGISTRY.items():
             method = factory(config)
-            rank = method.auto_priority
-            if rank is None or method.unavailable(handle) is not None:
-                continue
-            if best is None or rank > best[0]:
-                best = (rank, name, method)
-        if best is None:
-            raise SpecError(
-                f"no transfer method can reach pod {handle.pod_id}; name one of "
-                f"{', '.join(METHOD_REGISTRY)}",
-                pod_id=handle.pod_id,
-            )
-        return best[1], best[2]
+            if method.auto_priority is not None and method.unavailable(handle) is None:
+                ranked.append((method.auto_priority, name, method))
+        ranked.sort(key=lambda r: -r[0])  # stable: the registry's order breaks ties
+        for _rank, name, method in ranked:
+            ask = getattr(method, "pod_unavailable", None) if pod is not None else None
+            if ask is None or ask(pod) is None:
+                return name, method
+        raise SpecError(
+            f"no transfer method can reach pod {handle.pod_id}; name one of "
+            f"{', '.join(METHOD_REGISTRY)}",
+            pod_id=handle.pod_id,
+        )
     build = METHOD_REGISTRY.get(requested)
     if build is None:
         raise SpecError(
@@ -157,8 +166,11 @@ def pick_method(handle: PodHandle, requested: str = "auto", s3: S3Target | None 
     """The transfer method for this pod.
 
     ``auto``: of the registered methods that are available, the one with the highest
-    ``auto_priority`` — ``s3`` when a network volume is configured, ``sftp`` when the pod
-    has a direct-TCP sshd, else ``pty`` (RunPod's gateway refuses SFTP and exec).
+    ``auto_priority`` — ``s3`` when a network volume is configured, ``rsync`` when the
+    pod has a direct-TCP sshd and this machine rsync, ``sftp`` when it has the sshd,
+    else ``pty`` (RunPod's gateway refuses SFTP and exec). Once the pod runs,
+    ``upload_dir`` / ``download_dir`` / ``check_pod_end`` pass over a method whose pod
+    end is missing (rsync not on the pod: ``sftp`` then).
 
     Raises:
         SpecError: an unknown method, or one that says it cannot work here (``sftp``
@@ -194,9 +206,11 @@ def check_pod_end(
     """
     config = MethodConfig(private_key=private_key, s3=s3, options=options)
     chosen, method = _choose(handle, requested, config)
+    link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
+    if requested == "auto":  # the first whose pod end is there
+        return _choose(handle, requested, config, link)[0]
     ask = getattr(method, "pod_unavailable", None)  # methods registered before it existed
-    tools = bootstrap_pod_tools(resuming(console), handle)
-    reason = ask(PodLink(handle, console, tools)) if ask else None
+    reason = ask(link) if ask else None
     if reason is not None:
         raise SpecError(reason, pod_id=handle.pod_id)
     return chosen
@@ -308,6 +322,8 @@ def upload_dir(
     remote = remote_path(handle, remote_dir)
     source = Manifest.compute(local_dir, paths, follow_links=follow_links)
     link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
+    if method == "auto":
+        chosen, transfer = _choose(handle, method, config, link)
     result = transfer.upload(link, local_dir, remote, source, on_progress=on_progress)
     report = _report("upload", chosen, started, result, source)
     if not report.verified:  # the methods raise first; this is the last guard
@@ -349,6 +365,8 @@ def download_dir(
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
     link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
+    if method == "auto":
+        chosen, transfer = _choose(handle, method, config, link)
     result = transfer.download(link, remote, local_dir, on_progress=on_progress)
     report = _report("download", chosen, started, result, result.source_manifest)
     if not report.verified:

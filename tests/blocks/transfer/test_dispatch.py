@@ -152,7 +152,7 @@ def test_auto_follows_priority_and_availability(
     with pytest.raises(SpecError, match="out of copy range") as info:
         pick_method(handle, "copy")
     assert info.value.pod_id == "p-reg"
-    with pytest.raises(SpecError, match="use auto, pty, sftp, s3, runpodctl, copy"):
+    with pytest.raises(SpecError, match="use auto, pty, sftp, rsync, s3, runpodctl, copy"):
         pick_method(handle, "carrier-pigeon")
 
 
@@ -184,15 +184,20 @@ def test_built_in_auto_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     on_gateway = _handle(tmp_path, ssh=gateway)
     with_direct = _handle(tmp_path, ssh=gateway, direct_ssh=direct)
     assert pick_method(on_gateway) == "pty"
-    assert pick_method(with_direct) == "sftp"
+    assert pick_method(with_direct) == "rsync"  # this machine has rsync and ssh
     assert (
         pick_method(with_direct, s3=S3Target(bucket="vol1", volume_mount_path="/workspace")) == "s3"
     )
     # a plain bucket (no volume mount) is never a transfer path: it is a publish target
-    assert pick_method(with_direct, s3=S3Target(bucket="models")) == "sftp"
+    assert pick_method(with_direct, s3=S3Target(bucket="models")) == "rsync"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
+    assert pick_method(with_direct) == "sftp"  # no rsync here
+    with pytest.raises(SpecError, match="'rsync' is not on this machine's PATH"):
+        pick_method(with_direct, "rsync")
+    with pytest.raises(SpecError, match="no direct-TCP SSH endpoint, so rsync"):
+        pick_method(on_gateway, "rsync")
     with pytest.raises(SpecError, match="runpodctl is not installed on this machine"):
         pick_method(on_gateway, "runpodctl")  # this machine's end, asked before any transfer
     (bin_dir / "runpodctl").write_text("#!/bin/sh\n")

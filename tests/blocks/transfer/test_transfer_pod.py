@@ -15,6 +15,7 @@ from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.dispatch import download_dir, pick_method, upload_dir
 from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools, tools_dir
 from prefect_runpod.blocks.transfer.pty import PtyOptions
+from prefect_runpod.blocks.transfer.rsync import RsyncOptions
 from tests.fixtures.local_pod import start_pod
 from tests.fixtures.transfer import FaultHooks, make_tree
 
@@ -106,12 +107,22 @@ def test_gateway_disk_limit_names_file(tmp_path: Path, local_pod) -> None:
         assert console.run("echo ok").output.strip() == "ok"
 
 
-def test_direct_pod_picks_sftp(tmp_path: Path, direct_pod) -> None:
+def test_direct_pod_picks_rsync_then_sftp(tmp_path: Path, direct_pod) -> None:
     _, handle, keypair = direct_pod
-    assert pick_method(handle) == "sftp"
+    assert pick_method(handle) == "rsync"
     src = make_tree(tmp_path / "src")
     with PodConsole.for_pod(handle, keypair.private_key) as console:
-        report = upload_dir(console, handle, src, "bundle", private_key=keypair.private_key)
+        report = upload_dir(console, handle, src, "rsynced", private_key=keypair.private_key)
+        assert report.method == "rsync" and report.verified
+        # a pod whose image has no rsync: auto takes sftp
+        report = upload_dir(
+            console,
+            handle,
+            src,
+            "bundle",
+            private_key=keypair.private_key,
+            options=RsyncOptions(pod_exe="rsync-missing"),
+        )
         assert report.method == "sftp" and report.verified
         down = download_dir(
             console, handle, "bundle", tmp_path / "back", private_key=keypair.private_key

@@ -5,7 +5,7 @@ and ``current -> ckpt`` used to round-trip without ``ckpt/empty`` and ``current`
 reported ``verified=True``; dangling links vanished the same way, and a link pointing
 out of the tree was followed (a bundle holding ``passwd -> /etc/passwd`` uploaded
 /etc/passwd). And ``cd /tmp`` then an upload left the shell in the pod tools folder.
-Every method (pty, sftp, s3, runpodctl) is checked, and that a second upload of
+Every method (pty, sftp, rsync, s3, runpodctl) is checked, and that a second upload of
 an unchanged tree sends no file content.
 """
 
@@ -33,7 +33,7 @@ from prefect_runpod.tasks.checksum import verify_manifest
 from prefect_runpod.tasks.preflight import validate_settings
 from tests.fixtures.transfer import make_tree, moto_target
 
-METHODS = ("pty", "sftp", "s3", "runpodctl")
+METHODS = ("pty", "sftp", "rsync", "s3", "runpodctl")
 
 
 def make_link_tree(root: Path) -> Path:
