@@ -143,11 +143,11 @@ def test_cli_json_report(prefect_server, tmp_path):
     assert all(bar.count("#") == int(p) // 5 for bar, p in bars)
 
 
-def test_direct_mode_pod_runs_every_stage_over_sftp(prefect_server, tmp_path):
-    """A pod with direct SSH (exec + SFTP): auto picks sftp for every transfer."""
+def test_direct_mode_pod_runs_every_stage_over_rsync(prefect_server, tmp_path):
+    """A pod with direct SSH (exec + SFTP) and rsync: auto picks rsync for every transfer."""
     state = finetune(local_mode="direct", output_dir=str(tmp_path), return_state=True)
     assert state.is_completed(), state.message
     report = state.result()
-    assert report["upload"]["method"] == "sftp" and report["download"]["method"] == "sftp"
+    assert report["upload"]["method"] == "rsync" and report["download"]["method"] == "rsync"
     assert report["passed"] and report["terminated"]
     _assert_pod_gone(report["pod_id"])

@@ -42,7 +42,7 @@ def test_the_local_pods_mode_decides_what_it_offers():
     assert "gateway mode" in gateway.description and gateway.handle.direct_ssh is None
     assert direct.handle.direct_ssh is not None
     assert check_transfer_before_renting("auto", gateway.handle, gateway.description) == "pty"
-    assert check_transfer_before_renting("auto", direct.handle, direct.description) == "sftp"
+    assert check_transfer_before_renting("auto", direct.handle, direct.description) == "rsync"
     with pytest.raises(SpecError) as info:
         check_transfer_before_renting("sftp", gateway.handle, gateway.description)
     text = str(info.value)
