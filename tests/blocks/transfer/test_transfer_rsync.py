@@ -150,14 +150,16 @@ def test_an_interrupted_transfer_resumes_from_what_arrived(
         up = upload_dir(console, handle, src, "resume", method="rsync", private_key=key)
         assert up.verified and up.sent_bytes < 3 * 1024 * 1024  # type: ignore[operator]
         assert not partial.exists()
-        # the link dies 1 MiB into the next transfer: rsync reconnects and carries on
-        with CuttingProxy(sshd_server.port, 1024 * 1024) as proxy:
+        # the link dies 5 MiB into the next transfer: rsync reconnects and carries on
+        # from what arrived, so well under the whole file crosses after the cut
+        with CuttingProxy(sshd_server.port, 5 * 1024 * 1024) as proxy:
             assert handle.ssh is not None
             far = handle.model_copy(
                 update={"ssh": handle.ssh.model_copy(update={"port": proxy.port})}
             )
             cut = upload_dir(console, far, src, "cut", method="rsync", private_key=key)
         assert proxy.cuts == 1 and cut.retries == 1 and cut.verified  # the one reconnect
+        assert cut.sent_bytes < 5 * 1024 * 1024  # type: ignore[operator]
     assert (sshd_server.home / "cut" / "weights.bin").read_bytes() == payload
 
 
