@@ -9,7 +9,7 @@ the follower reconnects and asks again from the same offset, so no line is lost 
 none is repeated.
 
 The core (``launch_training``, ``LogFollower``, ``kill_training`` in
-``tasks/train_remote.py``; ``follow_training`` in ``tasks/train_follow.py``) is plain
+``blocks/console/launcher_client.py``; ``follow_training`` in ``tasks/train_follow.py``) is plain
 Python; the ``train`` task adds Prefect logs and artifacts only.
 """
 
@@ -25,6 +25,12 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console import ConsoleLike
+from prefect_runpod.blocks.console.launcher_client import (
+    LogChunk,
+    LogFollower,
+    kill_training,
+    launch_training,
+)
 from prefect_runpod.blocks.console.reconnect import (
     DEFAULT_RECONNECT_BUDGET_SECONDS,
     ReconnectPolicy,
@@ -40,12 +46,6 @@ from prefect_runpod.tasks.train_log import (
     Progress,
     parse_metrics,
     parse_progress,
-)
-from prefect_runpod.tasks.train_remote import (
-    LogChunk,
-    LogFollower,
-    kill_training,
-    launch_training,
 )
 
 __all__ = [

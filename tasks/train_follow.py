@@ -15,17 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect_runpod.blocks.console import ConsoleLike
-from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
-from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
-from prefect_runpod.blocks.provider import watch_for
-from prefect_runpod.tasks.models import TrainReport
-from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
-from prefect_runpod.tasks.train_remote import (
+from prefect_runpod.blocks.console.launcher_client import (
     LogChunk,
     LogFollower,
     kill_training,
     sleep_in_steps,
 )
+from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
+from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
+from prefect_runpod.blocks.provider import watch_for
+from prefect_runpod.tasks.models import TrainReport
+from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
 
 __all__ = ["follow_training", "missing_outputs"]
 

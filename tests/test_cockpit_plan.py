@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from prefect_runpod.blocks.console.openssh import ssh_argv
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.runpod.catalog import parse_catalog
 from prefect_runpod.flows.cli import main
 from prefect_runpod.flows.cli.common import age_text
-from prefect_runpod.flows.cli.runs import ssh_argv
 
 
 def test_age_reads_like_a_person_says_it():

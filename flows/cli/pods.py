@@ -204,9 +204,9 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
 def run_ssh(args: argparse.Namespace) -> int:
     """``prefect-runpod ssh RUN|POD``: run the OpenSSH client on the pod's gateway in this
     terminal; returns its exit status."""
+    from prefect_runpod.blocks.console.openssh import ssh_argv
     from prefect_runpod.blocks.exceptions import SpecError
     from prefect_runpod.blocks.local_pod.registry import default_home
-    from prefect_runpod.flows.cli.runs import ssh_argv
 
     with api():
         handle, key, provider_name = _resolve_pod(args)

@@ -30,7 +30,6 @@ __all__ = [
     "provider_for_run",
     "read_run",
     "recent_runs",
-    "ssh_argv",
 ]
 
 FLOW_NAME = "runpod-finetune"
@@ -217,28 +216,6 @@ def key_path_for(provider_name: str, output_dir: str | None) -> str | None:
         return None
     path = os.path.expanduser(os.environ.get("RUNPOD_SSH_KEY_PATH", "~/.ssh/id_ed25519_runpod"))
     return path if os.path.isfile(path) else None
-
-
-def ssh_argv(handle: PodHandle, key_path: str, known_hosts: Path) -> list[str]:
-    """The OpenSSH client's argv for an interactive shell on the pod (the gateway wants a
-    PTY: ``-tt``), checking the pod's pinned host key when the handle has one.
-
-    Args:
-        handle: the live pod.
-        key_path: the private key file.
-        known_hosts: a file to hold the pinned host key (written here when known).
-    """
-    assert handle.ssh is not None
-    ep = handle.ssh
-    argv = ["ssh", "-tt", "-i", key_path, "-p", str(ep.port), "-o", "IdentitiesOnly=yes"]
-    argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
-    if ep.host_key:
-        host = ep.host if ep.port == 22 else f"[{ep.host}]:{ep.port}"
-        known_hosts.write_text(f"{host} {ep.host_key.strip()}\n")
-        argv += ["-o", "StrictHostKeyChecking=yes"]
-    else:  # not pinned yet: the first key seen is kept in that file only
-        argv += ["-o", "StrictHostKeyChecking=accept-new"]
-    return [*argv, f"{ep.user}@{ep.host}"]
 
 
 def now_utc() -> datetime:

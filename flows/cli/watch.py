@@ -152,10 +152,10 @@ _POD_GONE_SECONDS = 10.0
 def _from_pod(view: Any, handle: Any, key_path: str, args: argparse.Namespace) -> int:
     from pydantic import SecretStr
 
+    from prefect_runpod.blocks.console.launcher_client import LogFollower, sleep_in_steps
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.exceptions import ConsoleError, PodGoneError, TrainingError
     from prefect_runpod.blocks.transfer import pod_tools
-    from prefect_runpod.tasks.train_remote import LogFollower, sleep_in_steps
 
     run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{view.flow_run_id}"
     print(f"source: pod {handle.pod_id} (live), {run_dir}/train.log", file=sys.stderr)

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import pytest
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.console.launcher_client import kill_training
 from prefect_runpod.blocks.console.reconnect import ReconnectPolicy, Resuming, resuming
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.exceptions import ConsoleConnectError, PodGoneError, SpecError
 from prefect_runpod.blocks.local_pod.registry import read_record
 from prefect_runpod.blocks.provider import PodCause, PodRequest, PodStatus
-from prefect_runpod.tasks.train_remote import kill_training
 from tests.fixtures.fault_matrix import wait_until
 from tests.fixtures.local_pod import PodFixture
 

@@ -2,7 +2,9 @@
 
 The byte offset advances only when a ``read`` answer arrived whole, so after an SSH
 drop the follower reconnects and asks again from the same offset: no line lost, none
-repeated (docs/architecture.md#the-training-run). Plain Python; the ``train`` task (``tasks/train.py``) wraps it.
+repeated (docs/architecture.md#the-training-run). Plain Python over a console, so the
+``train`` task (``tasks/train.py``) and anything else that runs a detached job on a pod
+(the cockpit's ``logs``, a worker) use it without importing a stage.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from typing import Any
 
 from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
-from prefect_runpod.blocks.console.terminal_text import last_json_object
+from prefect_runpod.blocks.console.terminal_text import last_json_object, strip_ansi
 from prefect_runpod.blocks.exceptions import ConsoleError, TrainingError
 from prefect_runpod.blocks.provider import watch_for
-from prefect_runpod.tasks.train_log import strip_ansi
 
 __all__ = [
     "LogChunk",
