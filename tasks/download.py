@@ -24,7 +24,7 @@ from prefect_runpod.blocks.transfer.dispatch import download_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.bundle import BundleSpec
-from prefect_runpod.tasks.upload import borrowed_console, progress_logger
+from prefect_runpod.tasks.pod_io import borrowed_console, progress_logger
 
 __all__ = ["download", "eval_files", "stage_files_command"]
 

@@ -2,15 +2,12 @@
 
 The work is ``prefect_runpod.blocks.transfer.upload_dir``; this task opens (or reuses)
 a console, logs progress, and returns the ``TransferReport`` whose manifests go into
-the RunReport and the ``checksum-manifest`` artifact. ``borrowed_console`` and
-``progress_logger`` are shared with the download task.
+the RunReport and the ``checksum-manifest`` artifact. The console it borrows or opens
+and its progress lines come from ``tasks/pod_io.py``, as the download's do.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,61 +21,9 @@ from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import check_pod_end, upload_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
+from prefect_runpod.tasks.pod_io import borrowed_console, progress_logger
 
-__all__ = ["borrowed_console", "check_upload_method", "progress_logger", "upload"]
-
-
-@contextmanager
-def borrowed_console(
-    handle: PodHandle,
-    private_key: SecretStr,
-    console: Any = None,
-    reconnect: ReconnectPolicy | None = None,
-) -> Iterator[Any]:
-    """The caller's console when it passed one (left open), else a console opened for
-    the pod here (with the run's ``reconnect`` policy) and closed on the way out,
-    whatever happens inside.
-
-    Args:
-        handle: the pod.
-        private_key: the SSH key, used only when a console is opened here.
-        console: an open console to reuse, or None.
-        reconnect: how the console opened here waits out a gateway outage.
-
-    Raises:
-        ConsoleConnectError: the pod has no SSH endpoint yet (as ``PodConsole.for_pod``).
-    """
-    if console is not None:
-        yield console
-        return
-    from prefect_runpod.blocks.console.session import PodConsole
-
-    opened = PodConsole.for_pod(handle, private_key, reconnect=reconnect)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
-def progress_logger(
-    logger: Any,
-    what: str,
-    interval_seconds: float = 10.0,
-    clock: Callable[[], float] = time.monotonic,
-) -> Any:
-    """An ``on_progress(done_bytes, total_bytes)`` that logs at most once per
-    ``interval_seconds``, the first time once the transfer has run that long: a quick
-    transfer logs nothing but its summary, a long one a line every interval."""
-    state = {"next": clock() + interval_seconds}
-
-    def _log(done: int, total: int) -> None:
-        now = clock()
-        if now >= state["next"] and done < total:
-            frac = done / total if total else 1.0
-            logger.info("%s: %d/%d bytes (%.0f%%)", what, done, total, 100 * frac)
-            state["next"] = now + interval_seconds
-
-    return _log
+__all__ = ["check_upload_method", "upload"]
 
 
 def check_upload_method(

@@ -9,9 +9,9 @@ import logging
 from prefect_runpod.flows.run.logs import ConsoleFilter, QuietTaskEngine, stage_logger
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState
+from prefect_runpod.tasks.pod_io import progress_logger
 from prefect_runpod.tasks.train import terminal_progress_bar
 from prefect_runpod.tasks.train_log import LogCoalescer, Progress, is_record_line
-from prefect_runpod.tasks.upload import progress_logger
 
 
 class _Clock:

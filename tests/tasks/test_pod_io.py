@@ -8,7 +8,7 @@ from pydantic import SecretStr
 
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
-from prefect_runpod.tasks.upload import borrowed_console
+from prefect_runpod.tasks.pod_io import borrowed_console
 
 
 class _Console:
