@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
+from prefect.exceptions import CancelledRun, TerminationSignal
+
 from prefect_runpod.blocks.exceptions import (
     ConsoleError,
     PodGoneError,
@@ -26,6 +28,11 @@ __all__ = ["StageSkipped", "run_stage", "skip_stage"]
 class StageSkipped(Exception):
     """Raised inside ``run_stage`` to mark the stage Skipped; the message is the reason."""
 
+
+_CANCELLED = (TerminationSignal, KeyboardInterrupt, CancelledRun)
+"""What stops a stage from outside (SIGTERM, Ctrl-C, a cancelled run): Cancelled, not Failed."""
+
+_SIGNALS = (TerminationSignal, KeyboardInterrupt)
 
 _POD_ERRORS = (ConsoleError, TransferError, TrainingError)
 """Failures that may only mean the pod went away: the provider is asked before they stand."""
@@ -70,8 +77,7 @@ def run_stage(  # type: ignore[no-untyped-def]
         record.state = StageState.SKIPPED
         record.reason = str(skip) or "skipped"
     except BaseException as exc:
-        cancelled = type(exc).__name__ in ("TerminationSignal", "KeyboardInterrupt", "CancelledRun")
-        record.state = StageState.CANCELLED if cancelled else StageState.FAILED
+        record.state = StageState.CANCELLED if isinstance(exc, _CANCELLED) else StageState.FAILED
         record.reason = _one_line(exc)
         raise
     else:
@@ -97,6 +103,6 @@ def _one_line(exc: BaseException) -> str:
         return error_text(exc)[:500]
     text = redact(str(exc)).strip().splitlines()
     first = text[0] if text else ""
-    if not first and type(exc).__name__ in ("TerminationSignal", "KeyboardInterrupt"):
+    if not first and isinstance(exc, _SIGNALS):
         first = "stopped by a signal (SIGTERM or Ctrl-C); the pod is terminated next"
     return f"{type(exc).__name__}: {first}"[:500]
