@@ -486,7 +486,7 @@ def _run_on_pod(
         report.ssh_command = handle.ssh_command(key_path or _save_local_key(handle, key, out))
         write_report(report)  # the report on disk names the way in while the pod is up
         run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
-        tools_dir = prepare_pod(handle, key, run_dir, deadman)
+        tools_dir = prepare_pod(handle, key, run_dir, deadman, reconnect)
         if deadman is not None:
             guards.keepers.append(
                 HeartbeatKeeper(

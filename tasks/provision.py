@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
-from prefect_runpod.blocks.exceptions import ConsoleConnectError, TerminateError
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
+from prefect_runpod.blocks.exceptions import TerminateError
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
@@ -129,31 +129,39 @@ def arm_deadman(
     )
 
 
-@retry(
-    retry=retry_if_exception_type(ConsoleConnectError),
-    stop=stop_after_attempt(3),
-    wait=wait_fixed(1.0),
-    reraise=True,
-)
 def prepare_pod(
-    handle: PodHandle, private_key: SecretStr, run_dir: str, deadman: DeadmanConfig | None
+    handle: PodHandle,
+    private_key: SecretStr,
+    run_dir: str,
+    deadman: DeadmanConfig | None,
+    reconnect: ReconnectPolicy | None = None,
 ) -> str:
     """Copy the pod-side tools onto the pod and arm the dead-man switch.
 
-    Idempotent, and retried (3 attempts) when the SSH link drops: the tools copy is
-    verified file by file and the watchdog keeps one instance per run directory.
+    Idempotent, and done again from the start when the SSH link drops or cannot be
+    opened, under the run's one reconnect policy (``reconnect``: its budget, its
+    backoff, the provider asked before each retry): the tools copy is verified file by
+    file and the watchdog keeps one instance per run directory.
 
     Returns:
         The pod-side tools directory.
 
     Raises:
-        ConsoleError / TransferError when the pod cannot be reached or written.
+        ConsoleError / TransferError when the pod cannot be reached or written;
+        PodGoneError when the provider says the pod is gone meanwhile.
     """
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
 
-    with PodConsole.for_pod(handle, private_key) as console:
-        tools_dir = bootstrap_pod_tools(console, handle)
-        if deadman is not None:
-            arm_deadman(console, tools_dir, run_dir, deadman, use_api=handle.provider == "runpod")
-    return tools_dir
+    policy = reconnect or ReconnectPolicy()
+
+    def attempt() -> str:
+        with PodConsole.for_pod(handle, private_key, reconnect=policy) as console:
+            tools_dir = bootstrap_pod_tools(console, handle)
+            if deadman is not None:
+                arm_deadman(
+                    console, tools_dir, run_dir, deadman, use_api=handle.provider == "runpod"
+                )
+        return tools_dir
+
+    return policy.call(attempt, pod_id=handle.pod_id, what="the pod's SSH")
