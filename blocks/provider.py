@@ -20,10 +20,17 @@ from pydantic import BaseModel, Field
 from prefect_runpod.blocks.exceptions import PodGoneError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.validation import constrained
+from prefect_runpod.blocks.validation.parameters import (
+    DEFAULT_HEARTBEAT_STALE_SECONDS,
+    DEFAULT_POD_LIFETIME_SECONDS,
+    DEFAULT_POD_POLL_SECONDS,
+    DEFAULT_TERMINATE_TIMEOUT_SECONDS,
+)
 
 __all__ = [
     "DEFAULT_POD_LIFETIME_SECONDS",
     "DEFAULT_POD_POLL_SECONDS",
+    "DEFAULT_TERMINATE_TIMEOUT_SECONDS",
     "GONE_CAUSES",
     "LIFETIME_ENV",
     "REAPER_TTL_GRACE_SECONDS",
@@ -46,10 +53,6 @@ __all__ = [
 
 _log = logging.getLogger("prefect_runpod.liveness")
 
-DEFAULT_POD_LIFETIME_SECONDS = 6 * 3600.0
-"""The dead-man's hard cap on a pod's life unless the run asks otherwise (6 h); RunPod's
-``terminateAfter`` is set to create + this, and the local pod's daemon honours the same."""
-
 REAPER_TTL_GRACE_SECONDS = 600.0
 """What the reaper adds to a pod's recorded lifetime for its default TTL (10 min): the
 dead-man and the lease act first, the reaper after them, however fresh the heartbeat."""
@@ -57,9 +60,6 @@ dead-man and the lease act first, the reaper after them, however fresh the heart
 LIFETIME_ENV = "PREFECT_RUNPOD_LIFETIME_SECONDS"
 """The pod env variable holding the dead-man lifetime a pod was created with, so whoever
 lists the pod later (the reaper) can read it."""
-
-DEFAULT_POD_POLL_SECONDS = 10.0
-"""How often a run asks the provider whether its pod still lives (``pod_poll_seconds``)."""
 
 
 class DeadmanConfig(BaseModel):
@@ -72,7 +72,7 @@ class DeadmanConfig(BaseModel):
         check_interval_seconds: how often the pod-side watchdog looks.
     """
 
-    heartbeat_stale_seconds: constrained("heartbeat_stale_seconds") = 900.0  # type: ignore[valid-type]
+    heartbeat_stale_seconds: constrained("heartbeat_stale_seconds") = DEFAULT_HEARTBEAT_STALE_SECONDS  # type: ignore[valid-type]  # fmt: skip
     lifetime_seconds: constrained("pod_lifetime_seconds") = DEFAULT_POD_LIFETIME_SECONDS  # type: ignore[valid-type]
     check_interval_seconds: constrained("check_interval_seconds") = 30.0  # type: ignore[valid-type]
 
@@ -236,7 +236,9 @@ class PodProvider(Protocol):
         """Live pods whose name starts with ``prefix``."""
         ...
 
-    def terminate(self, pod_id: str, timeout_seconds: float = 120.0) -> TerminateResult:
+    def terminate(
+        self, pod_id: str, timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS
+    ) -> TerminateResult:
         """Terminate and return only once the provider confirms the pod is gone.
         Idempotent: an unknown/already-terminated pod counts as gone. Raises
         ``TerminateError`` when not confirmed within ``timeout_seconds`` (never

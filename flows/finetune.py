@@ -25,10 +25,7 @@ from prefect.logging.loggers import flow_run_logger
 from pydantic import SecretStr
 
 from prefect_runpod.blocks import secret_mask
-from prefect_runpod.blocks.console.reconnect import (
-    DEFAULT_RECONNECT_BUDGET_SECONDS,
-    ReconnectPolicy,
-)
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
 from prefect_runpod.blocks.costs import budget_reason
 from prefect_runpod.blocks.exceptions import (
     BudgetExceededError,
@@ -38,13 +35,29 @@ from prefect_runpod.blocks.exceptions import (
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import (
-    DEFAULT_POD_LIFETIME_SECONDS,
-    DEFAULT_POD_POLL_SECONDS,
     DeadmanConfig,
     EndedBy,
     PodEnd,
     PodRequest,
     PodWatch,
+)
+from prefect_runpod.blocks.validation import parameters as run_parameters
+from prefect_runpod.blocks.validation.parameters import (
+    DEFAULT_DOWNLOAD,
+    DEFAULT_HEARTBEAT_STALE_SECONDS,
+    DEFAULT_HF_TOKEN_ENV,
+    DEFAULT_MAX_RUNTIME_SECONDS,
+    DEFAULT_NAME_PREFIX,
+    DEFAULT_PARITY_TOLERANCE,
+    DEFAULT_POD_LIFETIME_SECONDS,
+    DEFAULT_POD_POLL_SECONDS,
+    DEFAULT_PROVIDER,
+    DEFAULT_PTY_FRAMING,
+    DEFAULT_PTY_STREAMS,
+    DEFAULT_RECONNECT_BUDGET_SECONDS,
+    DEFAULT_TERMINATE_TIMEOUT_SECONDS,
+    DEFAULT_TRANSFER_METHOD,
+    ProviderName,
 )
 from prefect_runpod.flows.run.cost_record import record_pod_end
 from prefect_runpod.flows.run.end import end_run, lease_text, record_cost, write_report
@@ -105,7 +118,7 @@ def _terminate_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
     if params.get("keep_pod_on_failure"):
         logger.warning("keep_pod_on_failure is set: the pod is left for inspection")
         return
-    name = pod_name_for(params.get("name_prefix", "prft"), str(flow_run.id))
+    name = pod_name_for(params.get("name_prefix", DEFAULT_NAME_PREFIX), str(flow_run.id))
     provider = None
     try:
         provider, _ = build_provider(params, need_ssh_key=False)
@@ -132,7 +145,7 @@ def _terminate_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
             name,
             state.type.value if state else "?",
             type(exc).__name__,
-            params.get("provider", "local"),
+            params.get("provider", DEFAULT_PROVIDER),
             name,
         )
 
@@ -183,32 +196,33 @@ class _Budget:
     on_cancellation=[_terminate_hook],
     validate_parameters=True,
 )
+@run_parameters.document
 def finetune(
     bundle: str | None = None,
-    provider: Literal["local", "runpod"] = "local",
+    provider: ProviderName = DEFAULT_PROVIDER,
     model_id: str | None = None,
     hf_credentials_block: str | None = None,
     hf_token_secret: str | None = None,
-    hf_token_env: str = "HF_TOKEN",
+    hf_token_env: str = DEFAULT_HF_TOKEN_ENV,
     hf_endpoint: str | None = None,
-    transfer_method: str = "auto",
+    transfer_method: str = DEFAULT_TRANSFER_METHOD,
     follow_links: bool = False,
-    pty_framing: Literal["auto", "raw", "base64"] = "auto",
-    pty_streams: int = 1,
+    pty_framing: Literal["auto", "raw", "base64"] = DEFAULT_PTY_FRAMING,
+    pty_streams: int = DEFAULT_PTY_STREAMS,
     max_cost_usd: float | None = None,
-    max_runtime_seconds: float = 3600.0,
-    parity_tolerance: float = 0.02,
+    max_runtime_seconds: float = DEFAULT_MAX_RUNTIME_SECONDS,
+    parity_tolerance: float = DEFAULT_PARITY_TOLERANCE,
     parity_warn_only: bool = False,
     keep_pod_on_failure: bool = False,
-    name_prefix: str = "prft",
+    name_prefix: str = DEFAULT_NAME_PREFIX,
     local_cost_per_hr: float | None = None,
     local_mode: Literal["gateway", "direct"] | None = None,
     local_image: str | None = None,
     output_dir: str | None = None,
     concurrency_limit: str | None = None,
     pod_poll_seconds: float = DEFAULT_POD_POLL_SECONDS,
-    terminate_timeout_seconds: float = 120.0,
-    heartbeat_stale_seconds: float = 900.0,
+    terminate_timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS,
+    heartbeat_stale_seconds: float = DEFAULT_HEARTBEAT_STALE_SECONDS,
     pod_lifetime_seconds: float = DEFAULT_POD_LIFETIME_SECONDS,
     reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
     runpod_credentials_block: str | None = None,
@@ -219,76 +233,11 @@ def finetune(
     allow_secret_files: list[str] | None = None,
     publish: str | None = None,
     publish_public: bool = False,
-    download: Literal["all", "eval", "none"] = "all",
+    download: Literal["all", "eval", "none"] = DEFAULT_DOWNLOAD,
 ) -> dict[str, Any]:
     """Fine-tune a bundle on a pod end to end and always terminate the pod.
 
     Args:
-        bundle: the bundle directory (with ``bundle.toml``); default the demo bundle.
-        provider: ``local`` (the embedded local pod) or ``runpod``.
-        model_id: Hugging Face repo the job downloads (default: the bundle's); checked
-            locally before any spend and again on the pod.
-        hf_credentials_block: the name of a saved ``HuggingFaceCredentials`` block
-            holding the Hugging Face token (and the Hub endpoint).
-        hf_token_secret: the name of a saved Prefect ``Secret`` block holding the token
-            (instead of ``hf_credentials_block``).
-        hf_token_env: without either block, the environment variable of the process
-            running the flow (the worker) that holds the token; default ``HF_TOKEN``.
-            A token is never a parameter: Prefect stores parameters as sent.
-        hf_endpoint: Hub endpoint (default: the block's, else huggingface.co).
-        transfer_method: ``auto``, ``pty``, ``sftp``, ``s3`` or ``runpodctl``.
-        follow_links: copy what links that leave the bundle (or the outputs) point at,
-            instead of refusing them before anything is rented; in-tree relative links
-            always travel as links.
-        pty_framing: how the ``pty`` method frames bytes: ``auto`` (raw frames when a
-            probe finds that every byte value crosses the gateway unchanged, base64
-            otherwise), ``raw`` (or a clear error) or ``base64``.
-        pty_streams: PTY sessions a ``pty`` transfer stripes large files over (1–16;
-            more than 1 for a gateway that caps each session's bandwidth).
-        max_cost_usd: budget cap in USD; reaching it ends the run and terminates the pod.
-        max_runtime_seconds: training runtime cap in seconds.
-        parity_tolerance: allowed accuracy gap between in-training and standalone eval.
-        parity_warn_only: record a parity failure without failing the run.
-        keep_pod_on_failure: leave the pod up after a failure for inspection (the dead-man
-            lifetime still ends it).
-        name_prefix: pods are named ``<name_prefix>-<flow_run_id>``.
-        local_cost_per_hr: the local pod's pretend price in USD/h (a rehearsal's cost;
-            default 0); local provider only.
-        local_mode: the local pod's SSH mode: ``gateway`` (PTY only, like RunPod; the
-            default) or ``direct``; local provider only.
-        local_image: the local pod's image profile (``plain``, the default,
-            ``runpod-pytorch``, ``conda``, ``fancy``, ``venv-python``): the login
-            environment of a real image to rehearse on; local provider only.
-        output_dir: where downloads and ``run-report.json`` go (default
-            ``./prefect-runpod-runs/<flow_run_id>``).
-        concurrency_limit: a Prefect global concurrency limit (e.g. ``runpod-gpu``) that
-            caps how many pods live at once.
-        pod_poll_seconds: how often the run asks the provider whether its pod still lives
-            (it also asks before every reconnect); a pod gone under the run stops it at once.
-        terminate_timeout_seconds: how long terminate waits for the provider to confirm
-            the pod gone; unconfirmed, the run fails saying the pod may still be billing.
-        heartbeat_stale_seconds / pod_lifetime_seconds: the pod-side dead-man switch; the
-            lifetime is also RunPod's ``terminateAfter`` (create + lifetime).
-        reconnect_budget_seconds: once the pod is ready, how long each stage waits out a
-            gateway that refuses or drops connections (backoff; the provider is asked
-            before each retry whether the pod still lives), the train stage and its kill
-            path included; SSH down for the whole budget while the provider says the pod
-            runs means its host is lost.
-        runpod_credentials_block / runpod_spec_block / ssh_key_block: saved block names
-            for ``provider="runpod"``.
-        gpu_type_ids: RunPod GPU type ids to fall back over, in order (overrides the
-            spec block's list), e.g. ``["NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"]``.
-        s3_target_block: a saved ``S3Target`` block (a bucket, or a RunPod network
-            volume's S3 endpoint) for ``transfer_method="s3"`` and ``publish="s3…"``.
-        allow_secret_files: bundle paths (gitignore patterns) that look like secrets and
-            are uploaded anyway, on purpose; every other such file stops the run.
-        publish: ship the outputs from the pod itself: ``hf:ORG/REPO[@BRANCH]`` (a Hub
-            model repo, private unless ``publish_public``; the token needs write access)
-            or ``s3[:PREFIX]`` (into the ``s3_target_block`` bucket), verified there from
-            the destination's own records; None publishes nothing (the stage is Skipped).
-        publish_public: create the Hub repo public.
-        download: what comes back through the gateway: ``all`` outputs, only the
-            ``eval`` files, or ``none`` (only with ``publish``).
 
     Returns:
         The RunReport as JSON data (``stages``, ``pod_id``, ``cost``, ``manifest``, ``parity``…).
@@ -406,7 +355,7 @@ def _terminate_timeout(params: dict[str, Any]) -> float:
     try:
         return check_number("terminate_timeout_seconds", params.get("terminate_timeout_seconds"))  # type: ignore[return-value]
     except Exception:
-        return 120.0
+        return DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
 
 def _run_on_pod(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -45,6 +45,11 @@ from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import EndedBy, PodEnd, PodProvider, reaper_ttl_seconds
 from prefect_runpod.blocks.validation import check_name_prefix, check_number
+from prefect_runpod.blocks.validation.parameters import (
+    DEFAULT_NAME_PREFIX,
+    DEFAULT_PROVIDER,
+    ProviderName,
+)
 from prefect_runpod.flows.run.cost_record import record_pod_end
 from prefect_runpod.flows.run.providers import build_provider
 from prefect_runpod.tasks.terminate import terminate_pod
@@ -163,7 +168,7 @@ def decide_reap(
     run: RunSnapshot | None,
     now: datetime,
     *,
-    name_prefix: str = "prft",
+    name_prefix: str = DEFAULT_NAME_PREFIX,
     ttl_seconds: float | None = None,
     stale_running_seconds: float = 900.0,
     grace_seconds: float = 60.0,
@@ -331,8 +336,8 @@ def _act_on(
 
 @flow(name="runpod-reaper", log_prints=False)
 def reaper(
-    provider: Literal["local", "runpod"] = "local",
-    name_prefix: str = "prft",
+    provider: ProviderName = DEFAULT_PROVIDER,
+    name_prefix: str = DEFAULT_NAME_PREFIX,
     ttl_seconds: float | None = None,
     stale_running_seconds: float = 900.0,
     grace_seconds: float = 60.0,

@@ -21,13 +21,23 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, SecretStr
 
 from prefect_runpod.blocks import validation as v
-from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
 from prefect_runpod.blocks.exceptions import SpecError
-from prefect_runpod.blocks.local_pod.images import profile_names
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import DEFAULT_POD_LIFETIME_SECONDS, DEFAULT_POD_POLL_SECONDS
 from prefect_runpod.blocks.transfer.dispatch import check_tree
 from prefect_runpod.blocks.transfer.pty.options import PtyOptions
+from prefect_runpod.blocks.validation import parameters as run_parameters
+from prefect_runpod.blocks.validation.parameters import (
+    DEFAULT_DOWNLOAD,
+    DEFAULT_HEARTBEAT_STALE_SECONDS,
+    DEFAULT_PARITY_TOLERANCE,
+    DEFAULT_POD_LIFETIME_SECONDS,
+    DEFAULT_POD_POLL_SECONDS,
+    DEFAULT_PTY_FRAMING,
+    DEFAULT_PTY_STREAMS,
+    DEFAULT_RECONNECT_BUDGET_SECONDS,
+    DEFAULT_TERMINATE_TIMEOUT_SECONDS,
+    ProviderName,
+)
 from prefect_runpod.tasks.bundle import BundleSpec, load_bundle
 from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_bundle_files
 from prefect_runpod.tasks.models import PublishTarget
@@ -64,7 +74,8 @@ def transfer_methods() -> tuple[str, ...]:
 
 
 class RunSettings(BaseModel):
-    """The validated settings of one run (the flow's parameters after preflight).
+    """The validated settings of one run (the flow's parameters after preflight; each
+    field's type and default are its parameter's, ``blocks.validation.parameters``).
 
     Attributes:
         bundle: the loaded bundle spec.
@@ -94,26 +105,26 @@ class RunSettings(BaseModel):
     """
 
     bundle: BundleSpec
-    provider: Literal["local", "runpod"]
+    provider: ProviderName
     model_id: str | None
     transfer_method: str
     max_cost_usd: float | None
     max_runtime_seconds: float
     name_prefix: str
     output_dir: str
-    parity_tolerance: float = 0.02
-    heartbeat_stale_seconds: float = 900.0
+    parity_tolerance: float = DEFAULT_PARITY_TOLERANCE
+    heartbeat_stale_seconds: float = DEFAULT_HEARTBEAT_STALE_SECONDS
     pod_lifetime_seconds: float = DEFAULT_POD_LIFETIME_SECONDS
     pod_poll_seconds: float = DEFAULT_POD_POLL_SECONDS
-    terminate_timeout_seconds: float = 120.0
+    terminate_timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS
     hf_endpoint: str | None = None
     upload: BundleFiles | None = None
     publish: PublishTarget | None = None
-    download: Literal["all", "eval", "none"] = "all"
+    download: Literal["all", "eval", "none"] = DEFAULT_DOWNLOAD
     follow_links: bool = False
     reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS
-    pty_framing: Literal["auto", "raw", "base64"] = "auto"
-    pty_streams: int = 1
+    pty_framing: Literal["auto", "raw", "base64"] = DEFAULT_PTY_FRAMING
+    pty_streams: int = DEFAULT_PTY_STREAMS
 
     def transfer_options(self) -> PtyOptions:
         """The ``pty`` method's options for this run's transfers (other methods ignore
@@ -121,45 +132,35 @@ class RunSettings(BaseModel):
         return PtyOptions(framing=self.pty_framing, streams=self.pty_streams)
 
 
-def _check_choices(
-    transfer_method: str,
-    publish: str | None,
-    publish_public: bool,
-    s3_target_block: str | None,
-    download: str,
-    local_mode: str | None,
-    local_image: str | None,
-) -> PublishTarget | None:
-    """The transfer method, the publish target and the download choice, the S3 target's
-    use, the local pod's mode and image; returns the publish target.
+def _check_choices(given: dict[str, Any]) -> PublishTarget | None:
+    """Every parameter that takes one of a list (the transfer method, the local pod's
+    mode and image, the download choice), the publish target, the download choice
+    against it, and the S3 target's use; returns the publish target.
 
     Raises:
         SpecError: the first one that does not hold.
     """
-    methods = transfer_methods()
-    if transfer_method not in methods:
-        raise SpecError(
-            f"{v.label('transfer_method')} {transfer_method!r} is not one of: {', '.join(methods)}."
-        )
-    target = parse_publish_target(publish, public=publish_public, s3_target_block=s3_target_block)
-    check_download_choice(download, target)
-    publishes_to_s3 = target is not None and target.kind == "s3"
-    if s3_target_block and transfer_method not in ("auto", "s3") and not publishes_to_s3:
+    for p in run_parameters.FINETUNE_PARAMETERS:
+        allowed = p.choice_list() or run_parameters.literal_choices(p)
+        if allowed and p.name != "provider" and given[p.name] is not None:
+            v.check_choice(p.name, given[p.name], allowed)
+    method, s3_block = given["transfer_method"], given["s3_target_block"]
+    target = parse_publish_target(
+        given["publish"], public=given["publish_public"], s3_target_block=s3_block
+    )
+    check_download_choice(given["download"], target)
+    s3 = run_parameters.parameter("s3_target_block")
+    publishes_there = target is not None and target.kind == "s3"
+    if s3_block and method not in s3.used_with and not publishes_there:
         raise SpecError(
             f"{v.label('s3_target_block')} is only used by --transfer s3 (or auto) and "
-            f"--publish s3, and this run asks for {transfer_method!r}: drop it, or use "
+            f"--publish s3, and this run asks for {method!r}: drop it, or use "
             "--transfer s3."
         )
-    if transfer_method == "s3" and not s3_target_block:
+    if method in s3.needed_by and not s3_block:
         raise SpecError(
-            "transfer method 's3' needs a saved S3Target block (a bucket or a RunPod network "
-            "volume's S3 endpoint): save one and pass --s3-target NAME."
-        )
-    if local_mode is not None and local_mode not in ("gateway", "direct"):
-        raise SpecError(f"{v.label('local_mode')} {local_mode!r} is not one of: gateway, direct.")
-    if local_image is not None and local_image not in profile_names():
-        raise SpecError(
-            f"{v.label('local_image')} {local_image!r} is not one of: {', '.join(profile_names())}."
+            f"transfer method {method!r} needs a saved S3Target block (a bucket or a RunPod "
+            "network volume's S3 endpoint): save one and pass --s3-target NAME."
         )
     return target
 
@@ -241,103 +242,76 @@ def _check_bundle(
     return out, spec, repo, files
 
 
-def validate_settings(
-    *,
-    bundle: str | Path,
-    output_dir: str | Path,
-    provider: str = "local",
-    model_id: str | None = None,
-    transfer_method: str = "auto",
-    max_cost_usd: float | None = None,
-    max_runtime_seconds: float = 3600.0,
-    name_prefix: str = "prft",
-    parity_tolerance: float = 0.02,
-    s3_target_block: str | None = None,
-    heartbeat_stale_seconds: float = 900.0,
-    pod_lifetime_seconds: float = DEFAULT_POD_LIFETIME_SECONDS,
-    pod_poll_seconds: float = DEFAULT_POD_POLL_SECONDS,
-    terminate_timeout_seconds: float = 120.0,
-    hf_endpoint: str | None = None,
-    hf_credentials_block: str | None = None,
-    hf_token_secret: str | None = None,
-    hf_token_env: str = "HF_TOKEN",
-    concurrency_limit: str | None = None,
-    local_mode: str | None = None,
-    local_cost_per_hr: float | None = None,
-    local_image: str | None = None,
-    runpod_credentials_block: str | None = None,
-    runpod_spec_block: str | None = None,
-    ssh_key_block: str | None = None,
-    gpu_type_ids: list[str] | None = None,
-    allow_secret_files: list[str] | None = None,
-    publish: str | None = None,
-    publish_public: bool = False,
-    download: str = "all",
-    follow_links: bool = False,
-    reconnect_budget_seconds: float = DEFAULT_RECONNECT_BUDGET_SECONDS,
-    pty_framing: str = "auto",
-    pty_streams: int = 1,
-) -> RunSettings:
+def validate_settings(*, bundle: str | Path, output_dir: str | Path, **params: Any) -> RunSettings:
     """Check a run's input before anything is rented; reads the bundle, nothing else.
-    Parameters and defaults are the fine-tune flow's (``flows.finetune.finetune``).
 
     Every check is one sentence naming the parameter (and its CLI option) and what to
     do; the first problem found is raised. Saved blocks are checked by name only here
     (loading them needs the Prefect API: ``flows/run/inputs.py`` does that next).
 
+    Args:
+        bundle: the bundle directory (the demo bundle's when the run names none).
+        output_dir: where the run keeps its outputs and report.
+        params: any other fine-tune parameter by name; a missing one takes its default
+            (both from ``blocks.validation.parameters``, the flow's own table).
+
     Returns:
         The ``RunSettings``; ``model_id`` falls back to the bundle's own ``model_id``.
 
     Raises:
+        TypeError: a parameter the flow does not have (a programming error).
         SpecError: a token in a parameter, an option of the other provider, an unknown
             transfer method, a number that is NaN/infinite/out of range, a malformed
             prefix, URL, block name or repo id, an output dir that cannot be written, a
             bad bundle, or bundle files that look like secrets.
     """
-    given: dict[str, Any] = dict(locals())
-    v.refuse_secret_values({k: val for k, val in given.items() if k != "hf_token_env"})
-    v.check_env_name(hf_token_env)
-    v.check_provider_options(provider, given)
-    target = _check_choices(
-        transfer_method, publish, publish_public, s3_target_block, download, local_mode, local_image
+    unknown = sorted(set(params) - set(run_parameters.defaults()))
+    if unknown:
+        raise TypeError(f"validate_settings() got unexpected parameters: {', '.join(unknown)}")
+    g: dict[str, Any] = {
+        **run_parameters.defaults(),
+        **params,
+        "bundle": bundle,
+        "output_dir": output_dir,
+    }
+    v.refuse_secret_values({k: val for k, val in g.items() if k != "hf_token_env"})
+    v.check_env_name(g["hf_token_env"])
+    v.check_provider_options(g["provider"], g)
+    target = _check_choices(g)
+    _check_names(g)
+    number = {
+        p.name: v.check_number(p.name, g[p.name], optional=p.default is None)
+        for p in run_parameters.number_parameters()
+    }
+    runtime, lifetime = number["max_runtime_seconds"], number["pod_lifetime_seconds"]
+    assert runtime is not None and lifetime is not None
+    pty = PtyOptions(framing=g["pty_framing"], streams=g["pty_streams"])  # checked where made
+    hf_endpoint = _check_limits(
+        runtime, lifetime, g["concurrency_limit"], g["hf_endpoint"], g["gpu_type_ids"]
     )
-    _check_names(given)
-    max_cost_usd = v.check_number("max_cost_usd", max_cost_usd, optional=True)
-    runtime = v.check_number("max_runtime_seconds", max_runtime_seconds)
-    tolerance = v.check_number("parity_tolerance", parity_tolerance)
-    v.check_number("local_cost_per_hr", local_cost_per_hr, optional=True)
-    stale = v.check_number("heartbeat_stale_seconds", heartbeat_stale_seconds)
-    lifetime = v.check_number("pod_lifetime_seconds", pod_lifetime_seconds)
-    reconnect_budget = v.check_number("reconnect_budget_seconds", reconnect_budget_seconds)
-    poll = v.check_number("pod_poll_seconds", pod_poll_seconds)
-    terminate_timeout = v.check_number("terminate_timeout_seconds", terminate_timeout_seconds)
-    assert runtime is not None and tolerance is not None and stale is not None and lifetime
-    assert reconnect_budget is not None and poll is not None and terminate_timeout is not None
-    pty = PtyOptions(framing=pty_framing, streams=pty_streams)  # checked where it is made
-    hf_endpoint = _check_limits(runtime, lifetime, concurrency_limit, hf_endpoint, gpu_type_ids)
     out, spec, repo, files = _check_bundle(
-        output_dir, bundle, model_id, allow_secret_files, follow_links
+        g["output_dir"], g["bundle"], g["model_id"], g["allow_secret_files"], g["follow_links"]
     )
     return RunSettings(
         bundle=spec,
-        provider=provider,  # type: ignore[arg-type]
+        provider=g["provider"],
         model_id=repo,
-        transfer_method=transfer_method,
-        max_cost_usd=max_cost_usd,
+        transfer_method=g["transfer_method"],
+        max_cost_usd=number["max_cost_usd"],
         max_runtime_seconds=runtime,
-        name_prefix=name_prefix,
+        name_prefix=g["name_prefix"],
         output_dir=str(out),
-        parity_tolerance=tolerance,
-        heartbeat_stale_seconds=stale,
+        parity_tolerance=number["parity_tolerance"],  # type: ignore[arg-type]
+        heartbeat_stale_seconds=number["heartbeat_stale_seconds"],  # type: ignore[arg-type]
         pod_lifetime_seconds=lifetime,
-        pod_poll_seconds=poll,
-        terminate_timeout_seconds=terminate_timeout,
+        pod_poll_seconds=number["pod_poll_seconds"],  # type: ignore[arg-type]
+        terminate_timeout_seconds=number["terminate_timeout_seconds"],  # type: ignore[arg-type]
         hf_endpoint=hf_endpoint,
         upload=files,
         publish=target,
-        download=download,  # type: ignore[arg-type]
-        follow_links=bool(follow_links),
-        reconnect_budget_seconds=reconnect_budget,
+        download=g["download"],
+        follow_links=bool(g["follow_links"]),
+        reconnect_budget_seconds=number["reconnect_budget_seconds"],  # type: ignore[arg-type]
         pty_framing=pty.framing,  # type: ignore[arg-type]
         pty_streams=pty.streams,
     )

@@ -16,6 +16,7 @@ from prefect_runpod.blocks.exceptions import TerminateError
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
+from prefect_runpod.blocks.validation.parameters import DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:  # the console (paramiko) is opened only inside prepare_pod
     from prefect_runpod.blocks.console import ConsoleLike
@@ -30,7 +31,7 @@ def provision(
     name: str,
     ready_timeout_seconds: float,
     on_created: Callable[[PodHandle], None],
-    terminate_timeout_seconds: float = 120.0,
+    terminate_timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS,
 ) -> PodHandle:
     """Create the pod named ``name`` (adopting a live one of that name), hand its handle to
     ``on_created`` as soon as the id exists, then wait until SSH answers.

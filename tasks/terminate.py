@@ -10,12 +10,13 @@ from prefect.cache_policies import NO_CACHE
 
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import PodProvider, TerminateResult
+from prefect_runpod.blocks.validation.parameters import DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
 __all__ = ["terminate", "terminate_by_name", "terminate_pod"]
 
 
 def terminate_pod(
-    provider: PodProvider, pod_id: str, timeout_seconds: float = 120.0
+    provider: PodProvider, pod_id: str, timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS
 ) -> TerminateResult:
     """Terminate ``pod_id`` and return once the provider confirms it gone.
 
@@ -64,7 +65,7 @@ def terminate_by_name(
 
 @task(name="terminate", cache_policy=NO_CACHE, retries=0)
 def terminate(
-    provider: PodProvider, pod_id: str, timeout_seconds: float = 120.0
+    provider: PodProvider, pod_id: str, timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS
 ) -> TerminateResult:
     """The ``terminate`` stage: see ``terminate_pod``. One deadline in all: the provider
     repeats transient failures within it and stops at once on answers retrying cannot

@@ -29,6 +29,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponent
 
 from prefect_runpod.blocks.exceptions import ConsoleConnectError, SpecError
 from prefect_runpod.blocks.provider import PodCause, PodStatus, host_lost, lost_error
+from prefect_runpod.blocks.validation.parameters import DEFAULT_RECONNECT_BUDGET_SECONDS
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
@@ -39,8 +40,6 @@ __all__ = ["DEFAULT_RECONNECT_BUDGET_SECONDS", "ReconnectPolicy", "Resuming", "r
 
 log = logging.getLogger("prefect_runpod.console")
 
-DEFAULT_RECONNECT_BUDGET_SECONDS = 120.0
-"""How long a stage waits for a pod's SSH to come back, by default."""
 
 T = TypeVar("T")
 

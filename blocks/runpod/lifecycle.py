@@ -24,6 +24,7 @@ from prefect_runpod.blocks.pod_handle import SSHEndpoint
 from prefect_runpod.blocks.provider import PodCause, PodStatus, TerminateResult, end_command
 from prefect_runpod.blocks.runpod.api import PodRecord, RunPodApi
 from prefect_runpod.blocks.runpod.errors import ErrorKind, FailoverAction, classify_exception
+from prefect_runpod.blocks.validation.parameters import DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
 __all__ = [
     "GONE_STATUSES",
@@ -104,7 +105,7 @@ def terminate_until_gone(
     client: RunPodApi,
     pod_id: str,
     *,
-    timeout_seconds: float = 120.0,
+    timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS,
     initial_delay_seconds: float = 1.0,
     poll_interval_seconds: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,

@@ -45,6 +45,7 @@ from prefect_runpod.blocks.runpod.errors import (
 from prefect_runpod.blocks.runpod.lifecycle import status_from_pod
 from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey, normalise_public_key
 from prefect_runpod.blocks.runpod.v2_models import CreatePodRequest
+from prefect_runpod.blocks.validation.parameters import DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from tenacity import Retrying
@@ -95,7 +96,9 @@ class PodPlacement:
             lifetime: float | None = None,
             lease: datetime | None = None,
         ) -> PodHandle: ...
-        def terminate(self, pod_id: str, timeout_seconds: float = 120.0) -> TerminateResult: ...
+        def terminate(
+            self, pod_id: str, timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS
+        ) -> TerminateResult: ...
         def ensure_account_key(self) -> bool: ...
 
     def _template(self, request: PodRequest, name: str) -> dict[str, Any]:

@@ -73,6 +73,7 @@ from prefect_runpod.blocks.runpod.lifecycle import (
 )
 from prefect_runpod.blocks.runpod.placement import PodPlacement, Retry
 from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
+from prefect_runpod.blocks.validation.parameters import DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
 __all__ = ["RunPodProvider"]
 
@@ -396,7 +397,9 @@ class RunPodProvider(PodPlacement):
 
     # -- terminate --------------------------------------------------------------------
 
-    def terminate(self, pod_id: str, timeout_seconds: float = 120.0) -> TerminateResult:
+    def terminate(
+        self, pod_id: str, timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS
+    ) -> TerminateResult:
         """Terminate ``pod_id`` and return once RunPod reads it back as gone; see
         ``runpod.lifecycle.terminate_until_gone`` (idempotent, never gone on a timeout).
 

@@ -13,6 +13,7 @@ from pydantic import AfterValidator
 
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.validation.options import OPTIONS, label
+from prefect_runpod.blocks.validation.parameters import number_parameters
 
 __all__ = [
     "NUMBER_RULES",
@@ -85,25 +86,24 @@ def _rules(*rules: NumberRule) -> dict[str, NumberRule]:
     return {r.name: r for r in rules}
 
 
-NUMBER_RULES: dict[str, NumberRule] = _rules(
-    NumberRule("max_cost_usd", "USD", "the budget cap", "2", gt=0, le=100_000),
-    NumberRule("max_runtime_seconds", "s", "the training runtime cap", "3600", gt=0, le=30 * _DAY_SECONDS),
-    NumberRule("parity_tolerance", "", "the allowed accuracy gap, a fraction", "0.02", ge=0, lt=1),
-    NumberRule("local_cost_per_hr", "USD/h", "the local pod's pretend price", "0.22", ge=0, le=1000),
-    NumberRule("heartbeat_stale_seconds", "s", "how old the flow's heartbeat may get before the pod removes itself", "900", gt=0, le=30 * _DAY_SECONDS),
-    NumberRule("pod_lifetime_seconds", "s", "the hard cap on the pod's life", "21600", gt=0, le=30 * _DAY_SECONDS),
-    NumberRule("check_interval_seconds", "s", "how often the pod-side watchdog looks", "30", gt=0, le=_DAY_SECONDS),
-    NumberRule("reconnect_budget_seconds", "s", "how long a stage waits for the pod's SSH to come back", "120", gt=0, le=_DAY_SECONDS),
-    NumberRule("ttl_seconds", "s", "the age after which the reaper ends any pod (default: the pod's recorded lifetime plus a grace)", "22200", gt=0, le=365 * _DAY_SECONDS),
-    NumberRule("pod_poll_seconds", "s", "how often the run asks the provider whether its pod still lives", "10", gt=0, le=3600),
-    NumberRule("terminate_timeout_seconds", "s", "how long terminate waits for the provider to confirm the pod gone", "120", gt=0, le=3600),
-    NumberRule("stale_running_seconds", "s", "the silence after which a running flow counts as dead", "900", gt=0, le=365 * _DAY_SECONDS),
-    NumberRule("grace_seconds", "s", "how long a pod of an unknown run is spared", "60", ge=0, le=_DAY_SECONDS),
-    NumberRule("max_usd_per_hour", "USD/h", "the highest price per hour to rent at", "0.5", ge=0, le=1000),
-    NumberRule("pty_streams", "", "how many PTY sessions a pty transfer stripes over", "4", ge=1, le=16, whole=True),
-    NumberRule("max_seconds", "s", "how long `logs --follow` follows", "3600", gt=0, le=30 * _DAY_SECONDS),
-)  # fmt: skip
-"""Every numeric input of a run, the reaper and the blocks, with its unit and range."""
+NUMBER_RULES: dict[str, NumberRule] = {
+    **{
+        p.name: NumberRule(
+            p.name, p.unit, p.meaning or "", p.example, p.gt, p.ge, p.lt, p.le, p.whole
+        )
+        for p in number_parameters()
+    },
+    **_rules(
+        NumberRule("check_interval_seconds", "s", "how often the pod-side watchdog looks", "30", gt=0, le=_DAY_SECONDS),
+        NumberRule("ttl_seconds", "s", "the age after which the reaper ends any pod (default: the pod's recorded lifetime plus a grace)", "22200", gt=0, le=365 * _DAY_SECONDS),
+        NumberRule("stale_running_seconds", "s", "the silence after which a running flow counts as dead", "900", gt=0, le=365 * _DAY_SECONDS),
+        NumberRule("grace_seconds", "s", "how long a pod of an unknown run is spared", "60", ge=0, le=_DAY_SECONDS),
+        NumberRule("max_usd_per_hour", "USD/h", "the highest price per hour to rent at", "0.5", ge=0, le=1000),
+        NumberRule("max_seconds", "s", "how long `logs --follow` follows", "3600", gt=0, le=30 * _DAY_SECONDS),
+    ),
+}  # fmt: skip
+"""Every numeric input of a run (from its parameter's declaration,
+``parameters.FINETUNE_PARAMETERS``), the reaper and the blocks, with its unit and range."""
 
 
 def check_number(name: str, value: Any, *, optional: bool = False) -> float | None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.validation.parameters import FINETUNE_PARAMETERS
 
 __all__ = [
     "OPTIONS",
@@ -16,31 +17,13 @@ __all__ = [
 ]
 
 OPTIONS: dict[str, str] = {
-    "bundle": "--bundle", "provider": "--provider", "model_id": "--model-id",
-    "hf_endpoint": "--hf-endpoint", "hf_credentials_block": "--hf-credentials",
-    "hf_token_secret": "--hf-token-secret", "hf_token_env": "--hf-token-env",
-    "transfer_method": "--transfer", "follow_links": "--follow-links",
-    "max_cost_usd": "--max-cost-usd",
-    "max_runtime_seconds": "--max-runtime-seconds", "parity_tolerance": "--parity-tolerance",
-    "name_prefix": "--name-prefix", "local_mode": "--local-mode",
-    "local_cost_per_hr": "--local-cost-per-hr", "local_image": "--local-image",
-    "output_dir": "--output-dir",
-    "concurrency_limit": "--concurrency-limit",
-    "heartbeat_stale_seconds": "--heartbeat-stale-seconds",
-    "pod_lifetime_seconds": "--pod-lifetime-seconds",
-    "reconnect_budget_seconds": "--reconnect-budget-seconds",
-    "runpod_credentials_block": "--runpod-credentials", "runpod_spec_block": "--runpod-spec",
-    "ssh_key_block": "--ssh-key", "s3_target_block": "--s3-target",
-    "gpu_type_ids": "--gpu-type", "allow_secret_files": "--allow-secret-file",
-    "ttl_seconds": "--ttl-seconds", "publish": "--publish",
-    "publish_public": "--publish-public", "download": "--download",
-    "pod_poll_seconds": "--pod-poll-seconds",
-    "terminate_timeout_seconds": "--terminate-timeout-seconds", "run_id": "RUN_ID",
+    **{p.name: p.option for p in FINETUNE_PARAMETERS if p.option},
+    "ttl_seconds": "--ttl-seconds",
+    "run_id": "RUN_ID",
     "pod_id": "POD_ID",
-    "pty_framing": "--pty-framing", "pty_streams": "--pty-streams",
-}  # fmt: skip
-"""Each run parameter and the ``prefect-runpod`` option that sets it, so a message names
-both: a CLI user and a deployment's caller each recognise their own spelling."""
+}
+"""Each run parameter and the ``prefect-runpod`` option that sets it (from the parameter's
+declaration, ``parameters.FINETUNE_PARAMETERS``), so a message names both: a CLI user and a deployment's caller each recognise their own spelling."""
 
 
 def label(name: str) -> str:

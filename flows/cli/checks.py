@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from prefect_runpod.blocks.secret_mask import error_text
-from prefect_runpod.flows.cli.common import EXIT_FAILED, api, print_json, print_table
+from prefect_runpod.flows.cli.common import (
+    EXIT_FAILED,
+    add_parameter_options,
+    api,
+    print_json,
+    print_table,
+)
 
 __all__ = ["Item", "add_parsers", "run_check", "run_plan"]
 
@@ -64,18 +70,18 @@ def add_parsers(sub: Any) -> None:
         "the Prefect API, the local tools, the Hugging Face token, and RunPod's API key and "
         "the account's SSH key. Exit 0 when all required checks pass, 1 when one fails.",
     )
-    check.add_argument(
-        "--provider",
-        choices=["local", "runpod"],
-        default="local",
-        help="runpod: RunPod's key and the account's SSH key are required (default local)",
+    add_parameter_options(
+        check,
+        [
+            "provider",
+            "runpod_credentials_block",
+            "ssh_key_block",
+            "hf_credentials_block",
+            "hf_token_secret",
+            "hf_token_env",
+            "hf_endpoint",
+        ],
     )
-    check.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
-    check.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
-    check.add_argument("--hf-credentials", metavar="NAME", help="saved HuggingFaceCredentials")
-    check.add_argument("--hf-token-secret", metavar="NAME", help="saved Secret with the token")
-    check.add_argument("--hf-token-env", default="HF_TOKEN", metavar="VAR")
-    check.add_argument("--hf-endpoint", help="Hugging Face Hub endpoint")
     check.add_argument("--json", action="store_true", help="print the checks as JSON")
 
     plan = sub.add_parser(
@@ -148,8 +154,8 @@ def _runpod_items(args: argparse.Namespace, required: bool) -> list[Item]:
 
     params = {
         "provider": "runpod",
-        "runpod_credentials_block": args.runpod_credentials,
-        "ssh_key_block": args.ssh_key,
+        "runpod_credentials_block": args.runpod_credentials_block,
+        "ssh_key_block": args.ssh_key_block,
     }
     try:
         provider, _ = build_provider(params, need_ssh_key=True)
@@ -228,7 +234,7 @@ def run_check(args: argparse.Namespace) -> int:
             )
             try:
                 access = resolve_hf_access(
-                    credentials_block=args.hf_credentials,
+                    credentials_block=args.hf_credentials_block,
                     token_secret=args.hf_token_secret,
                     token_env=args.hf_token_env,
                     endpoint=args.hf_endpoint,

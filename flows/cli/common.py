@@ -16,6 +16,8 @@ from typing import Any
 __all__ = [
     "EXIT_FAILED",
     "EXIT_USAGE",
+    "PROVIDER_PARAMETERS",
+    "add_parameter_options",
     "age_text",
     "api",
     "print_json",
@@ -31,19 +33,53 @@ EXIT_USAGE = 2
 """Bad input, refused before anything started: nothing was rented."""
 
 
+def add_parameter_options(parser: argparse.ArgumentParser, names: list[str]) -> None:
+    """Add the CLI option of each run parameter in ``names``, as its one declaration says
+    (``blocks.validation.parameters``): the option, its help, its default, its type or
+    choices, and ``dest`` = the parameter's name. A ``bool`` is a flag, a ``list`` an
+    option to repeat.
+
+    Raises:
+        KeyError: a name that is no run parameter (a programming error).
+    """
+    from prefect_runpod.blocks.validation.parameters import literal_choices, parameter
+
+    for name in names:
+        p = parameter(name)
+        assert p.option is not None, name
+        kw: dict[str, Any] = {"dest": p.name, "help": p.cli_help}
+        if p.annotation == "bool":
+            kw["action"] = "store_true"
+        elif p.annotation.startswith("list["):
+            kw["action"] = "append"
+        else:
+            kw["default"] = p.default
+            number = p.annotation.split(" ")[0]
+            if number in ("float", "int"):
+                kw["type"] = float if number == "float" else int
+            choices = p.choice_list() or literal_choices(p)
+            if choices:
+                kw["choices"] = choices
+        if p.metavar:
+            kw["metavar"] = p.metavar
+        parser.add_argument(p.option, **kw)
+
+
+PROVIDER_PARAMETERS = [
+    "provider",
+    "name_prefix",
+    "runpod_credentials_block",
+    "runpod_spec_block",
+    "ssh_key_block",
+]
+"""The run parameters that pick a provider and its saved blocks, for the commands that
+list and end pods."""
+
+
 def provider_args(p: argparse.ArgumentParser) -> None:
     """Add the options that pick a provider and its saved blocks (``--provider``,
     ``--name-prefix``, ``--runpod-credentials``, ``--runpod-spec``, ``--ssh-key``)."""
-    p.add_argument(
-        "--provider",
-        choices=["local", "runpod"],
-        default="local",
-        help="local pods (default) or RunPod",
-    )
-    p.add_argument("--name-prefix", default="prft", help="pod name prefix (default prft)")
-    p.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
-    p.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
-    p.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
+    add_parameter_options(p, PROVIDER_PARAMETERS)
 
 
 def provider_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -56,12 +92,7 @@ def provider_params(args: argparse.Namespace) -> dict[str, Any]:
     from prefect_runpod.blocks.validation import check_name_prefix
 
     check_name_prefix(args.name_prefix)
-    return {
-        "provider": args.provider,
-        "runpod_credentials_block": args.runpod_credentials,
-        "runpod_spec_block": args.runpod_spec,
-        "ssh_key_block": args.ssh_key,
-    }
+    return {name: getattr(args, name) for name in PROVIDER_PARAMETERS if name != "name_prefix"}
 
 
 def api() -> contextlib.AbstractContextManager[str | None]:

@@ -193,7 +193,7 @@ def _provider_for(record: CostRecord, args: argparse.Namespace) -> PodProvider |
 
     params = _run_parameters(record.flow_run_id)
     for name in ("runpod_credentials_block", "runpod_spec_block", "ssh_key_block"):
-        given = getattr(args, name.removesuffix("_block"), None)
+        given = getattr(args, name, None)
         if given:
             params[name] = given
     params["provider"] = args.provider or record.provider

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from prefect_runpod.blocks.provider import DEFAULT_POD_LIFETIME_SECONDS, REAPER_TTL_GRACE_SECONDS
+from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
 from prefect_runpod.flows.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -167,12 +168,7 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
     from prefect_runpod.flows.reaper import flow_run_id_from_pod_name
     from prefect_runpod.flows.run.providers import build_provider
 
-    overrides = {
-        "runpod_credentials_block": args.runpod_credentials,
-        "runpod_spec_block": args.runpod_spec,
-        "ssh_key_block": args.ssh_key,
-        "provider": args.provider,
-    }
+    overrides = provider_params(args)
     target = args.target.strip()
     if "-" in target:  # a flow run id
         run_id = check_flow_run_id(target)
@@ -186,7 +182,7 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
             )
         return handle, key_path_for(handle.provider, view.output_dir), provider.provider_name
     check_pod_id(target)
-    params = {**provider_params(args), "provider": args.provider or "local"}
+    params = {**provider_params(args), "provider": args.provider or DEFAULT_PROVIDER}
     provider, _ = build_provider(params, need_ssh_key=False)
     found = [h for h in provider.list("") if h.pod_id == target]
     if not found:

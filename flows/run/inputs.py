@@ -81,11 +81,11 @@ class PreparedRun:
 
 
 def settings_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The fine-tune parameters ``validate_settings`` takes, from a parameter mapping
-    (the flow's or the CLI's); missing ones keep ``validate_settings``' defaults."""
-    import inspect
+    """The fine-tune parameters (``blocks.validation.parameters``) among a mapping (the
+    flow's or the CLI's); missing ones keep their defaults."""
+    from prefect_runpod.blocks.validation.parameters import defaults
 
-    accepted = set(inspect.signature(validate_settings).parameters)
+    accepted = set(defaults())
     return {k: val for k, val in params.items() if k in accepted}
 
 
