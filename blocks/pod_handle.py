@@ -49,7 +49,7 @@ class PodHandle(BaseModel):
         pod_id: the provider's id: lowercase letters and digits (RunPod's ``id``; local
             pods get ids of the same shape).
         name: ``<prefix>-<flow_run_id>``; hooks and the reaper find pods by it.
-        provider: ``runpod`` or ``local``.
+        provider: the provider's name (``runpod``, ``local``: ``blocks.provider_registry``).
         gpu_type: the GPU type id rented (``NVIDIA GeForce RTX 3090``), ``cpu`` locally.
         cost_per_hr: price in USD/h (RunPod's ``costPerHr``).
         created_at: when the provider returned the id (UTC); billing starts here.
@@ -66,7 +66,7 @@ class PodHandle(BaseModel):
 
     pod_id: str
     name: str
-    provider: Literal["runpod", "local"]
+    provider: str
     gpu_type: str = "cpu"
     cost_per_hr: float = Field(default=0.0, ge=0.0)
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))

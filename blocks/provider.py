@@ -3,7 +3,9 @@
 Two implementations: ``RunPodProvider`` (the ``runpod`` SDK, GraphQL) and
 ``LocalPodProvider`` (the embedded default: a loopback SSH server in a scratch
 workspace). Like SkyPilot's provision layer, this module is the contract; each
-backend module only implements it.
+backend module only implements it. What a provider offers beyond it is asked for by
+``supports(Capability…)`` (``blocks/provider_capabilities.py``); which providers exist
+is ``blocks/provider_registry.py``'s.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.exceptions import PodGoneError
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider_capabilities import Capability
 from prefect_runpod.blocks.validation import constrained
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_HEARTBEAT_STALE_SECONDS,
@@ -28,6 +31,7 @@ from prefect_runpod.blocks.validation.parameters import (
 )
 
 __all__ = [
+    "Capability",
     "DEFAULT_POD_LIFETIME_SECONDS",
     "DEFAULT_POD_POLL_SECONDS",
     "DEFAULT_TERMINATE_TIMEOUT_SECONDS",
@@ -243,6 +247,11 @@ class PodProvider(Protocol):
         Idempotent: an unknown/already-terminated pod counts as gone. Raises
         ``TerminateError`` when not confirmed within ``timeout_seconds`` (never
         reports gone on a timeout)."""
+        ...
+
+    def supports(self, capability: Capability) -> bool:
+        """Whether the provider offers ``capability`` and its method (``plan_pod``,
+        ``offers``, ``fetch_bill``…; see ``blocks/provider_capabilities.py``)."""
         ...
 
     def status(self, pod_id: str) -> PodStatus:

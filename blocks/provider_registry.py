@@ -15,13 +15,17 @@ Imports the standard library only (and ``blocks.exceptions``), so the parameter 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_runpod.blocks.exceptions import SpecError
+
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.provider_capabilities import Capability
 
 __all__ = [
     "provider_class",
     "provider_names",
+    "provider_supports",
     "register_provider",
     "unregister_provider",
 ]
@@ -71,12 +75,17 @@ def provider_class(name: str) -> Any:
     """
     found = _REGISTRY.get(name)
     if found is None:
-        raise SpecError(
-            f"provider {name!r} is not one of: {', '.join(provider_names())}: pass one of "
-            "them (--provider)."
-        )
+        raise SpecError(f"provider {name!r} is not one of: {', '.join(provider_names())}")
     if isinstance(found, str):
         module, _, attr = found.partition(":")
         found = getattr(importlib.import_module(module), attr)
         _REGISTRY[name] = found
     return found
+
+
+def provider_supports(name: str, capability: Capability) -> bool:
+    """Whether the provider registered as ``name`` offers ``capability``; False for a
+    name not registered here (a record written by a provider this process lacks)."""
+    if name not in _REGISTRY:
+        return False
+    return bool(provider_class(name).supports(capability))

@@ -35,12 +35,14 @@ from prefect_runpod.blocks.exceptions import (
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import (
+    Capability,
     DeadmanConfig,
     EndedBy,
     PodEnd,
     PodRequest,
     PodWatch,
 )
+from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.validation import parameters as run_parameters
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_DOWNLOAD,
@@ -263,8 +265,8 @@ def finetune(
     )
     budget = _Budget(None)
     ssh_key_path = (
-        os.environ.get("RUNPOD_SSH_KEY_PATH", "~/.ssh/id_ed25519_runpod")
-        if provider == "runpod"
+        provider_class(provider).user_key_path()
+        if provider_supports(provider, Capability.USER_KEY)
         else None
     )
     pod_provider = None
@@ -432,7 +434,7 @@ def _run_on_pod(
         reconnect = ReconnectPolicy(
             budget_seconds=settings.reconnect_budget_seconds, status=guards.watch.ask
         )
-        report.ssh_command = handle.ssh_command(key_path or _save_local_key(handle, key, out))
+        report.ssh_command = handle.ssh_command(key_path or _save_local_key(key, out))
         write_report(report)  # the report on disk names the way in while the pod is up
         run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
         tools_dir = prepare_pod(handle, key, run_dir, deadman, reconnect)
@@ -630,11 +632,10 @@ def _declared_outputs(bundle: Any) -> dict[str, str]:
     return expected
 
 
-def _save_local_key(handle: PodHandle, key: SecretStr, out: Path) -> str:
-    """For a local pod, keep its throwaway per-run key (mode 0600) beside the outputs so
-    the printed ``ssh`` command works; for RunPod, the user's own key is named instead."""
-    if handle.provider != "local":
-        return "<your RunPod key>"
+def _save_local_key(key: SecretStr, out: Path) -> str:
+    """Keep a pod's throwaway per-run key (mode 0600) beside the outputs so the printed
+    ``ssh`` command works (a provider that reaches pods with the user's own key,
+    ``Capability.USER_KEY``, names that key instead)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "pod-ssh-key"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -43,7 +43,14 @@ from pydantic import BaseModel
 
 from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import EndedBy, PodEnd, PodProvider, reaper_ttl_seconds
+from prefect_runpod.blocks.provider import (
+    Capability,
+    EndedBy,
+    PodEnd,
+    PodProvider,
+    reaper_ttl_seconds,
+)
+from prefect_runpod.blocks.provider_registry import provider_supports
 from prefect_runpod.blocks.validation import check_name_prefix, check_number
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_NAME_PREFIX,
@@ -142,7 +149,7 @@ def deadman_attempts(pod: PodHandle) -> list[dict] | None:
     """What the pod's dead-man switch recorded (``deadman.jsonl`` in each run directory),
     when it can be read from here: a local pod's workspace is on this disk. None for a
     pod elsewhere (RunPod: the file is on the pod, ``<workdir>/prefect-runpod/*/``)."""
-    if pod.provider != "local":
+    if not provider_supports(pod.provider, Capability.ON_THIS_MACHINE):
         return None
     from prefect_runpod.blocks.local_pod.registry import read_deadman_attempts
 

@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.publish.base import publish_kind
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.tasks.models import PublishReport, VerificationRecord
 
@@ -95,17 +96,15 @@ def verification_records(
             )
         )
     if published is not None:
-        hub = published.kind == "hf"
+        kind = publish_kind(published.kind)
         records.append(
             VerificationRecord(
-                where="hub" if hub else "s3",
-                location=f"{published.target}@{published.revision}" if hub else published.target,
+                where=kind.where,
+                location=kind.verified_location(published.target, published.revision),
                 files=len(published.files),
                 bytes=published.bytes,
                 verified=published.verified,
-                how="the Hub's LFS sha256 / git blob id per file (paths-info)"
-                if hub
-                else "each object's sha256 metadata and size (HeadObject, never the ETag)",
+                how=kind.how,
             )
         )
     return records

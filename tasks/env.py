@@ -184,7 +184,7 @@ def env(
         tools_dir: the pod folder holding ``probe.py``.
         venv: the pod venv path (default ``<tools_dir>/venv``).
         torch_index_base / pip_index_url: package sources (test indexes in rehearsals).
-        publish_kind: ``hf`` or ``s3`` when the run publishes from the pod: the
+        publish_kind: the publish kind (``hf``, ``s3``) when the run publishes from the pod: the
             publisher's Python and client are made ready too (``tasks/publish_env.py``).
         reconnect: the run's reconnect policy (budget, backoff, provider status).
 

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 # Transfer records live with the transfer code in blocks/ (blocks never import tasks/).
+from prefect_runpod.blocks.publish.base import PublishTarget
 from prefect_runpod.blocks.transfer.models import Manifest, ManifestEntry, TransferReport
 
 __all__ = [
@@ -321,37 +322,6 @@ class CostReport(BaseModel):
     billing_note: str = ""
 
 
-class PublishTarget(BaseModel):
-    """Where the publish stage ships the outputs from the pod (docs/architecture.md#publish-from-the-pod).
-
-    Written ``hf:ORG/REPO[@BRANCH]`` or ``s3[:PREFIX]`` (``tasks/publish_target.py``
-    parses it).
-
-    Attributes:
-        spec: the text as given (``hf:demo/tiny-classifier@main``).
-        kind: ``hf`` (a Hugging Face model repo) or ``s3`` (the run's ``S3Target``).
-        repo_id: ``ORG/REPO`` for ``hf``.
-        revision: the branch to commit to for ``hf``; None means the repo's ``main``.
-        private: a repo created by the run is private unless this is False.
-        prefix: for ``s3``, the key prefix under the ``S3Target``'s own prefix; None
-            means ``prefect-runpod/<flow_run_id>``.
-        s3_target_block: the saved ``S3Target`` block for ``s3``.
-    """
-
-    spec: str
-    kind: Literal["hf", "s3"]
-    repo_id: str | None = None
-    revision: str | None = None
-    private: bool = True
-    prefix: str | None = None
-    s3_target_block: str | None = None
-
-    @property
-    def branch(self) -> str:
-        """The branch a Hub commit goes to (``main`` unless one was named)."""
-        return self.revision or "main"
-
-
 class PublishedFile(BaseModel):
     """One published file and how its copy at the destination was checked.
 
@@ -359,7 +329,8 @@ class PublishedFile(BaseModel):
         path: relative POSIX path (in the repo, or under the S3 prefix).
         size_bytes: its size, from the pod-side manifest.
         sha256 / git_sha1: the pod-side manifest's digests.
-        storage: ``lfs`` or ``regular`` (how the Hub stores it), or ``s3``.
+        storage: how the destination stores it: ``lfs`` or ``regular`` on the Hub,
+            ``s3`` in a bucket (the publish kind's ``check_record``).
         remote_id: what the destination reported: the LFS sha256 or the git blob id on
             the Hub, the sha256 metadata of the object on S3.
         verified: True when the destination's record equals the pod's manifest.
@@ -369,7 +340,7 @@ class PublishedFile(BaseModel):
     size_bytes: int = Field(ge=0)
     sha256: str
     git_sha1: str | None = None
-    storage: Literal["lfs", "regular", "s3"]
+    storage: str
     remote_id: str | None = None
     verified: bool = False
 
@@ -380,7 +351,7 @@ class PublishReport(BaseModel):
     Attributes:
         target: the destination as a URI: ``hf://ORG/REPO`` or ``s3://BUCKET/PREFIX``
             (also the key of the Prefect asset materialised for the model).
-        kind: ``hf`` or ``s3``.
+        kind: the publish kind (``hf``, ``s3``: ``blocks.publish``).
         revision: the Hub commit id the files were verified at (None for S3).
         branch: the branch committed to (Hub only).
         url: the commit's web page on the Hub, or the S3 URI.
@@ -392,7 +363,7 @@ class PublishReport(BaseModel):
     """
 
     target: str
-    kind: Literal["hf", "s3"]
+    kind: str
     revision: str | None = None
     branch: str | None = None
     url: str | None = None
@@ -407,7 +378,8 @@ class VerificationRecord(BaseModel):
     """One place where the run's outputs were checked against the pod-side manifest.
 
     Attributes:
-        where: ``local`` (the downloaded copy), ``hub`` or ``s3``.
+        where: ``local`` (the downloaded copy), or the publish kind's place (``hub``,
+            ``s3``).
         location: the local folder, ``hf://ORG/REPO@<revision>`` or the S3 URI.
         files: files checked there.
         bytes: their total size in bytes.
@@ -415,7 +387,7 @@ class VerificationRecord(BaseModel):
         how: what was compared (e.g. ``md5 + sha256 re-hashed locally``).
     """
 
-    where: Literal["local", "hub", "s3"]
+    where: str
     location: str
     files: int = 0
     bytes: int = 0

@@ -23,6 +23,7 @@ from pydantic import BaseModel, SecretStr
 from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.publish.base import publish_kind
 from prefect_runpod.blocks.transfer.dispatch import check_tree
 from prefect_runpod.blocks.transfer.pty.options import PtyOptions
 from prefect_runpod.blocks.validation import parameters as run_parameters
@@ -150,7 +151,7 @@ def _check_choices(given: dict[str, Any]) -> PublishTarget | None:
     )
     check_download_choice(given["download"], target)
     s3 = run_parameters.parameter("s3_target_block")
-    publishes_there = target is not None and target.kind == "s3"
+    publishes_there = target is not None and publish_kind(target.kind).uses_s3_target
     if s3_block and method not in s3.used_with and not publishes_there:
         raise SpecError(
             f"{v.label('s3_target_block')} is only used by --transfer s3 (or auto) and "
@@ -426,14 +427,11 @@ def preflight(
         raise_if_blocking(diagnosis)
         found.append(diagnosis)
     target = settings.publish
-    if target is not None and target.kind == "hf":
-        writable = diagnose_write_local(str(target.repo_id), hf_token, hf_endpoint)
-        raise_if_blocking(writable, action="publishing to")
-        found.append(writable)
-    elif target is not None:
-        from prefect_runpod.blocks.transfer.s3 import check_s3_target
-
-        if s3 is None:
-            raise SpecError(f"publishing to s3 needs the S3Target block {target.s3_target_block!r}")
-        check_s3_target(s3)
+    if target is not None:
+        kind = publish_kind(target.kind)
+        if kind.needs_hub_write:
+            writable = diagnose_write_local(str(target.repo_id), hf_token, hf_endpoint)
+            raise_if_blocking(writable, action="publishing to")
+            found.append(writable)
+        kind.check_before_renting(target, s3=s3)
     return found

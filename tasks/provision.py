@@ -15,7 +15,8 @@ from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
 from prefect_runpod.blocks.exceptions import TerminateError
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import DeadmanConfig, PodProvider, PodRequest
+from prefect_runpod.blocks.provider import Capability, DeadmanConfig, PodProvider, PodRequest
+from prefect_runpod.blocks.provider_registry import provider_supports
 from prefect_runpod.blocks.validation.parameters import DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:  # the console (paramiko) is opened only inside prepare_pod
@@ -109,8 +110,8 @@ def arm_deadman(
         tools_dir: where ``watchdog.py`` is on the pod.
         run_dir: the run directory (heartbeat, ``deadman.jsonl``).
         deadman: the limits.
-        use_api: try RunPod's GraphQL API from the pod (off for a local pod, which has
-            no RunPod key).
+        use_api: let the pod end itself through its provider's API with its own key
+            (``Capability.SELF_TERMINATE``; off for a local pod, which has no such key).
 
     Raises:
         ConsoleError: when the watchdog cannot be started.
@@ -155,14 +156,15 @@ def prepare_pod(
     from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
 
     policy = reconnect or ReconnectPolicy()
+    # The pod may end itself through its provider's API with its own key (RunPod); a
+    # provider without that has the dead-man stop the workload instead.
+    use_api = provider_supports(handle.provider, Capability.SELF_TERMINATE)
 
     def attempt() -> str:
         with PodConsole.for_pod(handle, private_key, reconnect=policy) as console:
             tools_dir = bootstrap_pod_tools(console, handle)
             if deadman is not None:
-                arm_deadman(
-                    console, tools_dir, run_dir, deadman, use_api=handle.provider == "runpod"
-                )
+                arm_deadman(console, tools_dir, run_dir, deadman, use_api=use_api)
         return tools_dir
 
     return policy.call(attempt, pod_id=handle.pod_id, what="the pod's SSH")

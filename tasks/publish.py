@@ -34,25 +34,19 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import State
 from pydantic import SecretStr
 
-from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.exceptions import (
     ChecksumMismatchError,
     ConsoleError,
     PublishError,
 )
 from prefect_runpod.blocks.faults import fault_point
-from prefect_runpod.blocks.huggingface import DEFAULT_HF_ENDPOINT
 from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.publish.base import publish_kind
 from prefect_runpod.blocks.secret_mask import error_text
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.models import PublishReport, PublishTarget
-from prefect_runpod.tasks.publish_verify import (
-    parse_publish_output,
-    publisher_command,
-    timeout_for,
-    verify_published,
-)
+from prefect_runpod.tasks.publish_verify import parse_publish_output, timeout_for, verify_published
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
@@ -61,20 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("prefect_runpod.publish")
 
 __all__ = ["publish", "publish_on_pod", "publish_task"]
-
-
-def _export_secrets(
-    console: ConsoleLike, target: PublishTarget, token: SecretStr | None, s3: S3Target | None
-) -> None:
-    if target.kind == "hf":
-        if token is not None:
-            console.set_secret_env("HF_TOKEN", token)
-        return
-    assert s3 is not None
-    if s3.access_key_id:
-        console.set_secret_env("AWS_ACCESS_KEY_ID", SecretStr(s3.access_key_id))
-    if s3.secret_access_key is not None:
-        console.set_secret_env("AWS_SECRET_ACCESS_KEY", s3.secret_access_key)
 
 
 def _outputs_manifest(
@@ -193,27 +173,28 @@ def publish_on_pod(
     manifest = _outputs_manifest(console, handle, outputs_dir, manifest_python, follow_links)
     fault_point("publish_upload")
     paths = [e.path for e in manifest.files]
+    kind = publish_kind(target.kind)
     prefix = s3.key_for("", key_prefix) if s3 is not None else ""
     deadline = timeout_for(manifest.total_bytes)
-    command = publisher_command(
-        python,
-        f"{tools_dir.rstrip('/')}/publisher.py",
+    command = kind.pod_command(
         target,
-        outputs_dir,
-        paths,
+        python=python,
+        tools_dir=tools_dir,
+        root=outputs_dir,
+        paths=paths,
         hf_endpoint=hf_endpoint,
         s3=s3,
         key_prefix=prefix,
         deadline_seconds=deadline - 30,
     )
-    _export_secrets(console, target, hf_token, s3)
+    kind.export_secrets(console, hf_token=hf_token, s3=s3)
     result = console.run(command, timeout_seconds=deadline, check=False)
     answer = parse_publish_output(result.output)
-    where = _describe(target, s3, prefix)
+    where = kind.location(target, s3=s3, key_prefix=prefix)
     if answer is None or not answer.get("ok"):
         raise _publisher_failed(handle, where, answer, result.output, result.exit_code)
     revision = answer.get("revision")
-    records = _read_back(handle, target, paths, revision, answer, hf_token, hf_endpoint, s3)
+    records = _read_back(handle, target, paths, answer, hf_token, hf_endpoint, s3)
     files, problems = verify_published(manifest, records, target.kind)
     if problems:
         path, why = problems[0]
@@ -229,7 +210,7 @@ def publish_on_pod(
         target=where,
         kind=target.kind,
         revision=revision,
-        branch=target.branch if target.kind == "hf" else None,
+        branch=kind.branch(target),
         url=answer.get("commit_url") or where,
         files=files,
         bytes=manifest.total_bytes,
@@ -237,6 +218,42 @@ def publish_on_pod(
         seconds=round(time.monotonic() - started, 3),
         attempts=int(answer.get("attempts") or 1),
     )
+
+
+def _read_back(
+    handle: PodHandle,
+    target: PublishTarget,
+    paths: list[str],
+    answer: dict[str, Any],
+    token: SecretStr | None,
+    endpoint: str | None,
+    s3: S3Target | None,
+) -> dict[str, dict[str, Any]]:
+    """The destination's records of the published files, read from this machine by the
+    target's kind.
+
+    Raises:
+        PublishError: they could not be read: nothing is verified.
+    """
+    kind = publish_kind(target.kind)
+    try:
+        return kind.read_back(
+            target,
+            paths,
+            revision=answer.get("revision"),
+            answer=answer,
+            hf_token=token,
+            hf_endpoint=endpoint,
+            s3=s3,
+        )
+    except Exception as exc:  # the read-back is the proof: without it nothing is verified
+        raise PublishError(
+            f"{handle.pod_id}: the upload finished but reading it back from "
+            f"{kind.location(target, s3=s3, key_prefix='')} failed ({error_text(exc)[:300]}); "
+            "nothing is verified — rerun the publish",
+            pod_id=handle.pod_id,
+            stage="publish",
+        ) from exc
 
 
 def _logger() -> Any:
@@ -248,49 +265,6 @@ def _logger() -> Any:
         return get_run_logger()
     except MissingContextError:
         return log
-
-
-def _describe(target: PublishTarget, s3: S3Target | None, prefix: str) -> str:
-    if target.kind == "hf":
-        return f"hf://{target.repo_id}"
-    assert s3 is not None
-    return f"s3://{s3.bucket}/{prefix}".rstrip("/")
-
-
-def _read_back(
-    handle: PodHandle,
-    target: PublishTarget,
-    paths: list[str],
-    revision: str | None,
-    answer: dict[str, Any],
-    token: SecretStr | None,
-    endpoint: str | None,
-    s3: S3Target | None,
-) -> dict[str, dict[str, Any]]:
-    """The destination's records of the published files, read from this machine."""
-    from prefect_runpod.blocks.huggingface import hub_file_records
-    from prefect_runpod.blocks.transfer.s3 import s3_object_records
-
-    try:
-        if target.kind == "hf":
-            return hub_file_records(
-                str(target.repo_id),
-                paths,
-                revision=str(revision or target.branch),
-                token=token,
-                endpoint=endpoint,
-            )
-        assert s3 is not None
-        keys = dict(answer.get("keys") or {})
-        return s3_object_records(s3, {p: keys.get(p, "") for p in paths if keys.get(p)})
-    except Exception as exc:  # the read-back is the proof: without it nothing is verified
-        raise PublishError(
-            f"{handle.pod_id}: the upload finished but reading it back from "
-            f"{_describe(target, s3, '')} failed ({error_text(exc)[:300]}); "
-            "nothing is verified — rerun the publish",
-            pod_id=handle.pod_id,
-            stage="publish",
-        ) from exc
 
 
 def _retry_transient(task: Any, task_run: Any, state: State) -> bool:
@@ -415,17 +389,9 @@ def publish(
     Raises:
         PublishError, ChecksumMismatchError: as :func:`publish_on_pod`.
     """
-    from prefect_runpod.tasks.publish_target import asset_key, s3_prefix_for
-
-    prefix = s3_prefix_for(target, run_id) if target.kind == "s3" else ""
-    if target.kind == "hf":
-        key, web = (
-            asset_key(target),
-            f"{(hf_endpoint or DEFAULT_HF_ENDPOINT).rstrip('/')}/{target.repo_id}",
-        )
-    else:
-        assert s3 is not None
-        key = web = asset_key(target, bucket_uri=f"s3://{s3.bucket}/{s3.key_for('', prefix)}")
+    kind = publish_kind(target.kind)
+    prefix = kind.key_prefix(target, run_id)
+    key, web = kind.asset(target, key_prefix=prefix, hf_endpoint=hf_endpoint, s3=s3)
     stage = publish_task(key, url=web, description=f"fine-tuned by prefect-runpod run {run_id}")
     return stage(  # type: ignore[no-any-return]
         handle,

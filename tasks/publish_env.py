@@ -29,11 +29,13 @@ from packaging.version import InvalidVersion, Version
 
 from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.exceptions import EnvError
+from prefect_runpod.blocks.provider_capabilities import Capability
+from prefect_runpod.blocks.provider_registry import provider_supports
+from prefect_runpod.blocks.publish.base import publish_kind
 from prefect_runpod.tasks.models import EnvPlan, PythonProbe
 
 __all__ = [
     "MIN_PUBLISH_PYTHON",
-    "PUBLISH_REQUIREMENTS",
     "host_site_dirs",
     "plan_publish_tools",
     "prepare_publish_tools",
@@ -42,14 +44,6 @@ __all__ = [
 MIN_PUBLISH_PYTHON = (3, 10)
 """The oldest Python the publisher runs on (huggingface_hub and boto3 dropped 3.8/3.9)."""
 
-PUBLISH_REQUIREMENTS: dict[str, str] = {
-    "hf": "huggingface_hub>=0.24",
-    "s3": "boto3>=1.28",
-}
-"""What each target's client needs: ``create_commit``, ``get_paths_info`` and
-``create_branch(exist_ok=True)`` are all in huggingface_hub 0.24."""
-
-_PROBE_FIELD = {"hf": "huggingface_hub", "s3": "boto3"}
 _PTH_NAME = "prefect-runpod-host.pth"
 
 
@@ -81,11 +75,14 @@ def plan_publish_tools(
 
     Args:
         probe: the training Python as the env probe saw it.
-        kind: ``hf`` or ``s3``.
-        provider: ``local`` (the offline rehearsal) or ``runpod``.
+        kind: the publish kind (``hf``, ``s3``); its ``client_requirement`` is what the
+            publisher imports (none: the training Python publishes as it is).
+        provider: the pod's provider; one on this machine (the local pod, an offline
+            rehearsal: ``Capability.ON_THIS_MACHINE``) lends the pod this environment's
+            packages, any other installs the client with pip.
         venv: where to make the publish venv when one is needed.
-        host_dirs: for ``local``: this environment's site-packages folders.
-        host_version: for ``local``: this Python's ``(major, minor)``.
+        host_dirs: on this machine: this environment's site-packages folders.
+        host_version: on this machine: this Python's ``(major, minor)``.
         pip_index_url: ``--index-url`` for pip on a real pod (None: pip's default).
 
     Returns:
@@ -95,7 +92,10 @@ def plan_publish_tools(
         EnvError: the pod's Python is older than 3.10 (or unusable), or a local pod's
             Python differs from this one's minor version.
     """
-    requirement = Requirement(PUBLISH_REQUIREMENTS[kind])
+    target = publish_kind(kind)
+    if target.client_requirement is None or target.client_module is None:
+        return probe.path, [], [f"publish with {probe.path} (the {kind} target needs no client)"]
+    requirement = Requirement(target.client_requirement)
     version = _version(probe.version)
     if version is None:
         raise EnvError(
@@ -108,13 +108,13 @@ def plan_publish_tools(
             f"the pod-side publisher ({requirement.name}) needs: choose an image with Python "
             "3.10 or newer, or drop --publish and download the model instead"
         )
-    have = getattr(probe, _PROBE_FIELD[kind])
+    have = getattr(probe, target.client_module)
     if have and requirement.specifier.contains(have, prereleases=True):
         return probe.path, [], [f"publish with {probe.path} ({requirement.name} {have})"]
     q = shlex.quote
     venv_python = f"{venv.rstrip('/')}/bin/python"
     commands = [f"{q(probe.path)} -m venv --system-site-packages --without-pip {q(venv)}"]
-    if provider == "local":
+    if provider_supports(provider, Capability.ON_THIS_MACHINE):
         if host_version is not None and (version.major, version.minor) != host_version:
             raise EnvError(
                 f"the local pod's Python is {probe.version} but this one is "
@@ -154,8 +154,8 @@ def prepare_publish_tools(
     Args:
         console: the pod's console.
         plan: the env stage's verified plan (its ``python`` and probes).
-        kind: ``hf`` or ``s3``.
-        provider: ``local`` or ``runpod`` (the handle's provider).
+        kind: the publish kind (``hf``, ``s3``).
+        provider: the handle's provider (see :func:`plan_publish_tools`).
         venv: the publish venv path.
         probe_path: ``probe.py`` on the pod.
         pip_index_url: pip's index on a real pod.
@@ -177,20 +177,21 @@ def prepare_publish_tools(
         probe = next((p for p in report.pythons if p.path == plan.python), None)
         if probe is None:
             raise EnvError(f"the probe did not see {plan.python}; nothing can publish from the pod")
+    here = provider_supports(provider, Capability.ON_THIS_MACHINE)
     python, commands, notes = plan_publish_tools(
         probe,
         kind,
         provider=provider,
         venv=venv,
-        host_dirs=host_site_dirs() if provider == "local" else (),
-        host_version=sys.version_info[:2] if provider == "local" else None,
+        host_dirs=host_site_dirs() if here else (),
+        host_version=sys.version_info[:2] if here else None,
         pip_index_url=pip_index_url,
     )
     if commands:
         apply_env_plan(console, EnvPlan(commands=commands), timeout_seconds=timeout_seconds)
         after = probe_env(console, probe_path, pythons=[python])
         ready = next((p for p in after.pythons if p.path == python), None)
-        field = _PROBE_FIELD[kind]
+        field = str(publish_kind(kind).client_module)
         if ready is None or not getattr(ready, field):
             raise EnvError(
                 f"{python} still cannot import {field} after: {'; '.join(commands)}. "

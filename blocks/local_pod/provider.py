@@ -29,6 +29,7 @@ from prefect_runpod.blocks.exceptions import (
     SpecError,
     TerminateError,
 )
+from prefect_runpod.blocks.local_pod.capabilities import LocalPodCapabilities
 from prefect_runpod.blocks.local_pod.images import (
     DEFAULT_PROFILE,
     get_profile,
@@ -103,7 +104,7 @@ _TOMBSTONE_WORDS = {
 }
 
 
-class LocalPodProvider:
+class LocalPodProvider(LocalPodCapabilities):
     """The ``PodProvider`` for local pods (see ``prefect_runpod.blocks.provider``).
 
     Args:
@@ -131,8 +132,6 @@ class LocalPodProvider:
         provider.terminate(handle.pod_id)
         ```
     """
-
-    provider_name = "local"
 
     def __init__(
         self,
@@ -163,7 +162,7 @@ class LocalPodProvider:
         registered pod of that name whose daemon died is terminated first.
 
         Returns:
-            The handle (``provider="local"``, ``ssh`` set; ``direct_ssh`` too in direct mode).
+            The handle (``provider`` its name, ``ssh`` set; ``direct_ssh`` too in direct mode).
 
         Raises:
             SpecError: the request's key or env is malformed (nothing was created).
@@ -392,7 +391,7 @@ class LocalPodProvider:
         return PodHandle(
             pod_id=record.pod_id,
             name=record.name,
-            provider="local",
+            provider=self.provider_name,
             gpu_type=record.gpu_type,
             cost_per_hr=record.cost_per_hr,
             created_at=datetime.fromisoformat(record.created_at),

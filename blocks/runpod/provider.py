@@ -59,6 +59,7 @@ from prefect_runpod.blocks.runpod.blocks import (
     validate_pod_id,
     validate_pod_name,
 )
+from prefect_runpod.blocks.runpod.capabilities import RunPodCapabilities
 from prefect_runpod.blocks.runpod.errors import (
     FailoverAction,
     classify_exception,
@@ -95,7 +96,7 @@ def _worth_retrying(exc: BaseException) -> bool:
     return classify_exception(exc).action in (FailoverAction.RETRY, FailoverAction.RESOLVE)
 
 
-class RunPodProvider(PodPlacement):
+class RunPodProvider(RunPodCapabilities, PodPlacement):
     """Pods on RunPod through ``RunPodApi`` (REST v2 or GraphQL); see the module docstring.
 
     Args:
@@ -111,8 +112,6 @@ class RunPodProvider(PodPlacement):
         sleep: the sleep function (tests may pass a fast one).
         api: the RunPod client; ``credentials.get_api()`` by default.
     """
-
-    provider_name = "runpod"
 
     def __init__(
         self,

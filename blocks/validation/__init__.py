@@ -49,9 +49,9 @@ from prefect_runpod.blocks.validation.numbers import (
 )
 from prefect_runpod.blocks.validation.options import (
     OPTIONS,
-    PROVIDER_OPTIONS,
     check_provider_options,
     label,
+    provider_options,
 )
 from prefect_runpod.blocks.validation.secrets import (
     SECRET_ENV_NAME,
@@ -67,7 +67,6 @@ __all__ = [
     "NUMBER_RULES",
     "OPTIONS",
     "POD_NAME_MAX_CHARS",
-    "PROVIDER_OPTIONS",
     "SECRET_ENV_NAME",
     "TOKEN_SHAPES",
     "NumberRule",
@@ -89,6 +88,7 @@ __all__ = [
     "find_token_shape",
     "is_env_name",
     "label",
+    "provider_options",
     "load_block",
     "pydantic_reason",
     "refuse_secret_values",

@@ -11,9 +11,9 @@ from prefect_runpod.blocks.validation.parameters import FINETUNE_PARAMETERS
 
 __all__ = [
     "OPTIONS",
-    "PROVIDER_OPTIONS",
     "check_provider_options",
     "label",
+    "provider_options",
 ]
 
 OPTIONS: dict[str, str] = {
@@ -33,12 +33,18 @@ def label(name: str) -> str:
     return f"{name} ({option})" if option else name
 
 
-PROVIDER_OPTIONS: dict[str, tuple[str, ...]] = {
-    "local": ("local_mode", "local_cost_per_hr", "local_image"),
-    "runpod": ("runpod_credentials_block", "runpod_spec_block", "ssh_key_block", "gpu_type_ids"),
-}
-"""The parameters that mean something for one provider only. Later provider-specific
-options are added here, and :func:`check_provider_options` refuses them elsewhere."""
+def provider_options() -> dict[str, tuple[str, ...]]:
+    """The parameters that mean something for one provider only, by provider: each
+    registered provider names its own (``Capability.OPTIONS``), and
+    :func:`check_provider_options` refuses them elsewhere."""
+    from prefect_runpod.blocks.provider_capabilities import Capability
+    from prefect_runpod.blocks.provider_registry import provider_class, provider_names
+
+    found = {}
+    for name in provider_names():
+        cls = provider_class(name)
+        found[name] = tuple(cls.option_names()) if cls.supports(Capability.OPTIONS) else ()
+    return found
 
 
 def check_provider_options(provider: str, given: Mapping[str, Any]) -> None:
@@ -46,17 +52,19 @@ def check_provider_options(provider: str, given: Mapping[str, Any]) -> None:
     silently ignoring them would run something other than what was asked.
 
     Args:
-        provider: the chosen provider (``local`` or ``runpod``).
+        provider: the chosen provider (a registered name).
         given: parameter name -> value; None, ``""`` and ``[]`` count as not given.
 
     Raises:
         SpecError: an unknown provider, or an option of another provider was given.
     """
-    if provider not in PROVIDER_OPTIONS:
+    from prefect_runpod.blocks.provider_registry import provider_names
+
+    if provider not in provider_names():
         raise SpecError(
-            f"{label('provider')} {provider!r} is not one of: {', '.join(PROVIDER_OPTIONS)}."
+            f"{label('provider')} {provider!r} is not one of: {', '.join(provider_names())}."
         )
-    for other, names in PROVIDER_OPTIONS.items():
+    for other, names in provider_options().items():
         if other == provider:
             continue
         for param in names:

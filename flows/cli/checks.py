@@ -148,66 +148,34 @@ def _hf_item(access: Any) -> Item:
     )
 
 
-def _runpod_items(args: argparse.Namespace, required: bool) -> list[Item]:
+def _account_items(args: argparse.Namespace) -> list[Item]:
+    """The account checks of every provider that has an account (``Capability.ACCOUNT``:
+    RunPod's API key and the account's SSH key), required for the chosen provider,
+    shown with ``-`` on failure otherwise."""
     from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.provider import Capability
+    from prefect_runpod.blocks.provider_registry import provider_class, provider_names
     from prefect_runpod.flows.run.providers import build_provider
 
-    params = {
-        "provider": "runpod",
-        "runpod_credentials_block": args.runpod_credentials_block,
-        "ssh_key_block": args.ssh_key_block,
-    }
-    try:
-        provider, _ = build_provider(params, need_ssh_key=True)
-    except SpecError as exc:
-        return [Item("RunPod key and SSH key", False if required else None, str(exc), required)]
-    items = []
-    try:
-        provider.credentials.get_client().get_user()  # type: ignore[attr-defined]
-        items.append(Item("RunPod API key", True, "the API answered for the account", required))
-    except SpecError as exc:  # the key's header was refused: nothing was sent
-        items.append(Item("RunPod API key", False, str(exc), required))
-        return items
-    except Exception as exc:  # the SDK's own error classes: say what it said
-        items.append(
-            Item(
-                "RunPod API key",
-                False,
-                f"RunPod refused or did not answer ({error_text(exc)}); check the "
-                "key at https://www.runpod.io/console/user/settings",
-                required,
-            )
+    items: list[Item] = []
+    for name in provider_names():
+        kind = provider_class(name)
+        if not kind.supports(Capability.ACCOUNT):
+            continue
+        required = args.provider == name
+        own = kind.option_names() if kind.supports(Capability.OPTIONS) else ()
+        params = {"provider": name, **{option: getattr(args, option, None) for option in own}}
+        try:
+            provider, _ = build_provider(params, need_ssh_key=True)
+        except SpecError as exc:
+            what = f"{kind.display_name} key and SSH key"
+            items.append(Item(what, False if required else None, str(exc), required))
+            continue
+        items.extend(
+            Item(c.name, c.ok, c.detail, required)
+            for c in provider.account_checks()  # type: ignore[attr-defined]
         )
-        return items
-    items.append(_account_key_item(provider, required))
     return items
-
-
-def _account_key_item(provider: Any, required: bool = True) -> Item:
-    """Whether the RunPod account's SSH keys hold the run's key (read only: nothing is
-    added here, whatever the key block's ``add_to_account`` says)."""
-    key = provider.ssh_key
-    try:
-        held = key.account_has_key(provider.credentials)
-    except Exception as exc:  # the SDK's own error: say what it said
-        return Item("account SSH key", False, f"could not read it ({error_text(exc)})", required)
-    if held:
-        return Item("account SSH key", True, "the account holds this key", required)
-    if key.add_to_account:
-        return Item(
-            "account SSH key",
-            True,
-            "not on the account yet; the run adds it (the key block's add_to_account)",
-            required,
-        )
-    return Item(
-        "account SSH key",
-        False,
-        "the account's SSH keys do not hold this key, so the gateway would refuse it: add "
-        "it in the RunPod console (Settings, SSH Public Keys) or set add_to_account=True on "
-        "the RunPodSSHKey block",
-        required,
-    )
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -242,7 +210,7 @@ def run_check(args: argparse.Namespace) -> int:
                 items.append(_hf_item(access))
             except SpecError as exc:
                 items.append(Item("Hugging Face token", False, str(exc)))
-            items.extend(_runpod_items(args, required=args.provider == "runpod"))
+            items.extend(_account_items(args))
     except RuntimeError as exc:  # the temporary server did not start
         items.append(Item("Prefect API", False, f"{exc}; set PREFECT_API_URL to a running server"))
     ssh = shutil.which("ssh")
@@ -261,46 +229,33 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def _price_rows(provider: Any, expected_seconds: float) -> tuple[list[dict[str, Any]], str | None]:
-    """The GPU types in failover order with USD/h, availability and the estimate; and why
-    availability is missing, when it is."""
+    """The provider's offers (``Capability.PRICES``) in failover order with USD/h,
+    availability and the estimate; and why availability is missing, when it is. None
+    of it for a provider without prices."""
     from prefect_runpod.blocks.costs import cost_usd
+    from prefect_runpod.blocks.provider import Capability
 
-    if provider.provider_name == "local":
-        price = float(getattr(provider, "cost_per_hr", 0.0))
-        row = {
-            "gpu_type": "cpu (local pod)",
-            "usd_per_hr": price,
-            "availability": "HIGH",
-            "estimate_usd": round(cost_usd(price, expected_seconds), 6),
+    if not provider.supports(Capability.PRICES):
+        return [], None
+    found = provider.offers()
+    rows = [
+        {
+            "gpu_type": offer.gpu_type,
+            "usd_per_hr": offer.usd_per_hr,
+            "availability": offer.availability,
+            "estimate_usd": None
+            if offer.usd_per_hr is None
+            else round(cost_usd(offer.usd_per_hr, expected_seconds), 6),
         }
-        return [row], None
-    prices = provider.gpu_prices()
-    note = None
-    try:
-        from prefect_runpod.blocks.runpod.catalog import fetch_gpu_availability
-
-        catalog = fetch_gpu_availability(provider.credentials.api_key)
-    except Exception as exc:  # availability is a hint beside the price, never in its way
-        catalog, note = {}, f"availability unknown: {error_text(exc)}"
-    rows = []
-    for gpu_id, price in prices.items():
-        offer = catalog.get(gpu_id)
-        rows.append(
-            {
-                "gpu_type": gpu_id,
-                "usd_per_hr": price,
-                "availability": offer.availability if offer else "UNKNOWN",
-                "estimate_usd": None
-                if price is None
-                else round(cost_usd(price, expected_seconds), 6),
-            }
-        )
-    return rows, note
+        for offer in found.offers
+    ]
+    return rows, found.note
 
 
 def run_plan(args: argparse.Namespace) -> int:
     """``prefect-runpod plan [finetune's options]``; 0 when ``finetune`` would start, else 1."""
     from prefect_runpod.blocks.exceptions import HFAuthError, SpecError
+    from prefect_runpod.blocks.provider import Capability
     from prefect_runpod.flows.cli.launch import finetune_params
     from prefect_runpod.flows.finetune import demo_bundle
     from prefect_runpod.flows.run.inputs import check_run
@@ -338,8 +293,9 @@ def run_plan(args: argparse.Namespace) -> int:
                     else "none: the bundle's requirements need no particular driver",
                 )
             )
-            if prepared.provider.provider_name == "runpod":
-                items.append(_account_key_item(prepared.provider))
+            if prepared.provider.supports(Capability.ACCOUNT):
+                account = prepared.provider.account_checks(key_only=True)  # type: ignore[attr-defined]
+                items.extend(Item(c.name, c.ok, c.detail) for c in account)
             try:
                 prices, note = _price_rows(
                     prepared.provider, settings.bundle.expected_runtime_seconds

@@ -26,11 +26,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from prefect_runpod.blocks.provider import EndedBy, PodCause, PodEnd, PodProvider
+from prefect_runpod.blocks.provider import Capability, EndedBy, PodCause, PodEnd, PodProvider
+from prefect_runpod.blocks.provider_registry import provider_supports
 from prefect_runpod.flows.run.cost_record import (
     COST_ARTIFACT_KEY,
     CostRecord,
-    fetch_runpod_bill,
+    fetch_provider_bill,
     latest_record,
     publish_record,
     rewrite_report,
@@ -127,7 +128,7 @@ def reconcile(record: CostRecord, provider: PodProvider | None, run_state: str) 
     status = None
     if not confirmed and provider is not None:
         status = provider.status(out.pod_id)
-    fetch_runpod_bill(provider, out)  # RunPod's bill, whenever it has the pod's records
+    fetch_provider_bill(provider, out)  # RunPod's bill, whenever it has the pod's records
     if status is not None and status.cause is PodCause.TERMINATED_OUTSIDE:
         out.end = _end_from(out, status.ended_at, status.ended_by, status.ended_layer, run_state)
     elif status is not None:
@@ -138,7 +139,7 @@ def reconcile(record: CostRecord, provider: PodProvider | None, run_state: str) 
         )
     out.settle()
     if out.runpod_usd is not None:
-        fetch_runpod_bill(provider, out)  # the window now ends at the confirmed end
+        fetch_provider_bill(provider, out)  # the window now ends at the confirmed end
     return out
 
 
@@ -355,7 +356,10 @@ def _run(args: argparse.Namespace, run_id: str | None) -> int:
             if (
                 record.end is not None
                 and record.end.confirmed
-                and (record.provider != "runpod" or record.runpod_usd is not None)
+                and (
+                    not provider_supports(record.provider, Capability.BILL)
+                    or record.runpod_usd is not None
+                )
             ):
                 done.append(record)
                 continue

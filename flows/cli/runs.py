@@ -17,7 +17,9 @@ from typing import Any
 from uuid import UUID
 
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import PodProvider
+from prefect_runpod.blocks.provider import Capability, PodProvider
+from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
+from prefect_runpod.blocks.validation.parameters import DEFAULT_NAME_PREFIX, DEFAULT_PROVIDER
 from prefect_runpod.flows.run.cost_record import CostRecord, latest_record
 from prefect_runpod.flows.run.report import flow_run_url
 
@@ -79,10 +81,10 @@ class RunView:
 
     @property
     def provider(self) -> str:
-        """``local`` or ``runpod``: the record's, else the run's parameter."""
+        """The provider's name: the record's, else the run's parameter."""
         if self.record is not None:
             return self.record.provider
-        return str(self.parameters.get("provider") or "local")
+        return str(self.parameters.get("provider") or DEFAULT_PROVIDER)
 
 
 def _stage_of(client: Any, flow_run_id: str) -> str:
@@ -201,21 +203,22 @@ def live_pod(view: RunView, provider: PodProvider) -> PodHandle | None:
     from prefect_runpod.flows.finetune import pod_name_for
 
     name = (view.record.pod_name if view.record else "") or pod_name_for(
-        str(view.parameters.get("name_prefix") or "prft"), view.flow_run_id
+        str(view.parameters.get("name_prefix") or DEFAULT_NAME_PREFIX), view.flow_run_id
     )
     return provider.find(name)
 
 
 def key_path_for(provider_name: str, output_dir: str | None) -> str | None:
     """The private key a person uses to get into a run's pod, when it is on this machine:
-    the local pod's per-run key kept beside its outputs (``<output_dir>/pod-ssh-key``), or
-    the RunPod key (``RUNPOD_SSH_KEY_PATH``, default ``~/.ssh/id_ed25519_runpod``)."""
-    if provider_name == "local":
-        if output_dir and (Path(output_dir) / "pod-ssh-key").is_file():
-            return str(Path(output_dir) / "pod-ssh-key")
-        return None
-    path = os.path.expanduser(os.environ.get("RUNPOD_SSH_KEY_PATH", "~/.ssh/id_ed25519_runpod"))
-    return path if os.path.isfile(path) else None
+    the user's own key where the provider reaches pods with it (``Capability.USER_KEY``:
+    RunPod's ``RUNPOD_SSH_KEY_PATH``, default ``~/.ssh/id_ed25519_runpod``), else the
+    run's key kept beside its outputs (``<output_dir>/pod-ssh-key``, the local pod)."""
+    if provider_supports(provider_name, Capability.USER_KEY):
+        path = os.path.expanduser(provider_class(provider_name).user_key_path())
+        return path if os.path.isfile(path) else None
+    if output_dir and (Path(output_dir) / "pod-ssh-key").is_file():
+        return str(Path(output_dir) / "pod-ssh-key")
+    return None
 
 
 def now_utc() -> datetime:

@@ -25,13 +25,15 @@ from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.costs import round_usd, settle
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import EndedBy, PodEnd, PodProvider, end_command
+from prefect_runpod.blocks.provider import Capability, EndedBy, PodEnd, PodProvider, end_command
+from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.secret_mask import error_text, redact, redact_data
+from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
 
 __all__ = [
     "COST_ARTIFACT_KEY",
     "CostRecord",
-    "fetch_runpod_bill",
+    "fetch_provider_bill",
     "latest_record",
     "merge_end",
     "publish_record",
@@ -73,7 +75,7 @@ class CostRecord(BaseModel):
     flow_run_id: str
     pod_id: str | None = None
     pod_name: str = ""
-    provider: str = "local"
+    provider: str = DEFAULT_PROVIDER
     output_dir: str | None = None
     gpu_type: str = "-"
     cost_per_hr: float = 0.0
@@ -197,7 +199,7 @@ class CostRecord(BaseModel):
             flow_run_id=str(row["flow_run_id"]),
             pod_id=pod_id,
             pod_name=row.get("pod_name") or "",
-            provider=row.get("provider") or "local",
+            provider=row.get("provider") or DEFAULT_PROVIDER,
             output_dir=row.get("output_dir"),
             gpu_type=str(row.get("gpu_type") or "-"),
             cost_per_hr=float(row.get("cost_per_hr_usd_per_h") or 0.0),
@@ -335,31 +337,34 @@ def rewrite_report(record: CostRecord) -> bool:
     return True
 
 
-def fetch_runpod_bill(provider: PodProvider | None, record: CostRecord) -> None:
-    """Fill RunPod's own bill into ``record`` when the provider is RunPod and its billing
-    API has the pod's records; otherwise say why in ``billing_note``. Never raises."""
-    if record.provider != "runpod" or record.pod_id is None or record.created_at is None:
-        record.billing_note = "" if record.provider != "runpod" else record.billing_note
+def fetch_provider_bill(provider: PodProvider | None, record: CostRecord) -> None:
+    """Fill the provider's own bill into ``record`` when its provider has one
+    (``Capability.BILL``: RunPod's REST billing) and the bill has the pod's records;
+    otherwise say why in ``billing_note``. Never raises."""
+    if not provider_supports(record.provider, Capability.BILL):
+        record.billing_note = ""
         return
-    credentials = getattr(provider, "credentials", None)
-    if credentials is None:
-        record.billing_note = "no RunPod credentials here to ask its billing API"
+    if record.pod_id is None or record.created_at is None:
+        return
+    who = provider_class(record.provider).display_name
+    if provider is None or not provider.supports(Capability.BILL):
+        record.billing_note = f"no {who} credentials here to ask its billing API"
         return
     ended = record.end.ended_at if record.end and record.end.ended_at else datetime.now(UTC)
     try:
-        bill = credentials.fetch_pod_bill(record.pod_id, record.created_at, ended)
+        bill = provider.fetch_bill(record.pod_id, record.created_at, ended)  # type: ignore[attr-defined]
     except Exception as exc:  # billing is beside the record, never in its way
-        record.billing_note = f"RunPod's billing did not answer ({error_text(exc)})"[:300]
+        record.billing_note = f"{who}'s billing did not answer ({error_text(exc)})"[:300]
         return
     if bill is None:
         record.billing_note = (
-            "RunPod has no billing record yet (billing lags); run `prefect-runpod cost "
+            f"{who} has no billing record yet (billing lags); run `prefect-runpod cost "
             f"{record.flow_run_id} --reconcile` later"
         )
         return
     record.runpod_usd = bill.usd
     record.runpod_billed_seconds = bill.billed_seconds
-    record.billing_note = f"RunPod REST {bill.api}, {len(bill.records)} record(s)"
+    record.billing_note = bill.note
     if record.usd is not None:
         record.difference_usd = round_usd(record.usd - bill.usd)
 
@@ -409,7 +414,7 @@ def record_pod_end(
     record.recorded_by = recorded_by
     record.recorded_at = datetime.now(UTC)
     record.settle()
-    fetch_runpod_bill(provider, record)
+    fetch_provider_bill(provider, record)
     try:
         publish_record(record)
     except Exception as exc:

@@ -29,7 +29,7 @@ from prefect_runpod.blocks.secret_mask import error_text, redact
 from prefect_runpod.blocks.validation import utc_timestamp
 from prefect_runpod.flows.run.cost_record import (
     CostRecord,
-    fetch_runpod_bill,
+    fetch_provider_bill,
     latest_record,
     merge_end,
     publish_record,
@@ -136,7 +136,7 @@ def record_cost(report: RunReport, provider: PodProvider | None, *, final: bool)
         _merge_with_api(record)
     record.settle()
     if final and record.end is not None and record.end.confirmed:
-        fetch_runpod_bill(provider, record)
+        fetch_provider_bill(provider, record)
     try:
         publish_record(record)
     except Exception as exc:  # never mask the run's own error; the report still has it

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import PodEnd, end_command
+from prefect_runpod.blocks.provider import Capability, PodEnd, end_command
+from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.secret_mask import redact, redact_data
+from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
 from prefect_runpod.tasks.models import (
     STAGES,
     CostReport,
@@ -40,7 +42,7 @@ class RunReport(BaseModel):
         flow_run_id: the Prefect flow run id ("" outside a run).
         pod_name: ``<prefix>-<flow_run_id>``.
         pod_id: the pod's id once created.
-        provider: ``local`` or ``runpod``.
+        provider: the provider's name (``local``, ``runpod``…).
         ssh_command: what a person types to get into the pod while it runs.
         flow_run_url: the run's page in the Prefect UI, when a UI address is known.
         stages: one record per stage, in stage order (preflight first).
@@ -63,7 +65,7 @@ class RunReport(BaseModel):
     flow_run_id: str = ""
     pod_name: str = ""
     pod_id: str | None = None
-    provider: str = "local"
+    provider: str = DEFAULT_PROVIDER
     ssh_command: str | None = None
     flow_run_url: str | None = None
     stages: list[StageRecord] = Field(
@@ -228,12 +230,14 @@ def render_summary(report: RunReport) -> str:
             f"cost         {c.usd:.6f} USD ({c.cost_per_hr:.2f} USD/h x "
             f"{c.billed_seconds:.1f} s billed, create -> {until})"
         )
-    if report.provider == "runpod" and report.pod_id:
+    if report.pod_id and provider_supports(report.provider, Capability.BILL):
+        bill = f"{report.provider} bill"
         if c.runpod_usd is not None:
             diff = c.difference_usd if c.difference_usd is not None else 0.0
-            lines.append(f"runpod bill  {c.runpod_usd:.6f} USD (ours - RunPod's: {diff:+.6f})")
+            theirs = provider_class(report.provider).display_name
+            lines.append(f"{bill:<12} {c.runpod_usd:.6f} USD (ours - {theirs}'s: {diff:+.6f})")
         else:
-            lines.append(f"runpod bill  not known yet: {c.billing_note or 'not asked'}")
+            lines.append(f"{bill:<12} not known yet: {c.billing_note or 'not asked'}")
     if report.output_dir:
         lines.append(f"outputs      {report.output_dir}")
     lines.append(

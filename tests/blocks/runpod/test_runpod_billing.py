@@ -157,7 +157,7 @@ def test_v1_answering_410_does_not_break_reconciling(
     from prefect_runpod.blocks.runpod.blocks import RunPodPodSpec
     from prefect_runpod.blocks.runpod.provider import RunPodProvider
     from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
-    from prefect_runpod.flows.run.cost_record import CostRecord, fetch_runpod_bill
+    from prefect_runpod.flows.run.cost_record import CostRecord, fetch_provider_bill
 
     gone = requests.get(f"{runpod_emulator.rest_base_url}/billing/pods", timeout=30)
     assert gone.status_code == 410
@@ -178,7 +178,7 @@ def test_v1_answering_410_does_not_break_reconciling(
         usd=0.07,
     )
     with pytest.warns(DeprecationWarning, match="RUNPOD_REST_BASE_URL is obsolete"):
-        fetch_runpod_bill(provider, record)
+        fetch_provider_bill(provider, record)
     assert record.runpod_usd == pytest.approx(0.06) and record.billing_note.startswith(
         "RunPod REST v2"
     )
