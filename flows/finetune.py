@@ -10,11 +10,8 @@ Run it: ``prefect-runpod finetune`` or ``python -m prefect_runpod.flows.finetune
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Callable
 from contextlib import ExitStack
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,26 +19,10 @@ from prefect import Flow, State, flow, get_run_logger
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
-from pydantic import SecretStr
 
 from prefect_runpod.blocks import secret_mask
-from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
-from prefect_runpod.blocks.costs import budget_reason
-from prefect_runpod.blocks.exceptions import (
-    BudgetExceededError,
-    ChecksumMismatchError,
-    EvalParityError,
-)
-from prefect_runpod.blocks.faults import fault_point
-from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import (
-    Capability,
-    DeadmanConfig,
-    EndedBy,
-    PodEnd,
-    PodRequest,
-    PodWatch,
-)
+from prefect_runpod.blocks.exceptions import TerminateError
+from prefect_runpod.blocks.provider import Capability, EndedBy, PodEnd
 from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.validation import parameters as run_parameters
 from prefect_runpod.blocks.validation.parameters import (
@@ -62,16 +43,14 @@ from prefect_runpod.blocks.validation.parameters import (
     ProviderName,
 )
 from prefect_runpod.flows.run.cost_record import record_pod_end
-from prefect_runpod.flows.run.end import end_run, lease_text, record_cost, write_report
-from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
+from prefect_runpod.flows.run.end import end_run, write_report
 from prefect_runpod.flows.run.inputs import PreparedRun, prepare_run
-from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
+from prefect_runpod.flows.run.ledger import run_stage
 from prefect_runpod.flows.run.logs import install_quiet_engine, stage_logger
+from prefect_runpod.flows.run.pod_session import TRAIN_LOG, PodSession
 from prefect_runpod.flows.run.providers import build_provider
 from prefect_runpod.flows.run.report import RunReport, flow_run_url
-from prefect_runpod.tasks.models import HFDiagnosis, StageState
 from prefect_runpod.tasks.preflight import preflight
-from prefect_runpod.tasks.provision import prepare_pod, provision
 from prefect_runpod.tasks.terminate import terminate_by_name
 
 __all__ = ["TRAIN_LOG", "demo_bundle", "finetune", "last_output_dir", "pod_name_for"]
@@ -100,10 +79,6 @@ def demo_bundle() -> Path:
             if (Path(location) / "bundle.toml").is_file():
                 return Path(location)
     return Path(__file__).resolve().parent.parent / "examples" / "demo"
-
-
-_READY_TIMEOUT_SECONDS = 600.0
-"""RunPod can take minutes to pull a large image (dstack allows 20 min); the local pod ~1 s."""
 
 
 def pod_name_for(name_prefix: str, flow_run_id: str) -> str:
@@ -156,38 +131,6 @@ def _flow_run_id() -> str:
     ctx = get_run_context()
     run = getattr(ctx, "flow_run", None)
     return str(run.id) if run is not None else uuid.uuid4().hex
-
-
-class _Budget:
-    """The run's budget check: the pod's projected spend (``blocks/costs.py``) against
-    ``max_cost_usd``, from the moment the pod is on record."""
-
-    def __init__(
-        self,
-        max_cost_usd: float | None,
-        now: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ):
-        self.max_cost_usd = max_cost_usd
-        self.handle: PodHandle | None = None
-        self._now = now
-
-    def reason(self) -> str | None:
-        """A sentence when the budget is spent, else None (also with no pod or no cap)."""
-        if self.handle is None:
-            return None
-        return budget_reason(
-            self.handle.cost_per_hr,
-            self.handle.created_at,
-            self._now(),
-            self.max_cost_usd,
-            pod_id=self.handle.pod_id,
-        )
-
-    def check(self) -> None:
-        """Raise ``BudgetExceededError`` when the budget is spent."""
-        why = self.reason()
-        if why:
-            raise BudgetExceededError(why, pod_id=self.handle.pod_id if self.handle else None)
 
 
 @flow(
@@ -263,47 +206,33 @@ def finetune(
         output_dir=str(out),
         flow_run_url=flow_run_url(run_id),
     )
-    budget = _Budget(None)
-    ssh_key_path = (
-        provider_class(provider).user_key_path()
-        if provider_supports(provider, Capability.USER_KEY)
-        else None
-    )
-    pod_provider = None
-    deferred: BaseException | None = None
-    guards = _Guards()
-
     install_quiet_engine()
     secret_mask.install_log_filter()
     on_stage = stage_logger(logger, report)
+    session: PodSession | None = None
+    deferred: BaseException | None = None
 
     # The concurrency slot (one per live pod) is released only after terminate.
     with ExitStack() as holds:
         try:
-            with run_stage(report, "preflight", on_stage):
-                run = prepare_run(
-                    {**params, "output_dir": out},
-                    demo_bundle=demo_bundle(),
-                    run_name=report.pod_name,
-                )
-                logger.info("preflight: %s; Hugging Face token: %s", run.upload_line, run.hf.source)
-                report.cost.max_cost_usd = budget.max_cost_usd = run.settings.max_cost_usd
-                report.download_choice = run.settings.download
-                report.hf.extend(preflight(run.settings, run.hf.token, run.hf.endpoint, run.s3))
-                pod_provider = run.provider
+            run = _preflight(report, {**params, "output_dir": out}, on_stage)
             if concurrency_limit:
                 from prefect.concurrency.sync import concurrency
 
                 holds.enter_context(concurrency(concurrency_limit, occupy=1, strict=True))
-            deferred = _run_on_pod(
+            session = PodSession(
                 report,
                 run,
-                budget,
                 on_stage,
+                key_path=(
+                    provider_class(provider).user_key_path()
+                    if provider_supports(provider, Capability.USER_KEY)
+                    else None
+                ),
                 parity_warn_only=parity_warn_only,
-                key_path=ssh_key_path,
-                guards=guards,
             )
+            session.bring_up()
+            deferred = session.work()
         except BaseException as exc:
             report.error = report.error or secret_mask.error_text(exc).strip()[:400]
             in_flight: BaseException | None = exc
@@ -314,15 +243,7 @@ def finetune(
         else:
             in_flight = None
         finally:
-            guards.stop()
-            unconfirmed = end_run(
-                report,
-                pod_provider,
-                guards.watch,
-                keep_pod_on_failure=keep_pod_on_failure,
-                terminate_timeout_seconds=_terminate_timeout(params),
-                on_stage=on_stage,
-            )
+            unconfirmed = _bring_back(session, report, params, on_stage)
             # A pod that may still bill fails the run, whatever happened before: the
             # state names the pod and the command (signals and cancellations keep their
             # own state, which is never Completed either).
@@ -335,19 +256,37 @@ def finetune(
     return report.to_json_dict()
 
 
-class _Guards:
-    """What watches the pod while the run uses it: the heartbeat keepers (the dead-man's
-    sign of life) and the liveness watch (the provider's word that the pod still lives)."""
+def _preflight(report: RunReport, params: dict[str, Any], on_stage: Any) -> PreparedRun:
+    """The run's ``preflight`` stage: every check that needs no pod (``prepare_run`` and
+    the Hub's answers), before anything is rented."""
+    with run_stage(report, "preflight", on_stage):
+        run = prepare_run(params, demo_bundle=demo_bundle(), run_name=report.pod_name)
+        get_run_logger().info(
+            "preflight: %s; Hugging Face token: %s", run.upload_line, run.hf.source
+        )
+        report.cost.max_cost_usd = run.settings.max_cost_usd
+        report.download_choice = run.settings.download
+        report.hf.extend(preflight(run.settings, run.hf.token, run.hf.endpoint, run.s3))
+    return run
 
-    def __init__(self) -> None:
-        self.keepers: list[HeartbeatKeeper] = []
-        self.watch: PodWatch | None = None
 
-    def stop(self) -> None:
-        for keeper in self.keepers:
-            keeper.stop()
-        if self.watch is not None:
-            self.watch.stop()
+def _bring_back(
+    session: PodSession | None, report: RunReport, params: dict[str, Any], on_stage: Any
+) -> TerminateError | None:
+    """End the run's pod attempt (``PodSession.bring_back``), or, when the run ended
+    before one began, record that no pod was created and write the report."""
+    keep = bool(params.get("keep_pod_on_failure"))
+    timeout = _terminate_timeout(params)
+    if session is not None:
+        return session.bring_back(keep_pod_on_failure=keep, terminate_timeout_seconds=timeout)
+    return end_run(
+        report,
+        None,
+        None,
+        keep_pod_on_failure=keep,
+        terminate_timeout_seconds=timeout,
+        on_stage=on_stage,
+    )
 
 
 def _terminate_timeout(params: dict[str, Any]) -> float:
@@ -358,290 +297,6 @@ def _terminate_timeout(params: dict[str, Any]) -> float:
         return check_number("terminate_timeout_seconds", params.get("terminate_timeout_seconds"))  # type: ignore[return-value]
     except Exception:
         return DEFAULT_TERMINATE_TIMEOUT_SECONDS
-
-
-def _run_on_pod(
-    report: RunReport,
-    run: PreparedRun,
-    budget: _Budget,
-    on_stage: Any,
-    *,
-    parity_warn_only: bool,
-    key_path: str | None,
-    guards: _Guards,
-) -> BaseException | None:
-    """Provision … checksum. Returns a deferred error (parity) to raise after download."""
-    from prefect_runpod.tasks.checksum import checksum, verification_records
-    from prefect_runpod.tasks.download import download, eval_files
-    from prefect_runpod.tasks.env import env as env_stage
-    from prefect_runpod.tasks.env_plan import cuda_floor_for_requirements
-    from prefect_runpod.tasks.eval_parity import check_parity_on_pod
-    from prefect_runpod.tasks.hf_auth import hf_auth
-    from prefect_runpod.tasks.publish import publish
-    from prefect_runpod.tasks.train import terminal_progress_bar, train
-    from prefect_runpod.tasks.upload import check_upload_method, upload
-
-    logger = get_run_logger()
-    settings, pod_provider, s3 = run.settings, run.provider, run.s3
-    hf_token, hf_endpoint = run.hf.token, run.hf.endpoint
-    bundle = settings.bundle
-    keypair = run.keypair
-    key = keypair.private_key
-    out = Path(settings.output_dir)
-    deadman = DeadmanConfig(
-        heartbeat_stale_seconds=settings.heartbeat_stale_seconds,
-        lifetime_seconds=settings.pod_lifetime_seconds,
-        check_interval_seconds=heartbeat_interval_seconds(settings.heartbeat_stale_seconds),
-    )
-
-    def record(handle: PodHandle) -> None:
-        first = report.pod_id is None
-        report.pod_id = handle.pod_id
-        report.pod = handle
-        report.cost.cost_per_hr = handle.cost_per_hr
-        report.lease = lease_text(handle, asked=deadman is not None)
-        budget.handle = handle
-        if first:
-            # The pod is on record before any wait: the run's finetune-costs record (it
-            # may still be billing) and run-report.json, for whoever completes them.
-            record_cost(report, pod_provider, final=False)
-            write_report(report)
-            fault_point("provision")
-
-    with run_stage(report, "provision", on_stage):
-        request = PodRequest(
-            public_key=keypair.public_key,
-            deadman=deadman,
-            # docs/architecture.md#env-fix-and-hugging-face-diagnosis: never rent a host whose driver is too old for the job's torch.
-            allowed_cuda_versions=cuda_floor_for_requirements(bundle.requirements),
-        )
-        try:
-            handle = provision(
-                pod_provider,
-                request,
-                report.pod_name,
-                _READY_TIMEOUT_SECONDS,
-                record,
-                settings.terminate_timeout_seconds,
-            )
-        finally:
-            report.provision_attempts = list(getattr(pod_provider, "attempts", []) or [])
-        record(handle)
-        # From here on the provider is asked whether the pod lives, every pod_poll_seconds
-        # and before every reconnect (every stage waits out SSH outages through one
-        # policy that asks the watch): a pod gone under the run stops it at once.
-        guards.watch = PodWatch(pod_provider, handle.pod_id, settings.pod_poll_seconds).start()
-        reconnect = ReconnectPolicy(
-            budget_seconds=settings.reconnect_budget_seconds, status=guards.watch.ask
-        )
-        report.ssh_command = handle.ssh_command(key_path or _save_local_key(key, out))
-        write_report(report)  # the report on disk names the way in while the pod is up
-        run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{report.flow_run_id}"
-        tools_dir = prepare_pod(handle, key, run_dir, deadman, reconnect)
-        if deadman is not None:
-            guards.keepers.append(
-                HeartbeatKeeper(
-                    handle,
-                    key,
-                    f"{run_dir}/heartbeat",
-                    heartbeat_interval_seconds(deadman.heartbeat_stale_seconds),
-                ).start()
-            )
-        logger.info("pod %s is up; get in with: %s", handle.pod_id, report.ssh_command)
-        # The pod's end of the transfer, now that it runs: before env, hf_auth or upload.
-        check_upload_method(handle, key, settings.transfer_method, s3=s3, reconnect=reconnect)
-    remote_bundle = f"{run_dir}/bundle"
-
-    with run_stage(report, "env", on_stage, watch=guards.watch):
-        budget.check()
-        plan = env_stage(
-            handle,
-            key,
-            bundle.requirements,
-            tools_dir,
-            publish_kind=settings.publish.kind if settings.publish else None,
-            reconnect=reconnect,
-        )
-        report.env = plan
-    python = report.env.python if report.env and report.env.python else "python3"
-
-    with run_stage(report, "hf_auth", on_stage, watch=guards.watch):
-        if settings.model_id is None:
-            raise StageSkipped("no model id: the bundle downloads nothing from the Hub")
-        diagnosis = hf_auth(
-            handle,
-            key,
-            settings.model_id,
-            hf_token,
-            hf_endpoint,
-            tools_dir,
-            python,
-            reconnect=reconnect,
-        )
-        if isinstance(diagnosis, HFDiagnosis):
-            report.hf.append(diagnosis)
-
-    with run_stage(report, "upload", on_stage, watch=guards.watch):
-        budget.check()
-        report.upload = upload(
-            handle,
-            key,
-            Path(bundle.root),
-            remote_bundle,
-            settings.transfer_method,
-            s3=s3,
-            paths=settings.upload.files if settings.upload else None,
-            options=settings.transfer_options(),
-            follow_links=settings.follow_links,
-            reconnect=reconnect,
-        )
-
-    with run_stage(report, "train", on_stage, watch=guards.watch):
-        budget.check()
-        report.train = train(
-            handle,
-            key,
-            run_dir=run_dir,
-            command=bundle.command(bundle.train, python),
-            tools_dir=tools_dir,
-            max_runtime_seconds=settings.max_runtime_seconds,
-            should_stop=budget.reason,
-            on_progress=terminal_progress_bar(pod_id=handle.pod_id),
-            # A gated model is downloaded by the job itself: it needs the token in its env.
-            secret_env={"HF_TOKEN": hf_token} if hf_token is not None else None,
-            expected_outputs=_declared_outputs(bundle),
-            reconnect=reconnect,
-            local_log_path=str(_fresh_file(out / TRAIN_LOG)),
-        )
-
-    deferred: BaseException | None = None
-    with run_stage(report, "eval_parity", on_stage, watch=guards.watch):
-        if not bundle.eval:
-            raise StageSkipped("the bundle declares no standalone eval command")
-        try:
-            report.parity = check_parity_on_pod(
-                handle,
-                key,
-                bundle,
-                run_dir,
-                python,
-                out / "parity",
-                timeout_seconds=settings.max_runtime_seconds,
-                tolerance=settings.parity_tolerance,
-                warn_only=parity_warn_only,
-                transfer_method=settings.transfer_method,
-                hf_token=hf_token,
-                s3=s3,
-                reconnect=reconnect,
-            )
-        except EvalParityError as exc:
-            # docs/architecture.md#eval-parity: a parity failure fails the run *after* download, artifacts kept.
-            report.parity = exc.report  # type: ignore[assignment]
-            deferred = exc
-            logger.error("eval parity failed; downloading outputs before failing the run")
-    if deferred is not None:
-        report.stage("eval_parity").state = StageState.FAILED
-        report.stage("eval_parity").reason = f"EvalParityError: {deferred}"[:500]
-
-    remote_outputs = f"{remote_bundle}/{bundle.outputs}"
-    with run_stage(report, "publish", on_stage, watch=guards.watch):
-        target = settings.publish
-        if target is None:
-            raise StageSkipped(
-                "no publish target (--publish hf:ORG/REPO or s3 ships it from the pod)"
-            )
-        if deferred is not None:
-            raise StageSkipped(
-                "blocked: the eval-parity gate failed, so the model is not published "
-                "(--parity-warn-only publishes anyway)"
-            )
-        budget.check()
-        report.publish = publish(
-            target,
-            handle,
-            key,
-            remote_outputs,
-            run_id=report.flow_run_id,
-            tools_dir=tools_dir,
-            python=report.env.publish_python if report.env else None,
-            hf_token=hf_token,
-            hf_endpoint=hf_endpoint,
-            s3=s3,
-            follow_links=settings.follow_links,
-            reconnect=reconnect,
-        )
-
-    with run_stage(report, "download", on_stage, watch=guards.watch):
-        if settings.download == "none":
-            where = report.model_location
-            raise StageSkipped(
-                f"--download none: the model stays at {where}, verified there"
-                if where
-                else "--download none: nothing is downloaded, and the model was not published"
-            )
-        budget.check()
-        only = eval_files(bundle) if settings.download == "eval" else None
-        if only is not None and not only:
-            raise StageSkipped("--download eval: the bundle's eval files are not under its outputs")
-        report.download = download(
-            handle,
-            key,
-            remote_outputs,
-            out / "outputs",
-            settings.transfer_method,
-            s3=s3,
-            only=only,
-            staging_dir=f"{run_dir}/download-eval" if only else None,
-            options=settings.transfer_options(),
-            follow_links=settings.follow_links,
-            reconnect=reconnect,
-        )
-
-    with run_stage(report, "checksum", on_stage, watch=guards.watch):
-        if report.download is None and report.publish is None:
-            raise StageSkipped("nothing was downloaded or published")
-        if report.download is not None and report.download.source_manifest is None:
-            raise ChecksumMismatchError(
-                f"the download from pod {handle.pod_id} carried no pod-side manifest; "
-                "nothing can be accepted unverified",
-                pod_id=handle.pod_id,
-            )
-        source = report.download.source_manifest if report.download is not None else None
-        report.manifest = checksum(out / "outputs", source, handle.pod_id, report.publish)
-        report.verified = verification_records(out / "outputs", report.manifest, report.publish)
-    return deferred
-
-
-TRAIN_LOG = "train.log"
-"""The training log as the run followed it, kept in the output dir whatever is downloaded."""
-
-
-def _fresh_file(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("")
-    return path
-
-
-def _declared_outputs(bundle: Any) -> dict[str, str]:
-    """What training must leave in the pod-side bundle, by the ``bundle.toml`` field that
-    declares it: the ``outputs`` folder, and the in-training eval JSONL when the bundle
-    has a standalone eval to compare it with."""
-    expected = {bundle.outputs: "outputs"}
-    if bundle.eval:
-        expected[bundle.train_eval_jsonl] = "train_eval_jsonl"
-    return expected
-
-
-def _save_local_key(key: SecretStr, out: Path) -> str:
-    """Keep a pod's throwaway per-run key (mode 0600) beside the outputs so the printed
-    ``ssh`` command works (a provider that reaches pods with the user's own key,
-    ``Capability.USER_KEY``, names that key instead)."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "pod-ssh-key"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key.get_secret_value())
-    return str(path)
 
 
 if __name__ == "__main__":

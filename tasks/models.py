@@ -66,8 +66,9 @@ class StageState(StrEnum):
 
 
 class StageRecord(BaseModel):
-    """One stage of a run: name, state, start/end (UTC), seconds, and a reason when
-    Skipped or Failed."""
+    """One stage of a run: name, state, start/end (UTC), seconds, a reason when Skipped
+    or Failed, and the pod attempt it ran in (``attempt``: 1 for the first pod; None for
+    a stage of the run itself, ``preflight``). A stage runs once per attempt."""
 
     name: str
     state: StageState = StageState.PENDING
@@ -75,6 +76,7 @@ class StageRecord(BaseModel):
     ended_at: datetime | None = None
     seconds: float = 0.0
     reason: str | None = None
+    attempt: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -298,9 +300,9 @@ class CostReport(BaseModel):
     """What the run cost.
 
     Attributes:
-        cost_per_hr: USD/h (RunPod's ``costPerHr``).
+        cost_per_hr: USD/h of the run's last pod (RunPod's ``costPerHr``).
         billed_seconds: create → terminate confirmed (until now for a pod that may
-            still be billing), to the millisecond.
+            still be billing), to the millisecond, over every pod of the run.
         usd: cost_per_hr × billed_seconds / 3600, to 1e-8 USD (``blocks/costs.py``
             ``settle`` computes both).
         max_cost_usd: the budget cap, if any.

@@ -28,9 +28,11 @@ from typing import Any
 
 from prefect_runpod.blocks.provider import Capability, EndedBy, PodCause, PodEnd, PodProvider
 from prefect_runpod.blocks.provider_registry import provider_supports
+from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.cost_record import (
     COST_ARTIFACT_KEY,
     CostRecord,
+    attempt_state_line,
     fetch_provider_bill,
     latest_record,
     publish_record,
@@ -122,29 +124,38 @@ def reconcile(record: CostRecord, provider: PodProvider | None, run_state: str) 
     """
     out = record.model_copy(deep=True)
     out.recorded_by, out.recorded_at = "cost --reconcile", datetime.now(UTC)
-    if out.pod_id is None:
-        return out
-    confirmed = out.end is not None and out.end.confirmed
-    status = None
-    if not confirmed and provider is not None:
-        status = provider.status(out.pod_id)
-    fetch_provider_bill(provider, out)  # RunPod's bill, whenever it has the pod's records
-    if status is not None and status.cause is PodCause.TERMINATED_OUTSIDE:
-        out.end = _end_from(out, status.ended_at, status.ended_by, status.ended_layer, run_state)
-    elif status is not None:
-        out.end = PodEnd(
-            pod_id=out.pod_id,
-            detail=f"still there at {status.observed_at.isoformat()}: {status.provider_status}; "
-            "it may still be billing",
-        )
-    out.settle()
-    if out.runpod_usd is not None:
-        fetch_provider_bill(provider, out)  # the window now ends at the confirmed end
+    for attempt in out.attempts:
+        if attempt.pod_id is not None:
+            _reconcile_attempt(out, attempt, provider, run_state)
     return out
 
 
+def _reconcile_attempt(
+    record: CostRecord, attempt: PodAttempt, provider: PodProvider | None, run_state: str
+) -> None:
+    """``reconcile`` for one pod of the run (changed in place)."""
+    assert attempt.pod_id is not None
+    status = None
+    if not attempt.confirmed and provider is not None:
+        status = provider.status(attempt.pod_id)
+    fetch_provider_bill(provider, record)  # the bill, whenever it has the pod's records
+    if status is not None and status.cause is PodCause.TERMINATED_OUTSIDE:
+        attempt.end = _end_from(
+            attempt, status.ended_at, status.ended_by, status.ended_layer, run_state
+        )
+    elif status is not None:
+        attempt.end = PodEnd(
+            pod_id=attempt.pod_id,
+            detail=f"still there at {status.observed_at.isoformat()}: {status.provider_status}; "
+            "it may still be billing",
+        )
+    record.settle()
+    if attempt.provider_usd is not None:
+        fetch_provider_bill(provider, record)  # the window now ends at the confirmed end
+
+
 def _end_from(
-    record: CostRecord,
+    record: PodAttempt,
     ended_at: datetime | None,
     witness: str | None,
     layer: str | None,
@@ -154,8 +165,8 @@ def _end_from(
     assert record.pod_id is not None
     detail = "the provider no longer knows the pod"
     when = ended_at
-    if when is None and record.created_at and record.runpod_billed_seconds is not None:
-        when = record.created_at + timedelta(seconds=record.runpod_billed_seconds)
+    if when is None and record.created_at and record.provider_billed_seconds is not None:
+        when = record.created_at + timedelta(seconds=record.provider_billed_seconds)
         detail += "; ended at create + the time RunPod billed"
     if when is None:
         when = datetime.now(UTC)
@@ -183,7 +194,7 @@ def _end_from(
     )
 
 
-def _lease_time(record: CostRecord) -> datetime | None:
+def _lease_time(record: PodAttempt) -> datetime | None:
     if record.lease.startswith("terminateAfter "):
         return datetime.strptime(record.lease.split()[1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     return None
@@ -255,13 +266,15 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 
 def totals(records: list[CostRecord]) -> dict[str, Any]:
-    """The totals of ``records``: runs, billed seconds, USD (ours), RunPod's USD over the
-    runs whose bill is known (and how many), and how many may still be billing."""
-    known = [r.runpod_usd for r in records if r.runpod_usd is not None]
+    """The totals of ``records`` over every pod of each run: runs, billed seconds, USD
+    (ours), the providers' USD over the runs whose bill is known (and how many), and how
+    many may still be billing."""
+    billed = [[a.provider_usd for a in r.attempts if a.provider_usd is not None] for r in records]
+    known = [sum(bills) for bills in billed if bills]
     return {
         "runs": len(records),
-        "billed_seconds": round(sum(r.billed_seconds for r in records), 3),
-        "usd": round(sum(r.usd for r in records), 8),
+        "billed_seconds": round(sum(r.total_billed_seconds for r in records), 3),
+        "usd": round(sum(r.total_usd for r in records), 8),
         "runpod_usd": round(sum(known), 8) if known else None,
         "runpod_billed_runs": len(known),
         "may_still_bill": sum(1 for r in records if r.may_still_bill),
@@ -301,17 +314,18 @@ def _show(records: list[CostRecord], as_json: bool) -> None:
     for column in columns:
         table.add_column(column, footer=footer.get(column, ""), overflow="fold")
     for r in records:
-        table.add_row(
-            r.flow_run_id,
-            f"{r.pod_id or '-'} ({r.provider})",
-            r.gpu_type,
-            f"{r.cost_per_hr:.3f}",
-            f"{r.billed_seconds:.1f}",
-            f"{r.usd:.6f}",
-            "-" if r.runpod_usd is None else f"{r.runpod_usd:.6f}",
-            "-" if r.difference_usd is None else f"{r.difference_usd:+.6f}",
-            r.state_line(),
-        )
+        for a in r.attempts or [PodAttempt()]:  # a row per pod of the run
+            table.add_row(
+                r.flow_run_id if a.number == 1 else f"  attempt {a.number}",
+                f"{a.pod_id or '-'} ({a.provider})",
+                a.gpu_type,
+                f"{a.cost_per_hr:.3f}",
+                f"{a.billed_seconds:.1f}",
+                f"{a.usd:.6f}",
+                "-" if a.provider_usd is None else f"{a.provider_usd:.6f}",
+                "-" if a.difference_usd is None else f"{a.difference_usd:+.6f}",
+                attempt_state_line(a),
+            )
     Console(width=200).print(table)
 
 
@@ -353,13 +367,10 @@ def _run(args: argparse.Namespace, run_id: str | None) -> int:
     if args.reconcile:
         done = []
         for record in records:
-            if (
-                record.end is not None
-                and record.end.confirmed
-                and (
-                    not provider_supports(record.provider, Capability.BILL)
-                    or record.runpod_usd is not None
-                )
+            if not record.may_still_bill and all(
+                not provider_supports(a.provider, Capability.BILL) or a.provider_usd is not None
+                for a in record.attempts
+                if a.pod_id is not None
             ):
                 done.append(record)
                 continue

@@ -2,7 +2,10 @@
 
 - ``inputs``       every pre-rent check in one call (``prepare_run``, ``check_run``)
 - ``providers``    the provider and SSH key rebuilt from the run's parameters; ``planned_pod``
-- ``ledger``       each stage's record in the ``RunReport`` (``run_stage``, ``StageSkipped``)
+- ``pod_session``  the work of the run on one pod: bring up, work, bring back (``PodSession``)
+- ``attempts``     one pod of the run (``PodAttempt``), the single-pod fields as its views
+- ``budget``       the run's spend so far against ``max_cost_usd`` (``RunBudget``)
+- ``ledger``       each stage's record in the ``RunReport``, once per pod attempt (``run_stage``)
 - ``report``       the ``RunReport`` and the summary printed at the end
 - ``heartbeat``    the flow's side of the dead-man switch
 - ``logs``         how much a run logs, on Prefect and on the console
@@ -10,5 +13,5 @@
 - ``artifacts``    the run's model links
 - ``end``          the run's end: terminate, record, settle, write the report
 
-See docs/architecture.md#layers-and-packages.
+See docs/architecture.md#the-runs-bookkeeping and docs/architecture.md#the-runs-attempts.
 """

@@ -21,18 +21,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from prefect_runpod.blocks.costs import round_usd, settle
+from prefect_runpod.blocks.costs import round_usd
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import Capability, EndedBy, PodEnd, PodProvider, end_command
-from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
+from prefect_runpod.blocks.provider_registry import (
+    provider_class,
+    provider_names,
+    provider_supports,
+)
 from prefect_runpod.blocks.secret_mask import error_text, redact, redact_data
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
+from prefect_runpod.flows.run.attempts import AttemptField, LastAttemptView, PodAttempt
 
 __all__ = [
     "COST_ARTIFACT_KEY",
     "CostRecord",
+    "attempt_state_line",
     "fetch_provider_bill",
     "latest_record",
     "merge_end",
@@ -45,114 +51,134 @@ COST_ARTIFACT_KEY = "finetune-costs"
 _log = logging.getLogger("prefect_runpod.costs")
 
 
-class CostRecord(BaseModel):
-    """One run's cost, as its ``finetune-costs`` artifact holds it.
+def _as_recorded(record: CostRecord, end: PodEnd | None) -> PodEnd | None:
+    """The last pod's end as this version of the record has it (recorded then)."""
+    return end.model_copy(update={"recorded_at": record.recorded_at}) if end else None
+
+
+class CostRecord(LastAttemptView):
+    """One run's cost, as its ``finetune-costs`` artifact holds it: a row per pod attempt.
 
     Attributes:
         flow_run_id: the run.
-        pod_id / pod_name / provider: its pod.
+        attempts: every pod the run rented (``PodAttempt``: the pod, its end, our
+            estimate, the provider's bill), in order.
         output_dir: where the run keeps ``run-report.json`` (on the run's machine).
-        gpu_type: the GPU type rented (``cpu`` for a local pod), ``-`` when not known.
-        cost_per_hr: USD/h.
-        created_at: when the provider returned the pod id (billing starts).
-        end: how and when the pod ended; ``end.confirmed`` False while it may still bill.
-        billed_seconds / usd: our estimate, from create to the confirmed end (to now while
-            the pod may still be billing).
         max_cost_usd: the budget, if any.
-        lease: RunPod's ``terminateAfter`` (or the local pod's) as sent, ``absent`` when
-            the provider did not take it, ``-`` when none was asked.
-        runpod_usd / runpod_billed_seconds: RunPod's own bill (REST billing), once known.
-        difference_usd: ``usd - runpod_usd``, once RunPod's bill is known.
-        billing_note: why RunPod's bill is missing, when it is.
         published_bytes / published_to: what the pod published itself (bytes that did not
             cross the gateway) and where, when the run published.
-        stage_seconds: seconds per stage.
+        stage_seconds: seconds per stage (over every attempt).
         recorded_by: who wrote this version (``flow``, ``hook``, ``reaper``, ``cli``,
             ``cost --reconcile``).
         recorded_at: when.
+
+    Views of the last attempt, under the names the table always had: ``pod_id``,
+    ``pod_name``, ``provider``, ``gpu_type``, ``cost_per_hr`` (USD/h), ``created_at``
+    (billing starts), ``end`` (``end.confirmed`` False while it may still bill; its
+    ``recorded_at`` is the record's), ``billed_seconds`` / ``usd`` (our estimate, create
+    → confirmed end, to now while it may still bill), ``lease``, ``runpod_usd`` /
+    ``runpod_billed_seconds`` (the provider's own bill: RunPod's REST billing),
+    ``difference_usd`` (``usd - runpod_usd``) and ``billing_note`` (why the bill is
+    missing, when it is).
     """
 
+    pod_id = AttemptField[str | None]("pod_id", None)
+    pod_name = AttemptField[str]("pod_name", "")
+    provider = AttemptField[str]("provider", DEFAULT_PROVIDER)
+    gpu_type = AttemptField[str]("gpu_type", "-")
+    cost_per_hr = AttemptField[float]("cost_per_hr", 0.0)
+    created_at = AttemptField[datetime | None]("created_at", None)
+    end = AttemptField[PodEnd | None]("end", None, shown=_as_recorded)
+    billed_seconds = AttemptField[float]("billed_seconds", 0.0)
+    usd = AttemptField[float]("usd", 0.0)
+    lease = AttemptField[str]("lease", "-")
+    runpod_usd = AttemptField[float | None]("provider_usd", None)
+    runpod_billed_seconds = AttemptField[float | None]("provider_billed_seconds", None)
+    difference_usd = AttemptField[float | None]("difference_usd", None)
+    billing_note = AttemptField[str]("billing_note", "")
+
     flow_run_id: str
-    pod_id: str | None = None
-    pod_name: str = ""
-    provider: str = DEFAULT_PROVIDER
     output_dir: str | None = None
-    gpu_type: str = "-"
-    cost_per_hr: float = 0.0
-    created_at: datetime | None = None
-    end: PodEnd | None = None
-    billed_seconds: float = 0.0
-    usd: float = 0.0
     max_cost_usd: float | None = None
-    lease: str = "-"
-    runpod_usd: float | None = None
-    runpod_billed_seconds: float | None = None
-    difference_usd: float | None = None
-    billing_note: str = ""
     published_bytes: int | None = None
     published_to: str = ""
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     recorded_by: str = "flow"
     recorded_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
+    def attempt_of(self, pod_id: str) -> PodAttempt | None:
+        """The attempt of pod ``pod_id``, or None."""
+        return next((a for a in self.attempts if a.pod_id == pod_id), None)
+
+    @property
+    def total_usd(self) -> float:
+        """Our estimate over every pod of the run, USD."""
+        return round_usd(sum(a.usd for a in self.attempts))
+
+    @property
+    def total_billed_seconds(self) -> float:
+        """Billed seconds over every pod of the run."""
+        return round(sum(a.billed_seconds for a in self.attempts), 3)
+
+    @property
+    def provider_display(self) -> str:
+        """The provider in a sentence (``RunPod``), or its name when not registered here."""
+        known = self.provider in provider_names()
+        return str(provider_class(self.provider).display_name) if known else self.provider
+
     @property
     def may_still_bill(self) -> bool:
-        """True while a pod exists and its end is not confirmed."""
-        return self.pod_id is not None and not (self.end is not None and self.end.confirmed)
+        """True while a pod of the run exists and its end is not confirmed."""
+        return not all(a.confirmed for a in self.attempts)
 
     def state_line(self) -> str:
-        """One line: ``ended by the flow at …, confirmed`` / ``may still be billing: …``."""
-        if self.pod_id is None:
-            return "no pod was created"
-        end = self.end
-        if end is None or not end.confirmed:
-            return (
-                f"pod {self.pod_id} may still be billing: end it with "
-                f"`{end_command(self.provider, self.pod_id)}`"
-            )
-        at = end.ended_at.isoformat() if end.ended_at else "?"
-        how = f", {end.layer}" if end.layer else ""
-        guessed = " (inferred)" if end.inferred else ""
-        return f"ended by {end.ended_by.value}{guessed} at {at}{how}, confirmed"
+        """One line: ``ended by the flow at …, confirmed`` / ``may still be billing: …``,
+        of the first pod that may still bill, else of the last."""
+        pending = [a for a in self.attempts if not a.confirmed]
+        return attempt_state_line(
+            pending[0] if pending else self.attempts[-1] if self.attempts else None
+        )
 
     def settle(self, now: datetime | None = None) -> None:
-        """Recompute our estimate: create → the confirmed end (or ``now`` while the pod may
-        still be billing), and the difference with RunPod's bill."""
-        if self.created_at is None:
-            return
-        end = self.end.ended_at if self.end is not None and self.end.confirmed else None
-        bill = settle(self.cost_per_hr, self.created_at, end or now or datetime.now(UTC))
-        self.billed_seconds, self.usd = bill.billed_seconds, bill.usd
-        if self.runpod_usd is not None:
-            self.difference_usd = round_usd(self.usd - self.runpod_usd)
+        """Recompute each attempt's estimate: create → its confirmed end (or ``now`` while
+        the pod may still be billing), and the difference with the provider's bill."""
+        for attempt in self.attempts:
+            attempt.settle(now or datetime.now(UTC))
 
     def to_rows(self) -> list[dict[str, Any]]:
-        """The artifact's table: ONE row, a column per fact, so the Prefect UI can sort
-        and compare runs. Numbers stay numbers (``null`` when not known) and every unit is
-        in its column's name: ``cost_per_hr_usd_per_h``, ``billed_s``, ``usd``,
-        ``published_bytes``, times as ISO-8601 ``…_utc``; each stage's seconds in its
-        own ``stage_<name>_s`` column. ``from_rows`` reads it back whole.
+        """The artifact's table: a row per pod attempt, a column per fact, so the Prefect
+        UI can sort and compare runs. Numbers stay numbers (``null`` when not known) and
+        every unit is in its column's name: ``cost_per_hr_usd_per_h``, ``billed_s``,
+        ``usd``, ``published_bytes``, times as ISO-8601 ``…_utc``; each stage's seconds
+        in its own ``stage_<name>_s`` column. ``from_rows`` reads it back whole.
 
         Returns:
-            ``[row]``, ``row`` a dict of str/float/int/bool/None.
+            One row per attempt (one for a run with one pod), each a dict of
+            str/float/int/bool/None.
         """
-        end = self.end or PodEnd(pod_id=self.pod_id or "-")
+        return [self._row(a) for a in self.attempts or [PodAttempt()]]
+
+    def _row(self, a: PodAttempt) -> dict[str, Any]:
+        end = a.end or PodEnd(pod_id=a.pod_id or "-")
         row: dict[str, Any] = {
             "flow_run_id": self.flow_run_id,
-            "state": self.state_line(),
-            "pod_id": self.pod_id,
-            "pod_name": self.pod_name,
-            "provider": self.provider,
-            "gpu_type": self.gpu_type,
-            "cost_per_hr_usd_per_h": self.cost_per_hr,
-            "billed_s": self.billed_seconds,
-            "usd": self.usd,
-            "runpod_usd": self.runpod_usd,
-            "runpod_billed_s": self.runpod_billed_seconds,
-            "difference_usd": self.difference_usd,
-            "billing_note": self.billing_note,
+            "attempt": a.number,
+            "state": attempt_state_line(a),
+            "pod_id": a.pod_id,
+            "pod_name": a.pod_name,
+            "provider": a.provider,
+            "gpu_type": a.gpu_type,
+            "data_center": a.data_center,
+            "cost_per_hr_usd_per_h": a.cost_per_hr,
+            "billed_s": a.billed_seconds,
+            "usd": a.usd,
+            "runpod_usd": a.provider_usd,
+            "runpod_billed_s": a.provider_billed_seconds,
+            "difference_usd": a.difference_usd,
+            "billing_note": a.billing_note,
             "max_cost_usd": self.max_cost_usd,
-            "created_at_utc": _iso(self.created_at),
+            "created_at_utc": _iso(a.created_at),
+            "ready_at_utc": _iso(a.ready_at),
             "ended_at_utc": _iso(end.ended_at),
             "end_confirmed": end.confirmed,
             "ended_by": end.ended_by.value,
@@ -160,7 +186,10 @@ class CostRecord(BaseModel):
             "end_layer": end.layer,
             "end_cause": end.cause,
             "end_detail": end.detail,
-            "lease": self.lease,
+            "end_recorded_at_utc": _iso(a.end.recorded_at) if a.end else None,
+            "lease": a.lease,
+            "resumed_from": a.resumed_from,
+            "steps_lost": a.steps_lost,
             "published_bytes": self.published_bytes,
             "published_to": self.published_to,
             "output_dir": self.output_dir,
@@ -169,60 +198,94 @@ class CostRecord(BaseModel):
         }
         for stage, seconds in self.stage_seconds.items():
             row[f"{_STAGE_PREFIX}{stage}{_STAGE_SUFFIX}"] = seconds
-        return [row]
+        return row
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]]) -> CostRecord:
-        """Read a record back from its table (see ``to_rows``).
+        """Read a record back from its table (see ``to_rows``); a table written before
+        runs had attempts (one row, no ``attempt`` column) reads as one attempt.
 
         Raises:
-            ValueError: the table is not a cost record (not one row with a flow_run_id).
+            ValueError: the table is not a cost record (rows with a flow_run_id and the
+                attempts 1, 2, … in order).
         """
-        if len(rows) != 1 or not isinstance(rows[0], dict) or "flow_run_id" not in rows[0]:
-            raise ValueError("not a cost record: expected one row with a flow_run_id")
-        row = rows[0]
-        pod_id = row.get("pod_id")
-        end = None
-        if pod_id is not None:
-            end = PodEnd(
-                pod_id=pod_id,
-                ended_by=EndedBy(row.get("ended_by") or "unknown"),
-                confirmed=bool(row.get("end_confirmed")),
-                ended_at=_when(row.get("ended_at_utc")),
-                layer=row.get("end_layer") or "",
-                cause=row.get("end_cause"),
-                inferred=bool(row.get("ended_by_inferred")),
-                detail=row.get("end_detail") or "",
-                recorded_at=_when(row.get("recorded_at_utc")) or datetime.now(UTC),
-            )
+        good = rows and all(isinstance(r, dict) and "flow_run_id" in r for r in rows)
+        numbers = [r.get("attempt", 1) for r in rows] if good else []
+        if not good or numbers != list(range(1, len(rows) + 1)):
+            raise ValueError("not a cost record: expected one row per attempt with a flow_run_id")
+        row = rows[-1]
+        recorded_at = _when(row.get("recorded_at_utc")) or datetime.now(UTC)
         return cls(
             flow_run_id=str(row["flow_run_id"]),
-            pod_id=pod_id,
-            pod_name=row.get("pod_name") or "",
-            provider=row.get("provider") or DEFAULT_PROVIDER,
+            attempts=[_attempt_of(r, recorded_at) for r in rows],
             output_dir=row.get("output_dir"),
-            gpu_type=str(row.get("gpu_type") or "-"),
-            cost_per_hr=float(row.get("cost_per_hr_usd_per_h") or 0.0),
-            created_at=_when(row.get("created_at_utc")),
-            end=end,
-            billed_seconds=float(row.get("billed_s") or 0.0),
-            usd=float(row.get("usd") or 0.0),
             max_cost_usd=row.get("max_cost_usd"),
-            lease=str(row.get("lease") or "-"),
             published_bytes=row.get("published_bytes"),
             published_to=row.get("published_to") or "",
-            runpod_usd=row.get("runpod_usd"),
-            runpod_billed_seconds=row.get("runpod_billed_s"),
-            difference_usd=row.get("difference_usd"),
-            billing_note=row.get("billing_note") or "",
             stage_seconds={
                 key[len(_STAGE_PREFIX) : -len(_STAGE_SUFFIX)]: float(value)
                 for key, value in row.items()
                 if key.startswith(_STAGE_PREFIX) and key.endswith(_STAGE_SUFFIX)
             },
             recorded_by=str(row.get("recorded_by") or "flow"),
-            recorded_at=_when(row.get("recorded_at_utc")) or datetime.now(UTC),
+            recorded_at=recorded_at,
         )
+
+
+def attempt_state_line(a: PodAttempt | None) -> str:
+    """One pod attempt's state in a line: ``ended by the flow at …, confirmed``, ``pod …
+    may still be billing: end it with …`` or ``no pod was created``."""
+    if a is None or a.pod_id is None:
+        return "no pod was created"
+    end = a.end
+    if end is None or not end.confirmed:
+        return (
+            f"pod {a.pod_id} may still be billing: end it with "
+            f"`{end_command(a.provider, a.pod_id)}`"
+        )
+    at = end.ended_at.isoformat() if end.ended_at else "?"
+    how = f", {end.layer}" if end.layer else ""
+    guessed = " (inferred)" if end.inferred else ""
+    return f"ended by {end.ended_by.value}{guessed} at {at}{how}, confirmed"
+
+
+def _attempt_of(row: dict[str, Any], recorded_at: datetime) -> PodAttempt:
+    """One row of the table as the attempt it records."""
+    pod_id = row.get("pod_id")
+    end = None
+    if pod_id is not None:
+        end = PodEnd(
+            pod_id=pod_id,
+            ended_by=EndedBy(row.get("ended_by") or "unknown"),
+            confirmed=bool(row.get("end_confirmed")),
+            ended_at=_when(row.get("ended_at_utc")),
+            layer=row.get("end_layer") or "",
+            cause=row.get("end_cause"),
+            inferred=bool(row.get("ended_by_inferred")),
+            detail=row.get("end_detail") or "",
+            recorded_at=_when(row.get("end_recorded_at_utc")) or recorded_at,
+        )
+    return PodAttempt(
+        number=int(row.get("attempt") or 1),
+        pod_id=pod_id,
+        pod_name=row.get("pod_name") or "",
+        provider=row.get("provider") or DEFAULT_PROVIDER,
+        gpu_type=str(row.get("gpu_type") or "-"),
+        data_center=row.get("data_center"),
+        cost_per_hr=float(row.get("cost_per_hr_usd_per_h") or 0.0),
+        created_at=_when(row.get("created_at_utc")),
+        ready_at=_when(row.get("ready_at_utc")),
+        end=end,
+        billed_seconds=float(row.get("billed_s") or 0.0),
+        usd=float(row.get("usd") or 0.0),
+        provider_usd=row.get("runpod_usd"),
+        provider_billed_seconds=row.get("runpod_billed_s"),
+        difference_usd=row.get("difference_usd"),
+        billing_note=row.get("billing_note") or "",
+        lease=str(row.get("lease") or "-"),
+        resumed_from=row.get("resumed_from"),
+        steps_lost=row.get("steps_lost"),
+    )
 
 
 _STAGE_PREFIX, _STAGE_SUFFIX = "stage_", "_s"
@@ -297,11 +360,12 @@ def publish_record(record: CostRecord) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactCreate
 
+    pods = ", ".join(a.pod_id for a in record.attempts if a.pod_id) or "-"
+    billed = [a.provider_usd for a in record.attempts if a.provider_usd is not None]
+    theirs = f", {sum(billed):.6f} USD ({record.provider_display})" if billed else ""
     description = (
-        f"Cost of run {record.flow_run_id} on pod {record.pod_id or '-'}: "
-        f"{record.usd:.6f} USD (ours)"
-        + (f", {record.runpod_usd:.6f} USD (RunPod)" if record.runpod_usd is not None else "")
-        + f"; {record.state_line()}"
+        f"Cost of run {record.flow_run_id} on pod {pods}: {record.total_usd:.6f} USD (ours)"
+        f"{theirs}; {record.state_line()}"
     )
     with get_client(sync_client=True) as client:
         client.create_artifact(
@@ -338,35 +402,38 @@ def rewrite_report(record: CostRecord) -> bool:
 
 
 def fetch_provider_bill(provider: PodProvider | None, record: CostRecord) -> None:
-    """Fill the provider's own bill into ``record`` when its provider has one
+    """Fill each pod's bill from its provider into ``record`` where the provider has one
     (``Capability.BILL``: RunPod's REST billing) and the bill has the pod's records;
-    otherwise say why in ``billing_note``. Never raises."""
-    if not provider_supports(record.provider, Capability.BILL):
-        record.billing_note = ""
+    otherwise say why in the attempt's ``billing_note``. Never raises."""
+    for attempt in record.attempts:
+        _fetch_bill(provider, record.flow_run_id, attempt)
+
+
+def _fetch_bill(provider: PodProvider | None, run_id: str, a: PodAttempt) -> None:
+    if not provider_supports(a.provider, Capability.BILL):
+        a.billing_note = ""
         return
-    if record.pod_id is None or record.created_at is None:
+    if a.pod_id is None or a.created_at is None:
         return
-    who = provider_class(record.provider).display_name
+    who = provider_class(a.provider).display_name
     if provider is None or not provider.supports(Capability.BILL):
-        record.billing_note = f"no {who} credentials here to ask its billing API"
+        a.billing_note = f"no {who} credentials here to ask its billing API"
         return
-    ended = record.end.ended_at if record.end and record.end.ended_at else datetime.now(UTC)
+    ended = a.end.ended_at if a.end and a.end.ended_at else datetime.now(UTC)
     try:
-        bill = provider.fetch_bill(record.pod_id, record.created_at, ended)  # type: ignore[attr-defined]
+        bill = provider.fetch_bill(a.pod_id, a.created_at, ended)  # type: ignore[attr-defined]
     except Exception as exc:  # billing is beside the record, never in its way
-        record.billing_note = f"{who}'s billing did not answer ({error_text(exc)})"[:300]
+        a.billing_note = f"{who}'s billing did not answer ({error_text(exc)})"[:300]
         return
     if bill is None:
-        record.billing_note = (
+        a.billing_note = (
             f"{who} has no billing record yet (billing lags); run `prefect-runpod cost "
-            f"{record.flow_run_id} --reconcile` later"
+            f"{run_id} --reconcile` later"
         )
         return
-    record.runpod_usd = bill.usd
-    record.runpod_billed_seconds = bill.billed_seconds
-    record.billing_note = bill.note
-    if record.usd is not None:
-        record.difference_usd = round_usd(record.usd - bill.usd)
+    a.provider_usd, a.provider_billed_seconds = bill.usd, bill.billed_seconds
+    a.billing_note = bill.note
+    a.difference_usd = round_usd(a.usd - bill.usd)
 
 
 def record_pod_end(
@@ -397,20 +464,19 @@ def record_pod_end(
     except Exception as exc:
         _log.warning("run %s: could not read its cost record (%s)", flow_run_id, exc)
         record = None
+    attempt = record.attempt_of(end.pod_id) if record is not None else None
+    if attempt is None and handle is None:
+        _log.warning("run %s has no cost record of pod %s to complete", flow_run_id, end.pod_id)
+        return None
     if record is None:
-        if handle is None:
-            _log.warning("run %s has no cost record and no pod to build one from", flow_run_id)
-            return None
-        record = CostRecord(
-            flow_run_id=flow_run_id,
-            pod_id=handle.pod_id,
-            pod_name=handle.name,
-            provider=handle.provider,
-            gpu_type=handle.gpu_type,
-            cost_per_hr=handle.cost_per_hr,
-            created_at=handle.created_at,
+        record = CostRecord(flow_run_id=flow_run_id)
+    if attempt is None:
+        assert handle is not None
+        attempt = PodAttempt.of(handle, len(record.attempts) + 1).model_copy(
+            update={"handle": None}
         )
-    record.end = merge_end(record.end, end)
+        record.attempts.append(attempt)
+    attempt.end = merge_end(attempt.end, end)
     record.recorded_by = recorded_by
     record.recorded_at = datetime.now(UTC)
     record.settle()

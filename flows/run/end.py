@@ -90,22 +90,15 @@ def flow_end(result: TerminateResult, lost: PodStatus | None) -> PodEnd:
 
 
 def record_of(report: RunReport, *, recorded_by: str = "flow") -> CostRecord:
-    """The run's cost record as its report has it now."""
-    pod = report.pod
+    """The run's cost record as its report has it now (its attempts without the handles
+    and ssh lines, which the table does not keep)."""
     return CostRecord(
         flow_run_id=report.flow_run_id,
-        pod_id=report.pod_id,
-        pod_name=report.pod_name,
-        provider=report.provider,
+        attempts=[
+            a.model_copy(update={"handle": None, "ssh_command": None}) for a in report.attempts
+        ],
         output_dir=report.output_dir,
-        gpu_type=pod.gpu_type if pod else "-",
-        cost_per_hr=report.cost.cost_per_hr,
-        created_at=pod.created_at if pod else None,
-        end=report.pod_end,
         max_cost_usd=report.cost.max_cost_usd,
-        lease=report.lease,
-        runpod_usd=report.cost.runpod_usd,
-        runpod_billed_seconds=report.cost.runpod_billed_seconds,
         published_bytes=report.publish.bytes if report.publish is not None else None,
         published_to=report.publish.target if report.publish is not None else "",
         stage_seconds=dict(report.cost.stage_seconds),
@@ -114,28 +107,31 @@ def record_of(report: RunReport, *, recorded_by: str = "flow") -> CostRecord:
 
 
 def _merge_with_api(record: CostRecord) -> None:
-    """Another writer (the CLI's terminate, a hook) may have recorded the pod's end
-    first: keep whichever confirmed end came first."""
+    """Another writer (the CLI's terminate, a hook) may have recorded a pod's end first:
+    keep, pod by pod, whichever confirmed end came first, and a bill already known."""
     try:
         earlier = latest_record(record.flow_run_id)
     except Exception as exc:  # the record is still written below; say why it is alone
         _log.warning("could not read the run's earlier cost record: %s", exc)
         return
-    if earlier is not None:
-        record.end = merge_end(earlier.end, record.end)
-        if record.runpod_usd is None and earlier.runpod_usd is not None:
-            record.runpod_usd = earlier.runpod_usd
-            record.runpod_billed_seconds = earlier.runpod_billed_seconds
+    for attempt in record.attempts if earlier is not None else []:
+        seen = earlier.attempt_of(attempt.pod_id) if attempt.pod_id else None  # type: ignore[union-attr]
+        if seen is None:
+            continue
+        attempt.end = merge_end(seen.end, attempt.end)
+        if attempt.provider_usd is None and seen.provider_usd is not None:
+            attempt.provider_usd = seen.provider_usd
+            attempt.provider_billed_seconds = seen.provider_billed_seconds
 
 
 def record_cost(report: RunReport, provider: PodProvider | None, *, final: bool) -> None:
     """Settle and publish the run's record; at the end (``final``) also merge what other
-    writers recorded and ask RunPod's billing; then mirror it into the report."""
+    writers recorded and ask the provider's billing; then mirror it into the report."""
     record = record_of(report)
     if final:
         _merge_with_api(record)
     record.settle()
-    if final and record.end is not None and record.end.confirmed:
+    if final and not record.may_still_bill:
         fetch_provider_bill(provider, record)
     try:
         publish_record(record)
@@ -152,8 +148,12 @@ def end_run(
     keep_pod_on_failure: bool,
     terminate_timeout_seconds: float,
     on_stage: Any,
+    attempt: int | None = None,
 ) -> TerminateError | None:
     """Terminate (unless kept), record the pod's end and the cost, publish, write.
+
+    ``attempt`` is the pod attempt whose pod this ends (its ``terminate`` stage is that
+    attempt's); None when the run ends before any pod attempt began.
 
     Returns:
         The ``TerminateError`` the run must fail with when its pod may still be billing
@@ -165,6 +165,7 @@ def end_run(
     lost = watch.lost if watch is not None else None
     if report.pod_id and provider is not None:
         if keep_pod_on_failure and failed:
+            report.stage("terminate").attempt = attempt
             report.stage("terminate").state = StageState.SKIPPED
             report.stage("terminate").reason = (
                 f"kept for inspection (keep_pod_on_failure); billing until "
@@ -173,7 +174,7 @@ def end_run(
             report.pod_end = PodEnd(pod_id=report.pod_id, detail="kept for inspection")
         else:
             try:
-                with run_stage(report, "terminate", on_stage):
+                with run_stage(report, "terminate", on_stage, attempt=attempt):
                     result = terminate(provider, report.pod_id, terminate_timeout_seconds)
                 report.pod_end = flow_end(result, lost)
             except BaseException as exc:  # never mask the run's own error

@@ -40,10 +40,19 @@ _POD_ERRORS = (ConsoleError, TransferError, TrainingError)
 
 @contextmanager
 def run_stage(  # type: ignore[no-untyped-def]
-    report: RunReport, name: str, on_change=None, *, watch: PodWatch | None = None
+    report: RunReport,
+    name: str,
+    on_change=None,
+    *,
+    watch: PodWatch | None = None,
+    attempt: int | None = None,
 ) -> Iterator[None]:
     """Record stage ``name`` around the block: Running, then Completed, Skipped (when the
     block raises ``StageSkipped``) or Failed/Cancelled (re-raising the error).
+
+    A stage runs once per pod attempt: when it already ran in an earlier attempt, that
+    run moves to ``report.earlier_stages`` and this one takes its place (its seconds add
+    to the stage's in the cost record).
 
     With the pod's liveness ``watch``, a pod already gone fails the stage before it
     starts, and a console, transfer or training failure is checked against the provider
@@ -55,8 +64,14 @@ def run_stage(  # type: ignore[no-untyped-def]
         name: one of ``preflight`` and ``STAGES``.
         on_change: called with ``(name, state)`` at each change (live terminal output).
         watch: the pod's liveness watch, once the pod is ready.
+        attempt: the pod attempt the stage runs in (None: a stage of the run itself).
     """
     record = report.stage(name)
+    before = report.cost.stage_seconds.get(name, 0.0) if record.attempt != attempt else 0.0
+    if record.state is not StageState.PENDING and record.attempt != attempt:
+        report.earlier_stages.append(record.model_copy())
+        record.reason, record.ended_at = None, None
+    record.attempt = attempt
     record.state = StageState.RUNNING
     record.started_at = datetime.now(UTC)
     start = time.monotonic()
@@ -85,7 +100,7 @@ def run_stage(  # type: ignore[no-untyped-def]
     finally:
         record.ended_at = datetime.now(UTC)
         record.seconds = round(time.monotonic() - start, 3)
-        report.cost.stage_seconds[name] = record.seconds
+        report.cost.stage_seconds[name] = round(before + record.seconds, 3)
         if on_change:
             on_change(name, record.state)
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import Capability, PodEnd, end_command
 from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.secret_mask import redact, redact_data
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
+from prefect_runpod.flows.run.attempts import AttemptField, LastAttemptView, PodAttempt
 from prefect_runpod.tasks.models import (
     STAGES,
     CostReport,
@@ -35,42 +36,48 @@ if TYPE_CHECKING:
 __all__ = ["RunReport", "render_summary"]
 
 
-class RunReport(BaseModel):
-    """One run, stage by stage.
+class RunReport(LastAttemptView):
+    """One run, stage by stage, pod attempt by pod attempt.
 
     Attributes:
         flow_run_id: the Prefect flow run id ("" outside a run).
         pod_name: ``<prefix>-<flow_run_id>``.
-        pod_id: the pod's id once created.
         provider: the provider's name (``local``, ``runpod``…).
-        ssh_command: what a person types to get into the pod while it runs.
         flow_run_url: the run's page in the Prefect UI, when a UI address is known.
-        stages: one record per stage, in stage order (preflight first).
+        stages: one record per stage, in stage order (preflight first); a stage that ran
+            in more than one attempt keeps its latest run here.
+        earlier_stages: the runs of stages that ran again in a later attempt, oldest first.
+        attempts: every pod the run rented (``PodAttempt``), in order.
         provision_attempts: every create attempt (GPU type/cloud → outcome).
-        cost: the cost record (USD/h, billed seconds, USD).
+        cost: the cost record's figures (USD/h, billed seconds, USD, the provider's bill).
         env / hf / upload / train / parity / publish / download: the stage records.
         manifest: the verified manifest of the downloaded outputs (None when nothing
             was downloaded).
         verified: each place the outputs were verified (local download, Hub, S3).
         download_choice: ``all``, ``eval`` or ``none`` (``--download``).
-        terminated: True only when the provider confirmed the pod gone.
-        pod_end: who ended the pod, when, how, and whether the provider confirmed it
-            (the same as the run's ``finetune-costs`` record).
-        lease: the server-side lease asked at create (``terminateAfter …``), ``absent``
-            when the provider did not take it, ``-`` when none was asked.
         output_dir: where the downloaded outputs and this report lie locally.
         error: the first failure, one line, when the run failed.
+
+    Views of the last attempt (``PodAttempt``): ``pod_id``, ``pod`` (its handle),
+    ``pod_end``, ``lease`` and ``ssh_command``; and ``terminated``: True only when the
+    provider confirmed every pod of the run gone (the same as its ``finetune-costs``
+    record).
     """
+
+    pod_id = AttemptField[str | None]("pod_id", None)
+    pod = AttemptField[PodHandle | None]("handle", None)
+    pod_end = AttemptField[PodEnd | None]("end", None)
+    lease = AttemptField[str]("lease", "-")
+    ssh_command = AttemptField[str | None]("ssh_command", None)
 
     flow_run_id: str = ""
     pod_name: str = ""
-    pod_id: str | None = None
     provider: str = DEFAULT_PROVIDER
-    ssh_command: str | None = None
     flow_run_url: str | None = None
     stages: list[StageRecord] = Field(
         default_factory=lambda: [StageRecord(name=n) for n in ("preflight", *STAGES)]
     )
+    earlier_stages: list[StageRecord] = Field(default_factory=list)
     provision_attempts: list[str] = Field(default_factory=list)
     cost: CostReport = Field(default_factory=CostReport)
     env: EnvPlan | None = None
@@ -83,12 +90,38 @@ class RunReport(BaseModel):
     manifest: Manifest | None = None
     verified: list[VerificationRecord] = Field(default_factory=list)
     download_choice: str = "all"
-    pod: PodHandle | None = None
-    terminated: bool = False
-    pod_end: PodEnd | None = None
-    lease: str = "-"
     output_dir: str | None = None
     error: str | None = None
+
+    @classmethod
+    def _run_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """A report written before attempts: its pod's name, provider and handle's
+        figures, and ``terminated`` as a confirmed end when it names no end."""
+        handle = data.get("pod")
+        if isinstance(handle, dict):
+            handle = PodHandle.model_validate(handle)
+        fields: dict[str, Any] = {
+            "pod_name": data.get("pod_name") or "",
+            "provider": data.get("provider") or DEFAULT_PROVIDER,
+        }
+        if handle is not None:
+            fields |= {
+                "gpu_type": handle.gpu_type,
+                "cost_per_hr": handle.cost_per_hr,
+                "created_at": handle.created_at,
+            }
+        if data.get("terminated") and not data.get("pod_end") and data.get("pod_id"):
+            fields["end"] = PodEnd(pod_id=data["pod_id"], confirmed=True)
+        return fields
+
+    def _first_attempt(self) -> dict[str, Any]:
+        return {"pod_name": self.pod_name, "provider": self.provider}
+
+    @property
+    def terminated(self) -> bool:
+        """True only when the provider confirmed every pod of the run gone."""
+        pods = [a for a in self.attempts if a.pod_id is not None]
+        return bool(pods) and all(a.confirmed for a in pods)
 
     def stage(self, name: str) -> StageRecord:
         """The record of stage ``name``. Raises KeyError for an unknown stage."""
@@ -121,21 +154,27 @@ class RunReport(BaseModel):
         """The report as JSON-ready data (datetimes as ISO strings), every string redacted
         (``blocks.secret_mask``): it becomes ``run-report.json`` and the flow's result."""
         data = self.model_dump(mode="json")
+        data["terminated"] = self.terminated
         data["passed"] = self.passed
         data["model_location"] = self.model_location
         return redact_data(data)
 
     def apply_cost_record(self, record: CostRecord) -> None:
-        """Take the pod's end and the cost from the run's ``finetune-costs`` record (the
-        record of truth), so report and record agree."""
-        self.pod_end = record.end
-        self.terminated = bool(record.end and record.end.confirmed)
-        self.lease = record.lease
-        c = self.cost
+        """Take each pod's end and cost from the run's ``finetune-costs`` record (the
+        record of truth), attempt by attempt, so report and record agree; the handle,
+        ssh command and ready time the report alone knows stay."""
+        for kept in record.attempts:
+            mine = self.attempt(kept.number)
+            if mine is None:
+                self.attempts.append(kept.model_copy())
+                continue
+            for name in PodAttempt.model_fields.keys() - {"handle", "ssh_command", "ready_at"}:
+                setattr(mine, name, getattr(kept, name))
+        c = self.cost  # the run's figures: every pod's time and USD, the last pod's price
         c.cost_per_hr, c.billed_seconds, c.usd = (
             record.cost_per_hr,
-            record.billed_seconds,
-            record.usd,
+            record.total_billed_seconds,
+            record.total_usd,
         )
         c.runpod_usd, c.runpod_billed_seconds = record.runpod_usd, record.runpod_billed_seconds
         c.difference_usd, c.billing_note = record.difference_usd, record.billing_note

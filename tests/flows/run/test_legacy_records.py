@@ -105,6 +105,11 @@ def test_the_demo_writes_every_key_and_column_it_wrote_before(
     before = json.loads((LEGACY / "run-report-local.json").read_text())
     assert set(before) - set(report) == set(), "run-report.json lost keys"
     assert set(before["cost"]) - set(report["cost"]) == set()
+    (attempt,) = report["attempts"]  # one pod: the single-pod keys are its views
+    assert attempt["number"] == 1 and attempt["pod_id"] == report["pod_id"]
+    assert attempt["ready_at"] is not None and attempt["end"] == report["pod_end"]
+    stages = {s["name"]: s["attempt"] for s in report["stages"]}
+    assert stages["preflight"] is None and stages["train"] == stages["terminate"] == 1
     record = latest_record(report["flow_run_id"])
     assert record is not None
     columns = set(record.to_rows()[0])

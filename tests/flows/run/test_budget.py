@@ -1,5 +1,6 @@
-"""The flow's budget check: the projected spend of the pod on record against
-``max_cost_usd``, with the sentence that ends the run."""
+"""The run's budget check: what the run's earlier pods cost plus the projected
+spend of the pod on record against ``max_cost_usd``, with the sentence that ends the
+run."""
 
 from __future__ import annotations
 
@@ -9,22 +10,25 @@ import pytest
 
 from prefect_runpod.blocks.exceptions import BudgetExceededError
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.flows.finetune import _Budget
+from prefect_runpod.flows.run.attempts import PodAttempt
+from prefect_runpod.flows.run.budget import RunBudget
+from prefect_runpod.flows.run.report import RunReport
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
-def _budget(max_cost_usd: float | None, elapsed: timedelta) -> _Budget:
-    budget = _Budget(max_cost_usd, now=lambda: T0 + elapsed)
-    budget.handle = PodHandle(
+def _budget(max_cost_usd: float | None, elapsed: timedelta, *earlier: PodAttempt) -> RunBudget:
+    report = RunReport(attempts=list(earlier))
+    handle = PodHandle(
         pod_id="abc123", name="prft-run", provider="runpod", cost_per_hr=0.22, created_at=T0
     )
-    return budget
+    report.attempts.append(PodAttempt.of(handle, len(earlier) + 1))
+    return RunBudget(report, max_cost_usd, now=lambda: T0 + elapsed)
 
 
 class TestBudget:
     def test_no_pod_on_record_is_never_over_budget(self) -> None:
-        budget = _Budget(1e-9, now=lambda: T0 + timedelta(days=1))
+        budget = RunBudget(RunReport(), 1e-9, now=lambda: T0 + timedelta(days=1))
         assert budget.reason() is None
         budget.check()
 
@@ -41,3 +45,11 @@ class TestBudget:
     def test_under_budget_and_no_cap_pass(self) -> None:
         assert _budget(0.22, timedelta(minutes=59)).reason() is None
         assert _budget(None, timedelta(days=30)).reason() is None
+
+    def test_earlier_pods_of_the_run_count_against_the_budget(self) -> None:
+        lost = PodAttempt(number=1, pod_id="old1", usd=0.05)
+        assert _budget(0.22, timedelta(minutes=59)).reason() is None
+        budget = _budget(0.22, timedelta(minutes=59), lost)
+        assert budget.reason() == (
+            "projected spend 0.2163 USD reached max_cost_usd 0.1700 USD (pod abc123 at 0.22 USD/h)"
+        )

@@ -1,0 +1,464 @@
+"""The work of a run on one pod: a ``PodSession`` is one pod attempt
+(docs/architecture.md#the-runs-attempts).
+
+It carries what every stage on the pod needs — the handle and key, the pod-side tools
+and run directories, the Python the env stage chose, the run's reconnect policy and the
+pod's liveness watch, the heartbeat keepers and the budget — so the stages get them from
+one place, and the flow (``flows/finetune.py``) only orchestrates. Three steps:
+
+- ``bring_up``: provision (create, record at once, wait for SSH, pod tools, dead-man),
+  env, hf_auth, upload;
+- ``work``: train, eval_parity, publish, download, checksum;
+- ``bring_back``: stop watching, terminate (unless kept) and record the end and the cost
+  (``flows.run.end.end_run``).
+
+Each stage is recorded in the run's ledger with the attempt's number, and the attempt
+itself (``PodAttempt``) in the run's report and cost record.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+from pydantic import SecretStr
+
+from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
+from prefect_runpod.blocks.exceptions import (
+    ChecksumMismatchError,
+    EvalParityError,
+    TerminateError,
+)
+from prefect_runpod.blocks.faults import fault_point
+from prefect_runpod.blocks.pod_handle import PodHandle
+from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest, PodWatch
+from prefect_runpod.flows.run.attempts import PodAttempt
+from prefect_runpod.flows.run.budget import RunBudget
+from prefect_runpod.flows.run.end import end_run, lease_text, record_cost, write_report
+from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
+from prefect_runpod.flows.run.inputs import PreparedRun
+from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
+from prefect_runpod.flows.run.report import RunReport
+from prefect_runpod.tasks.models import HFDiagnosis, StageState
+
+__all__ = ["READY_TIMEOUT_SECONDS", "TRAIN_LOG", "PodSession"]
+
+READY_TIMEOUT_SECONDS = 600.0
+"""RunPod can take minutes to pull a large image (dstack allows 20 min); the local pod ~1 s."""
+
+TRAIN_LOG = "train.log"
+"""The training log as the run followed it, kept in the output dir whatever is downloaded."""
+
+
+class PodSession:
+    """One pod attempt of a run: bring the pod up, do the work, bring it back.
+
+    Args:
+        report: the run's report (the attempt, the stages and their records go there).
+        run: the run that passed its pre-rent checks (settings, provider, key, tokens).
+        on_stage: called with ``(stage, state)`` at each change (the terminal's lines).
+        number: the attempt's number (1 for the run's first pod).
+        key_path: the key file a person gets in with (the provider's user key), or None
+            for the run's own key, saved beside the outputs.
+        parity_warn_only: a failing parity gate only warns.
+
+    Attributes:
+        handle / key / tools_dir / run_dir / python / reconnect / watch: what the stages
+            on this pod share, filled in as the pod comes up.
+    """
+
+    def __init__(
+        self,
+        report: RunReport,
+        run: PreparedRun,
+        on_stage: Any,
+        *,
+        number: int = 1,
+        key_path: str | None = None,
+        parity_warn_only: bool = False,
+    ) -> None:
+        self.report, self.run, self.settings = report, run, run.settings
+        self.provider = run.provider
+        self.on_stage = on_stage
+        self.number = number
+        self.key_path = key_path
+        self.parity_warn_only = parity_warn_only
+        self.key: SecretStr = run.keypair.private_key
+        self.out = Path(self.settings.output_dir)
+        self.budget = RunBudget(report, self.settings.max_cost_usd)
+        self.deadman = DeadmanConfig(
+            heartbeat_stale_seconds=self.settings.heartbeat_stale_seconds,
+            lifetime_seconds=self.settings.pod_lifetime_seconds,
+            check_interval_seconds=heartbeat_interval_seconds(
+                self.settings.heartbeat_stale_seconds
+            ),
+        )
+        self.handle: PodHandle | None = None
+        self.attempt: PodAttempt | None = None
+        self.tools_dir = ""
+        self.run_dir = ""
+        self.python = "python3"
+        self.reconnect: ReconnectPolicy | None = None
+        self.watch: PodWatch | None = None
+        self.keepers: list[HeartbeatKeeper] = []
+
+    # -- the three steps ----------------------------------------------------------------
+
+    def bring_up(self) -> None:
+        """Provision, env, hf_auth, upload: the pod ready for the job, the bundle on it."""
+        self._provision()
+        self._env()
+        self._hf_auth()
+        self._upload()
+
+    def work(self) -> BaseException | None:
+        """Train, eval_parity, publish, download, checksum.
+
+        Returns:
+            A deferred error (a failed parity gate) for the flow to raise after the
+            outputs came back, else None.
+        """
+        self._train()
+        deferred = self._eval_parity()
+        self._publish(deferred)
+        self._download()
+        self._checksum()
+        return deferred
+
+    def bring_back(
+        self, *, keep_pod_on_failure: bool, terminate_timeout_seconds: float
+    ) -> TerminateError | None:
+        """Stop watching the pod, terminate it (unless kept after a failure), record its
+        end and the cost, and write the report (``flows.run.end.end_run``).
+
+        Returns:
+            The ``TerminateError`` the run must fail with when the pod may still bill.
+        """
+        for keeper in self.keepers:
+            keeper.stop()
+        if self.watch is not None:
+            self.watch.stop()
+        return end_run(
+            self.report,
+            self.provider,
+            self.watch,
+            keep_pod_on_failure=keep_pod_on_failure,
+            terminate_timeout_seconds=terminate_timeout_seconds,
+            on_stage=self.on_stage,
+            attempt=self.number,
+        )
+
+    # -- bring up -------------------------------------------------------------------------
+
+    def _stage(self, name: str) -> Any:
+        return run_stage(self.report, name, self.on_stage, watch=self.watch, attempt=self.number)
+
+    def _record(self, handle: PodHandle) -> None:
+        """The pod is on record before any wait: the attempt in the report, the run's
+        ``finetune-costs`` record (it may still be billing) and ``run-report.json``."""
+        first = self.attempt is None
+        if self.attempt is None:
+            self.attempt = PodAttempt.of(handle, self.number)
+            self.report.attempts.append(self.attempt)
+        self.attempt.handle = handle
+        self.attempt.lease = lease_text(handle, asked=True)  # the dead-man is always asked
+        self.report.cost.cost_per_hr = handle.cost_per_hr
+        if first:
+            record_cost(self.report, self.provider, final=False)
+            write_report(self.report)
+            fault_point("provision")
+
+    def _provision(self) -> None:
+        from prefect_runpod.tasks.env_plan import cuda_floor_for_requirements
+        from prefect_runpod.tasks.provision import prepare_pod, provision
+        from prefect_runpod.tasks.upload import check_upload_method
+
+        settings, logger = self.settings, get_run_logger()
+        with self._stage("provision"):
+            request = PodRequest(
+                public_key=self.run.keypair.public_key,
+                deadman=self.deadman,
+                # docs/architecture.md#env-fix-and-hugging-face-diagnosis: never rent a host whose driver is too old for the job's torch.
+                allowed_cuda_versions=cuda_floor_for_requirements(settings.bundle.requirements),
+            )
+            try:
+                handle = provision(
+                    self.provider,
+                    request,
+                    self.report.pod_name,
+                    READY_TIMEOUT_SECONDS,
+                    self._record,
+                    settings.terminate_timeout_seconds,
+                )
+            finally:
+                self.report.provision_attempts = list(getattr(self.provider, "attempts", []) or [])
+            self._record(handle)
+            self.handle = handle
+            assert self.attempt is not None
+            self.attempt.ready_at = datetime.now(UTC)
+            # From here on the provider is asked whether the pod lives, every
+            # pod_poll_seconds and before every reconnect (every stage waits out SSH
+            # outages through one policy that asks the watch): a pod gone under the run
+            # stops it at once.
+            self.watch = PodWatch(self.provider, handle.pod_id, settings.pod_poll_seconds).start()
+            self.reconnect = ReconnectPolicy(
+                budget_seconds=settings.reconnect_budget_seconds, status=self.watch.ask
+            )
+            self.attempt.ssh_command = handle.ssh_command(
+                self.key_path or _save_local_key(self.key, self.out)
+            )
+            write_report(self.report)  # the report on disk names the way in while the pod is up
+            self.run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{self.report.flow_run_id}"
+            self.tools_dir = prepare_pod(
+                handle, self.key, self.run_dir, self.deadman, self.reconnect
+            )
+            self.keepers.append(
+                HeartbeatKeeper(
+                    handle,
+                    self.key,
+                    f"{self.run_dir}/heartbeat",
+                    heartbeat_interval_seconds(self.deadman.heartbeat_stale_seconds),
+                ).start()
+            )
+            logger.info("pod %s is up; get in with: %s", handle.pod_id, self.attempt.ssh_command)
+            # The pod's end of the transfer, now that it runs: before env, hf_auth or upload.
+            check_upload_method(
+                handle, self.key, settings.transfer_method, s3=self.run.s3, reconnect=self.reconnect
+            )
+
+    def _env(self) -> None:
+        from prefect_runpod.tasks.env import env as env_stage
+
+        assert self.handle is not None
+        with self._stage("env"):
+            self.budget.check()
+            publish = self.settings.publish
+            self.report.env = env_stage(
+                self.handle,
+                self.key,
+                self.settings.bundle.requirements,
+                self.tools_dir,
+                publish_kind=publish.kind if publish else None,
+                reconnect=self.reconnect,
+            )
+        env = self.report.env
+        self.python = env.python if env and env.python else "python3"
+
+    def _hf_auth(self) -> None:
+        from prefect_runpod.tasks.hf_auth import hf_auth
+
+        assert self.handle is not None
+        with self._stage("hf_auth"):
+            if self.settings.model_id is None:
+                raise StageSkipped("no model id: the bundle downloads nothing from the Hub")
+            diagnosis = hf_auth(
+                self.handle,
+                self.key,
+                self.settings.model_id,
+                self.run.hf.token,
+                self.run.hf.endpoint,
+                self.tools_dir,
+                self.python,
+                reconnect=self.reconnect,
+            )
+            if isinstance(diagnosis, HFDiagnosis):
+                self.report.hf.append(diagnosis)
+
+    def _upload(self) -> None:
+        from prefect_runpod.tasks.upload import upload
+
+        assert self.handle is not None
+        settings = self.settings
+        with self._stage("upload"):
+            self.budget.check()
+            self.report.upload = upload(
+                self.handle,
+                self.key,
+                Path(settings.bundle.root),
+                f"{self.run_dir}/bundle",
+                settings.transfer_method,
+                s3=self.run.s3,
+                paths=settings.upload.files if settings.upload else None,
+                options=settings.transfer_options(),
+                follow_links=settings.follow_links,
+                reconnect=self.reconnect,
+            )
+
+    # -- work -----------------------------------------------------------------------------
+
+    def _train(self) -> None:
+        from prefect_runpod.tasks.train import terminal_progress_bar, train
+
+        assert self.handle is not None
+        bundle, token = self.settings.bundle, self.run.hf.token
+        with self._stage("train"):
+            self.budget.check()
+            self.report.train = train(
+                self.handle,
+                self.key,
+                run_dir=self.run_dir,
+                command=bundle.command(bundle.train, self.python),
+                tools_dir=self.tools_dir,
+                max_runtime_seconds=self.settings.max_runtime_seconds,
+                should_stop=self.budget.reason,
+                on_progress=terminal_progress_bar(pod_id=self.handle.pod_id),
+                # A gated model is downloaded by the job itself: it needs the token in its env.
+                secret_env={"HF_TOKEN": token} if token is not None else None,
+                expected_outputs=_declared_outputs(bundle),
+                reconnect=self.reconnect,
+                local_log_path=str(_fresh_file(self.out / TRAIN_LOG)),
+            )
+
+    def _eval_parity(self) -> BaseException | None:
+        from prefect_runpod.tasks.eval_parity import check_parity_on_pod
+
+        assert self.handle is not None
+        settings, deferred = self.settings, None
+        with self._stage("eval_parity"):
+            if not settings.bundle.eval:
+                raise StageSkipped("the bundle declares no standalone eval command")
+            try:
+                self.report.parity = check_parity_on_pod(
+                    self.handle,
+                    self.key,
+                    settings.bundle,
+                    self.run_dir,
+                    self.python,
+                    self.out / "parity",
+                    timeout_seconds=settings.max_runtime_seconds,
+                    tolerance=settings.parity_tolerance,
+                    warn_only=self.parity_warn_only,
+                    transfer_method=settings.transfer_method,
+                    hf_token=self.run.hf.token,
+                    s3=self.run.s3,
+                    reconnect=self.reconnect,
+                )
+            except EvalParityError as exc:
+                # docs/architecture.md#eval-parity: a parity failure fails the run *after* download, artifacts kept.
+                self.report.parity = exc.report  # type: ignore[assignment]
+                deferred = exc
+                get_run_logger().error(
+                    "eval parity failed; downloading outputs before failing the run"
+                )
+        if deferred is not None:
+            stage = self.report.stage("eval_parity")
+            stage.state, stage.reason = StageState.FAILED, f"EvalParityError: {deferred}"[:500]
+        return deferred
+
+    @property
+    def _outputs(self) -> str:
+        return f"{self.run_dir}/bundle/{self.settings.bundle.outputs}"
+
+    def _publish(self, deferred: BaseException | None) -> None:
+        from prefect_runpod.tasks.publish import publish
+
+        assert self.handle is not None
+        with self._stage("publish"):
+            target = self.settings.publish
+            if target is None:
+                raise StageSkipped(
+                    "no publish target (--publish hf:ORG/REPO or s3 ships it from the pod)"
+                )
+            if deferred is not None:
+                raise StageSkipped(
+                    "blocked: the eval-parity gate failed, so the model is not published "
+                    "(--parity-warn-only publishes anyway)"
+                )
+            self.budget.check()
+            env = self.report.env
+            self.report.publish = publish(
+                target,
+                self.handle,
+                self.key,
+                self._outputs,
+                run_id=self.report.flow_run_id,
+                tools_dir=self.tools_dir,
+                python=env.publish_python if env else None,
+                hf_token=self.run.hf.token,
+                hf_endpoint=self.run.hf.endpoint,
+                s3=self.run.s3,
+                follow_links=self.settings.follow_links,
+                reconnect=self.reconnect,
+            )
+
+    def _download(self) -> None:
+        from prefect_runpod.tasks.download import download, eval_files
+
+        assert self.handle is not None
+        settings = self.settings
+        with self._stage("download"):
+            if settings.download == "none":
+                where = self.report.model_location
+                raise StageSkipped(
+                    f"--download none: the model stays at {where}, verified there"
+                    if where
+                    else "--download none: nothing is downloaded, and the model was not published"
+                )
+            self.budget.check()
+            only = eval_files(settings.bundle) if settings.download == "eval" else None
+            if only is not None and not only:
+                raise StageSkipped(
+                    "--download eval: the bundle's eval files are not under its outputs"
+                )
+            self.report.download = download(
+                self.handle,
+                self.key,
+                self._outputs,
+                self.out / "outputs",
+                settings.transfer_method,
+                s3=self.run.s3,
+                only=only,
+                staging_dir=f"{self.run_dir}/download-eval" if only else None,
+                options=settings.transfer_options(),
+                follow_links=settings.follow_links,
+                reconnect=self.reconnect,
+            )
+
+    def _checksum(self) -> None:
+        from prefect_runpod.tasks.checksum import checksum, verification_records
+
+        assert self.handle is not None
+        report, outputs = self.report, self.out / "outputs"
+        with self._stage("checksum"):
+            if report.download is None and report.publish is None:
+                raise StageSkipped("nothing was downloaded or published")
+            if report.download is not None and report.download.source_manifest is None:
+                raise ChecksumMismatchError(
+                    f"the download from pod {self.handle.pod_id} carried no pod-side manifest; "
+                    "nothing can be accepted unverified",
+                    pod_id=self.handle.pod_id,
+                )
+            source = report.download.source_manifest if report.download is not None else None
+            report.manifest = checksum(outputs, source, self.handle.pod_id, report.publish)
+            report.verified = verification_records(outputs, report.manifest, report.publish)
+
+
+def _fresh_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    return path
+
+
+def _declared_outputs(bundle: Any) -> dict[str, str]:
+    """What training must leave in the pod-side bundle, by the ``bundle.toml`` field that
+    declares it: the ``outputs`` folder, and the in-training eval JSONL when the bundle
+    has a standalone eval to compare it with."""
+    expected = {bundle.outputs: "outputs"}
+    if bundle.eval:
+        expected[bundle.train_eval_jsonl] = "train_eval_jsonl"
+    return expected
+
+
+def _save_local_key(key: SecretStr, out: Path) -> str:
+    """Keep a pod's throwaway per-run key (mode 0600) beside the outputs so the printed
+    ``ssh`` command works (a provider that reaches pods with the user's own key,
+    ``Capability.USER_KEY``, names that key instead)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "pod-ssh-key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key.get_secret_value())
+    return str(path)
