@@ -270,7 +270,18 @@ def _layer_of(lab: FaultLab, report: dict[str, Any], run_id: uuid.UUID) -> str:
     end = lab.emulator.ended[report["pod_id"]]
     if end.how == "removed-from-inside":
         return "3 dead-man"
-    record = latest_record(str(run_id))
+
+    def confirmed() -> CostRecord | None:
+        record = latest_record(str(run_id))
+        return record if record and record.end and record.end.confirmed else None
+
+    # Ended with the account's key: by the run, its hook, the reaper or the CLI, each of
+    # which records the end once the provider confirmed it — after the pod is gone.
+    record = (
+        wait_until("the record of who ended the pod", confirmed, 120.0, 0.5)
+        if end.how == "podTerminate"
+        else latest_record(str(run_id))
+    )
     by = record.end.ended_by.value if record and record.end else "unknown"
     if by == "hook":
         wait_until("the hook's 'terminated' log line", lambda: _hook_log(lab, run_id), 120.0, 1.0)
