@@ -19,7 +19,7 @@ The hierarchy, so a caller can pick what to catch::
     │   ├── CommandTimeoutError         one command passed its per-command deadline (Ctrl-C sent)
     │   └── ExecRefusedError            the gateway refused an exec/SFTP channel (PTY-only gateway)
     ├── TransferError                   a file transfer failed
-    │   └── ChecksumMismatchError       a file's md5/sha256 differs from its manifest entry
+    │   └── ChecksumMismatchError       a file's size/sha256 differs from its manifest entry
     ├── EnvError                        the pod's Python/torch/CUDA could not be made fit
     ├── HFAuthError                     Hugging Face access will fail; carries the diagnosis
     ├── TrainingError                   the training process exited non-zero or was killed
@@ -275,7 +275,7 @@ class TransferError(RunPodFlowError):
 
 
 class ChecksumMismatchError(TransferError):
-    """Raised when a file's size, md5 or sha256 differs from its manifest entry after
+    """Raised when a file's size or sha256 differs from its manifest entry after
     the retry. Attributes: ``path`` (relative), ``expected``, ``actual`` (sha256 hex)."""
 
     def __init__(

@@ -4,7 +4,7 @@ and report what was verified where (docs/architecture.md#publish-from-the-pod).
 ``verify_manifest`` is the plain function: every file is hashed again, every empty
 directory must be a directory, every link a link with the same target. The
 ``checksum`` task adds the ``checksum-manifest`` table artifact (one row per entry:
-path, kind, bytes, md5, sha256, its status locally and at the publish destination)
+path, kind, bytes, sha256, its status locally and at the publish destination)
 and raises ``ChecksumMismatchError`` naming the first entry that differs. Nothing
 mismatched is ever accepted.
 ``verification_records`` sums up each place — the local download, the Hub, S3 — for
@@ -49,7 +49,7 @@ def manifest_rows(
     published: PublishReport | None = None,
 ) -> list[dict[str, object]]:
     """Rows of the ``checksum-manifest`` table: path, kind (``file``, ``dir``, or
-    ``link -> target``), size_bytes, md5, sha256, ``local`` (the downloaded copy:
+    ``link -> target``), size_bytes, sha256, ``local`` (the downloaded copy:
     ``ok``, ``MISMATCH: …`` or ``not downloaded``) and, when the run published,
     ``destination`` (``ok (lfs)``, ``ok (regular)``, ``ok (s3)``)."""
     bad = dict(problems)
@@ -64,7 +64,6 @@ def manifest_rows(
             if entry
             else "file",
             "size_bytes": entry.size_bytes if entry else sent.size_bytes if sent else 0,
-            "md5": entry.md5 if entry else "",
             "sha256": entry.sha256 if entry else sent.sha256 if sent else "",
             "local": (f"MISMATCH: {bad[path]}" if path in bad else "ok")
             if entry
@@ -92,7 +91,7 @@ def verification_records(
                 files=len(local.files),
                 bytes=local.total_bytes,
                 verified=True,
-                how="md5 + sha256 re-hashed on this machine",
+                how="sha256 re-hashed on this machine",
             )
         )
     if published is not None:
@@ -146,7 +145,7 @@ def checksum(
         shape = len(pod_manifest.entries) - len(pod_manifest.files)
         summary = (
             f"{len(pod_manifest.files)} files, {pod_manifest.total_bytes} bytes, {verdict} "
-            f"(md5 + sha256){f', {shape} dirs/links' if shape else ''}; verified at {where}"
+            f"(sha256){f', {shape} dirs/links' if shape else ''}; verified at {where}"
         )
     else:
         summary = f"nothing downloaded; verified at {where}"

@@ -386,7 +386,7 @@ class VerificationRecord(BaseModel):
         files: files checked there.
         bytes: their total size in bytes.
         verified: True when every one of them matched.
-        how: what was compared (e.g. ``md5 + sha256 re-hashed locally``).
+        how: what was compared (e.g. ``sha256 re-hashed locally``).
     """
 
     where: str

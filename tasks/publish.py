@@ -2,7 +2,7 @@
 Hub (or an S3 target), and the destination's own records are checked against the
 pod-side manifest — no model byte crosses the gateway (docs/architecture.md#publish-from-the-pod).
 
-1. ``manifest.py`` describes the outputs on the pod (size, md5, sha256, git blob id);
+1. ``manifest.py`` describes the outputs on the pod (size, sha256, git blob id);
    only that JSON comes back through the console. The transfers' link rule holds: a
    link leaving the outputs, or dangling, is refused before anything is sent, unless
    ``follow_links`` (then what it points at is published). The Hub and S3 hold files

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tree manifests: every file (path, size in bytes, md5, sha256, git blob sha1), empty
+"""Tree manifests: every file (path, size in bytes, sha256, git blob sha1), empty
 directory and symbolic link of a tree.
 
 One implementation for both ends of a transfer: the flow imports it as
@@ -11,7 +11,7 @@ classes::
 
     {"root": "/workspace/bundle",
      "entries": [{"path": "data/train.jsonl", "size_bytes": 1234,
-                  "md5": "<32 hex>", "sha256": "<64 hex>", "git_sha1": "<40 hex>"},
+                  "sha256": "<64 hex>", "git_sha1": "<40 hex>"},
                  {"path": "ckpt/empty", "kind": "dir", ...},
                  {"path": "current", "kind": "link", "target": "ckpt", ...}, ...]}
 
@@ -26,9 +26,18 @@ them before any byte moves; with ``follow_links`` the escaping ones are read thr
 Symlinked directories are never descended otherwise.
 
 Work-in-progress files of a transfer (``*.part`` and their ``*.part.json`` sidecars)
-are left out. Each file is read once; md5, sha256 and the git blob sha1 run side by
-side on threads (``hashlib`` releases the GIL on large buffers), so together they cost
-about as much as the slowest of them, not their sum.
+are left out. Each file is read once; sha256 and the git blob sha1 run side by side
+on threads (``hashlib`` releases the GIL on large buffers). No md5 is computed: nothing
+checks one (sha256 is what a transfer verifies; RunPod's S3 ETag, an md5, is never
+compared because that service computes it late; the Hub identifies files by git blob
+sha1 or, in LFS, by sha256), and it was the slowest of the three (no CPU instruction
+for it, where sha256 and sha1 have them). An ``md5`` in an entry from an older
+``manifest.py`` is compared only when both sides carry one.
+
+A file hashed moments ago need not be read again while it is unchanged
+(:func:`remember`, ``known`` of :func:`compute_manifest`): in one process, or, on the
+pod, from one run of this script to the next within a transfer (``--save-known`` /
+``--use-known``, a small JSON file of the entries and their file signatures).
 
 ``git_sha1`` is the id git (and so the Hugging Face Hub) gives the file's content:
 ``sha1(b"blob <size>\\0" + data)``. The Hub reports it for every file it stores as a
@@ -45,6 +54,8 @@ Command line (prints one JSON object on stdout)::
     python3 manifest.py ROOT --prefix-bytes N --files f   # hashes of each file's first N bytes
     python3 manifest.py ROOT --apply-b64 B64 [--files …]  # make dirs/links (JSON entries), then
                                                           # the manifest of them (or of --files)
+    python3 manifest.py ROOT --files a --save-known K     # …and record what was hashed in K
+    python3 manifest.py ROOT --files a --use-known K      # reuse K's unchanged files, remove K
 """
 
 import argparse
@@ -63,23 +74,21 @@ def _hash_stream(fileobj, limit_bytes=None, blob_size=None):
     """Read ``fileobj`` to EOF (or ``limit_bytes``) once.
 
     Returns:
-        ``(size, md5hex, sha256hex, git_sha1hex)``; ``git_sha1hex`` is None unless
+        ``(size, sha256hex, git_sha1hex)``; ``git_sha1hex`` is None unless
         ``blob_size`` (the size the git blob header announces) is given.
 
     Raises:
         OSError: ``blob_size`` was given and the stream held a different number of bytes
             (the file changed while it was read).
     """
-    md5 = hashlib.md5()
     sha = hashlib.sha256()
     blob = None
     if blob_size is not None:
         blob = hashlib.sha1()
         blob.update(b"blob %d\0" % blob_size)
-    side = [h for h in (md5, blob) if h is not None]
     size = 0
     remaining = limit_bytes
-    pending = []  # the side threads of the previous buffer
+    pending = None  # the git sha1 thread of the previous buffer
     while True:
         want = READ_BYTES if remaining is None else min(READ_BYTES, remaining)
         if want <= 0:
@@ -90,25 +99,22 @@ def _hash_stream(fileobj, limit_bytes=None, blob_size=None):
         size += len(buf)
         if remaining is not None:
             remaining -= len(buf)
-        for thread in pending:
-            thread.join()
-        pending = []
-        if len(buf) >= 65536:
-            for h in side:
-                thread = threading.Thread(target=h.update, args=(buf,))
-                thread.start()
-                pending.append(thread)
-        else:
-            for h in side:
-                h.update(buf)
+        if pending is not None:
+            pending.join()
+            pending = None
+        if blob is not None and len(buf) >= 65536:
+            pending = threading.Thread(target=blob.update, args=(buf,))
+            pending.start()
+        elif blob is not None:
+            blob.update(buf)
         sha.update(buf)
-    for thread in pending:
-        thread.join()
+    if pending is not None:
+        pending.join()
     if blob is not None and size != blob_size:
         raise OSError(
             "file changed while it was hashed (%d bytes, expected %d)" % (size, blob_size)
         )
-    return size, md5.hexdigest(), sha.hexdigest(), (blob.hexdigest() if blob else None)
+    return size, sha.hexdigest(), (blob.hexdigest() if blob else None)
 
 
 def hash_file(path, limit_bytes=None):
@@ -119,18 +125,13 @@ def hash_file(path, limit_bytes=None):
         limit_bytes: hash only the first ``limit_bytes`` bytes (None: the whole file).
 
     Returns:
-        ``(size_bytes, md5_hex, sha256_hex)`` of what was read.
+        ``(size_bytes, sha256_hex)`` of what was read.
 
     Raises:
         OSError: the file cannot be opened or read.
     """
     with open(path, "rb") as fh:
-        return _hash_stream(fh, limit_bytes)[:3]
-
-
-def hash_bytes(data):
-    """``(size_bytes, md5_hex, sha256_hex)`` of an in-memory buffer."""
-    return len(data), hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest()
+        return _hash_stream(fh, limit_bytes)[:2]
 
 
 def git_blob_sha1(data):
@@ -266,18 +267,11 @@ def list_files(root):
 
 
 def _link_entry(rel, target):
-    return {
-        "path": rel,
-        "kind": KIND_LINK,
-        "target": target,
-        "size_bytes": 0,
-        "md5": "",
-        "sha256": "",
-    }
+    return {"path": rel, "kind": KIND_LINK, "target": target, "size_bytes": 0, "sha256": ""}
 
 
 def _dir_entry(rel):
-    return {"path": rel, "kind": KIND_DIR, "size_bytes": 0, "md5": "", "sha256": ""}
+    return {"path": rel, "kind": KIND_DIR, "size_bytes": 0, "sha256": ""}
 
 
 def file_signature(path):
@@ -294,26 +288,54 @@ def remember(known, path, entry):
 
 
 def file_entry(full, rel, limit_bytes=None, known=None):
-    """A file's entry: path, size_bytes, md5, sha256 and, for a whole file (no
+    """A file's entry: path, size_bytes, sha256 and, for a whole file (no
     ``limit_bytes``), git_sha1. With ``known`` (see :func:`compute_manifest`), a file
-    hashed from disk earlier and unchanged since is not read again."""
-    if known is not None and limit_bytes is None:
+    hashed from disk earlier and unchanged since (same size, inode, device, mtime and
+    ctime) is not read again, and a whole file read here is recorded in it."""
+    whole = known is not None and limit_bytes is None
+    before = file_signature(full) if whole else None
+    if whole:
         hit = known.get(os.path.abspath(full))
-        if hit is not None and hit[0] == file_signature(full):
+        if hit is not None and tuple(hit[0]) == before:
             return dict(hit[1], path=rel)
     with open(full, "rb") as fh:
         blob_size = os.fstat(fh.fileno()).st_size if limit_bytes is None else None
-        size, md5, sha, blob = _hash_stream(fh, limit_bytes, blob_size)
-    entry = {"path": rel, "size_bytes": size, "md5": md5, "sha256": sha}
+        size, sha, blob = _hash_stream(fh, limit_bytes, blob_size)
+    entry = {"path": rel, "size_bytes": size, "sha256": sha}
     if blob is not None:
         entry["git_sha1"] = blob
+    if whole and file_signature(full) == before:  # unchanged while it was read
+        known[os.path.abspath(full)] = (before, entry)
     return entry
+
+
+def load_known(path):
+    """The ``known`` entries an earlier run saved in ``path`` (:func:`save_known`),
+    which is then removed; ``{}`` when it is missing or unreadable."""
+    try:
+        with open(path) as fh:
+            saved = json.load(fh)
+        os.remove(path)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    return {k: (tuple(v[0]), v[1]) for k, v in saved.items() if isinstance(v, list) and len(v) == 2}
+
+
+def save_known(path, known):
+    """Write ``known`` (absolute path -> (file_signature, entry)) to ``path`` as JSON,
+    readable only by its owner, for a later run in the same transfer."""
+    body = {k: [list(sig), entry] for k, (sig, entry) in known.items()}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(body, fh, separators=(",", ":"))
 
 
 def entry_for(root, rel_path, limit_bytes=None, known=None):
     """The manifest entry (dict) of ``rel_path`` under ``root``: a link entry for a
     symbolic link (never followed), a directory entry for a directory, else the file's
-    entry (path, size_bytes, md5, sha256 and, for a whole file, git_sha1).
+    entry (path, size_bytes, sha256 and, for a whole file, git_sha1).
 
     Raises:
         OSError: the path is missing or unreadable, or a file changed while it was read.
@@ -347,9 +369,10 @@ def compute_manifest(
         limit_bytes: hash only each file's first N bytes (for resuming a partial copy).
         follow_links: read escaping links through (see the module docstring).
         select: ``paths`` is a source selection (see above).
-        known: ``{absolute path: (file_signature, entry)}`` of files this process
-            hashed from disk moments ago (a transfer verifying what it just wrote,
-            :func:`remember`); one whose signature still matches is not read again.
+        known: ``{absolute path: (file_signature, entry)}`` of files hashed from disk
+            earlier in the same transfer (a transfer verifying what it just wrote,
+            :func:`remember`, or what it found already there); one whose signature
+            still matches is not read again, and the whole files read are added.
         missing_ok: with ``paths`` (not ``select``), leave out the paths that do not
             exist, and describe a missing ``root`` as an empty tree (what is already at
             a destination).
@@ -476,8 +499,9 @@ def compare_manifests(expected, actual):
         A list of ``(path, problem)``, e.g. ``("a.bin", "sha256 ab12… != cd34…")``,
         ``("b.txt", "missing")``, ``("current", "a file, not a link")``; empty when every
         expected entry (file, directory or link) matches. Extra entries in ``actual``
-        are not problems (the destination may hold other files). ``git_sha1`` is
-        compared only when both entries carry one.
+        are not problems (the destination may hold other files). ``md5`` and
+        ``git_sha1`` are compared only when both entries carry one (an older
+        ``manifest.py`` wrote md5s; a prefix hash has no git blob id).
     """
     have = {e["path"]: e for e in actual["entries"]}
     problems = []
@@ -500,7 +524,7 @@ def compare_manifests(expected, actual):
             continue
         for key in ("size_bytes", "sha256", "md5", "git_sha1"):
             mine_value, theirs = want.get(key), got.get(key)
-            if key == "git_sha1" and (mine_value is None or theirs is None):
+            if key in ("md5", "git_sha1") and not (mine_value and theirs):
                 continue
             if mine_value != theirs:
                 problems.append((want["path"], "%s %s != %s" % (key, mine_value, theirs)))
@@ -511,7 +535,7 @@ def compare_manifests(expected, actual):
 def main(argv=None):
     """Print the manifest of ``ROOT`` as one JSON line; exit 2 when it is missing, 3 (with
     ``{"error", "problems"}`` on stdout) when it holds links that cannot be carried."""
-    parser = argparse.ArgumentParser(description="md5+sha256+git-sha1 manifest of a tree, as JSON")
+    parser = argparse.ArgumentParser(description="sha256+git-sha1 manifest of a tree, as JSON")
     parser.add_argument("root")
     parser.add_argument("--files", nargs="*", default=None, help="relative paths to include")
     parser.add_argument("--prefix-bytes", type=int, default=None)
@@ -524,7 +548,16 @@ def main(argv=None):
         default=None,
         help="base64 JSON list of dir/link entries to create under ROOT first",
     )
+    parser.add_argument(
+        "--save-known", default=None, help="write the files hashed (and their signatures) here"
+    )
+    parser.add_argument(
+        "--use-known", default=None, help="reuse the unchanged files saved here, then remove it"
+    )
     args = parser.parse_args(argv)
+    known = None
+    if args.save_known or args.use_known:
+        known = load_known(args.use_known) if args.use_known else {}
     if args.apply_b64 is not None:
         import base64
 
@@ -545,7 +578,10 @@ def main(argv=None):
             args.prefix_bytes,
             args.follow_links,
             missing_ok=args.missing_ok,
+            known=known,
         )
+        if args.save_known:
+            save_known(args.save_known, known)
     except TreeProblems as exc:
         body = {"root": args.root, "error": str(exc), "problems": exc.problems}
         sys.stdout.write(json.dumps(body, separators=(",", ":")) + "\n")

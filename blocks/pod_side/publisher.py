@@ -220,7 +220,7 @@ def publish_s3(args, files):
         key = "/".join(p for p in (args.key_prefix.strip("/"), rel) if p)
 
         def upload(attempt, path=path, key=key):
-            size, _, sha = _manifest.hash_file(path)
+            size, sha = _manifest.hash_file(path)
             try:
                 head = client.head_object(Bucket=args.bucket, Key=key)
                 if (

@@ -22,7 +22,7 @@ Commands (flow → pod) and answers (pod → flow)::
     #STAT fid size sha256 path           ← #O fid size done | #O fid 0 absent
     #OPEN fid size sha256 path [start end index]   ← #O fid offset part|done
     #D / #R data frames                  ← #A fid epoch offset end | #N fid epoch offset verified reason
-    #CLOSE fid                           ← #C fid size md5 sha256 | #K fid end (a segment) | #I fid verified | #BAD fid sha256 actual
+    #CLOSE fid                           ← #C fid size - sha256 | #K fid end (a segment) | #I fid verified | #BAD fid sha256 actual
     #JOIN fid size sha256 path b1,b2,…   ← #C … | #BAD … | #I fid segment kept
     #SYNC fid                            ← #S fid verified
     #GET fid epoch offset path [end]     ← frames until end of file (or ``end``), then #E fid epoch offset
@@ -238,7 +238,7 @@ class Receiver(object):
             return self.write_error(fid, os.path.relpath(up.path, self.root), exc)
         if not ok:
             return self.reply("#BAD", fid, "sha256", entry["sha256"])
-        self.reply("#C", fid, up.size, entry["md5"], entry["sha256"])
+        self.reply("#C", fid, up.size, "-", entry["sha256"])
 
     def join(self, fid, size, sha256, rel, bounds_text):
         """Join a file's segments (each one complete) and verify the whole."""
@@ -252,7 +252,7 @@ class Receiver(object):
             return self.reply("#I", fid, *found)
         if verdict == "bad":
             return self.reply("#BAD", fid, "sha256", found["sha256"])
-        self.reply("#C", fid, size, found["md5"], found["sha256"])
+        self.reply("#C", fid, size, "-", found["sha256"])
 
     # -- blobs
     def on_blob(self, fr):

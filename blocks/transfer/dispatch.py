@@ -2,7 +2,7 @@
 
 ``upload_dir`` / ``download_dir`` pick a method from what the pod offers (or the
 caller's choice), let it move the files, and return a ``TransferReport`` whose two
-manifests (md5 + sha256 per file) were computed where the files were and where they
+manifests (sha256 per file) were computed where the files were and where they
 landed. A file that still differs after one retry raises ``ChecksumMismatchError``
 naming it; nothing mismatched is accepted.
 

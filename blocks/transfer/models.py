@@ -42,14 +42,17 @@ def tree_refusal(root: str, problems: list[tuple[str, str]] | list[list[str]]) -
 
 class ManifestEntry(BaseModel):
     """One entry of a tree: a file (path relative to the manifest root with POSIX
-    separators, size in bytes, md5 and sha256 hex digests, git blob id), an empty
+    separators, size in bytes, sha256 hex digest, git blob id), an empty
     directory, or an in-tree relative symbolic link (``target`` as written; never
     followed).
 
     Attributes:
         path: relative POSIX path.
         size_bytes: the file's size; 0 for a directory or a link.
-        md5 / sha256: the file's digests; empty for a directory or a link.
+        sha256: the file's digest; empty for a directory or a link.
+        md5: empty: no longer computed (nothing checks one, see ``pod_side.manifest``);
+            kept so that an answer of older pod tools, or S3 metadata written by them,
+            still reads (compared only when both sides carry one).
         git_sha1: the file's git blob id (``sha1("blob <size>\\0" + data)``, what the
             Hugging Face Hub reports for a file it stores as a regular blob); None for a
             directory, a link, or a manifest made before it was recorded.
@@ -93,9 +96,12 @@ class Manifest(BaseModel):
 
     def as_dict(self) -> dict[str, Any]:
         """The plain form ``pod_side.manifest`` uses (``{"root", "entries": [...]}``; a
-        file entry has no ``kind`` or ``target``, a directory or link no ``git_sha1``)."""
+        file entry has no ``kind`` or ``target``, a directory or link no ``git_sha1``,
+        and an entry without an md5 no ``md5``)."""
         data = self.model_dump(mode="json")
         for entry in data["entries"]:
+            if not entry["md5"]:
+                del entry["md5"]
             if entry["kind"] == "file":
                 del entry["kind"], entry["target"]
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import secrets
 import shlex
 import time
 from pathlib import Path
@@ -28,9 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "POD_TOOLS_DIR",
+    "PodLanding",
     "bootstrap_pod_tools",
-    "files_in_place",
-    "landed_manifest",
     "manifest_command",
     "pod_manifest",
     "raise_for_tree_answer",
@@ -120,12 +120,16 @@ def manifest_command(
     follow_links: bool = False,
     structure: list[dict[str, Any]] | None = None,
     missing_ok: bool = False,
+    save_known: str | None = None,
+    use_known: str | None = None,
 ) -> str:
     """The shell command that runs ``manifest.py`` (in the pod tools folder ``tools``)
     on ``root`` with the options of its command line: ``--files`` when ``paths`` is
     given (an empty list describes nothing), ``--prefix-bytes``, ``--follow-links``,
-    ``--apply-b64`` for ``structure``, ``--missing-ok``. Every method that asks the pod
-    for a manifest builds the command here."""
+    ``--apply-b64`` for ``structure``, ``--missing-ok``, ``--save-known`` /
+    ``--use-known`` (a pod file recording what one run hashed, for the next run of the
+    same transfer: :class:`PodLanding`). Every method that asks the pod for a manifest
+    builds the command here."""
     q = shlex.quote
     cmd = f"{q(python)} {q(tools + '/manifest.py')} {q(root)}"
     if prefix_bytes is not None:
@@ -137,6 +141,10 @@ def manifest_command(
         cmd += f" --apply-b64 {blob}"
     if missing_ok:
         cmd += " --missing-ok"
+    if save_known:
+        cmd += f" --save-known {q(save_known)}"
+    if use_known:
+        cmd += f" --use-known {q(use_known)}"
     if paths is not None:
         cmd += " --files" + "".join(f" {q(p)}" for p in paths)
     return cmd
@@ -152,6 +160,8 @@ def pod_manifest(
     follow_links: bool = False,
     structure: list[dict[str, Any]] | None = None,
     missing_ok: bool = False,
+    save_known: str | None = None,
+    use_known: str | None = None,
 ) -> dict[str, Any]:
     """The manifest of ``root`` computed on the pod (``manifest.py`` in the tools folder)
     through a raw stream of the console (no output mangling, no line limits).
@@ -168,6 +178,7 @@ def pod_manifest(
             (``manifest.apply_structure``); the manifest then covers them (or ``paths``).
         missing_ok: leave out the ``paths`` that do not exist (a missing ``root`` is
             an empty tree).
+        save_known / use_known: as for :func:`manifest_command`.
 
     Returns:
         The plain form of ``pod_side.manifest`` (``{"root", "entries": [...]}``).
@@ -186,6 +197,8 @@ def pod_manifest(
         follow_links=follow_links,
         structure=structure,
         missing_ok=missing_ok,
+        save_known=save_known,
+        use_known=use_known,
     )
     stream = console.open_stream(cmd + " 2>&1")
     chunks = []
@@ -206,26 +219,53 @@ def pod_manifest(
     )
 
 
-def files_in_place(console: PodConsole, handle: PodHandle, root: str, source: Manifest) -> set[str]:
-    """The files of ``source`` already under ``root`` on the pod with the same size and
-    digests (the pod's ``manifest.py``; absent ones are left out): an upload need not
-    send them again."""
-    if not source.files:
-        return set()
-    paths = [e.path for e in source.files]
-    found = pod_manifest(console, handle, root, paths, missing_ok=True)["entries"]
-    have = {e["path"]: (e.get("kind", "file"), e["size_bytes"], e["sha256"]) for e in found}
-    return {e.path for e in source.files if have.get(e.path) == ("file", e.size_bytes, e.sha256)}
+class PodLanding:
+    """The pod end of one upload to ``root`` by a method that moves files outside the
+    console (``rsync``, ``s3``, ``runpodctl``; ``sftp`` does the same over exec): which
+    files of ``source`` are there already, then the manifest of what landed.
 
+    Each file is hashed on the pod once per upload: :meth:`in_place` records what it
+    hashed (path, size, inode, device, mtime, ctime and digests) in a file of the pod
+    tools folder, and the first :meth:`landed` reuses the entries of files unchanged
+    since, and removes that file. A file the method wrote has a new inode or ctime and
+    is hashed again, so the destination's bytes are always what is checked against
+    ``source``.
 
-def landed_manifest(
-    console: PodConsole, handle: PodHandle, root: str, source: Manifest
-) -> dict[str, Any]:
-    """After an upload to ``root``: ``source``'s empty directories and links made there,
-    then the pod's manifest of every entry of ``source`` (:func:`pod_manifest`)."""
-    expected = source.as_dict()
-    paths = [e["path"] for e in expected["entries"]]
-    return pod_manifest(console, handle, root, paths, structure=structure_entries(expected))
+    Args:
+        console: an open console to the pod (tools installed).
+        handle: the pod.
+        root: the absolute pod folder the upload lands in.
+        source: the manifest of the local tree being uploaded.
+    """
+
+    def __init__(self, console: PodConsole, handle: PodHandle, root: str, source: Manifest) -> None:
+        self.console, self.handle, self.root, self.source = console, handle, root, source
+        self.memo = f"{tools_dir(handle)}/known-{secrets.token_hex(8)}.json"
+
+    def in_place(self) -> set[str]:
+        """The files of ``source`` already under ``root`` with the same size and
+        digests (absent ones are left out): the upload need not send them again."""
+        source = self.source
+        if not source.files:
+            return set()
+        paths = [e.path for e in source.files]
+        found = pod_manifest(
+            self.console, self.handle, self.root, paths, missing_ok=True, save_known=self.memo
+        )["entries"]
+        have = {e["path"]: (e.get("kind", "file"), e["size_bytes"], e["sha256"]) for e in found}
+        return {
+            e.path for e in source.files if have.get(e.path) == ("file", e.size_bytes, e.sha256)
+        }
+
+    def landed(self) -> dict[str, Any]:
+        """After the upload: ``source``'s empty directories and links made under
+        ``root``, then the pod's manifest of every entry of ``source``."""
+        expected = self.source.as_dict()
+        paths = [e["path"] for e in expected["entries"]]
+        structure = structure_entries(expected)
+        return pod_manifest(
+            self.console, self.handle, self.root, paths, structure=structure, use_known=self.memo
+        )
 
 
 def raise_for_tree_answer(

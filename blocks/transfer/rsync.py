@@ -47,7 +47,7 @@ from prefect_runpod.blocks.transfer.base import (
     TransferHooks,
 )
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
-from prefect_runpod.blocks.transfer.pod_tools import files_in_place, landed_manifest, pod_manifest
+from prefect_runpod.blocks.transfer.pod_tools import PodLanding, pod_manifest
 from prefect_runpod.blocks.transfer.sftp_session import direct_endpoint
 from prefect_runpod.blocks.transfer.verify import local_tree_manifest, verify_resending_once
 
@@ -339,7 +339,8 @@ class RsyncMethod:
             TransferError: as ``_rsync``.
         """
         endpoint, _ = self._endpoint(pod)
-        there = files_in_place(pod.console, pod.handle, remote_root, source)
+        landing = PodLanding(pod.console, pod.handle, remote_root, source)
+        there = landing.in_place()
         base = local_root.parent if local_root.is_file() else local_root
         dest = _remote(endpoint, remote_root)
         state = {"sent": 0, "reconnects": 0, "retries": 0}
@@ -360,7 +361,7 @@ class RsyncMethod:
         send(wanted, self._progress(done, source.total_bytes, on_progress))
         found = verify_resending_once(
             source.as_dict(),
-            lambda: landed_manifest(pod.console, pod.handle, remote_root, source),
+            landing.landed,
             resend,
             method="rsync",
             direction="upload",
@@ -400,7 +401,10 @@ class RsyncMethod:
         source = Manifest.from_dict(found)
         local_root.mkdir(parents=True, exist_ok=True)
         here = [e.path for e in source.files if local_root.joinpath(*e.path.split("/")).is_file()]
-        have = {e["path"]: e for e in mf.compute_manifest(str(local_root), here)["entries"]}
+        known: dict[str, Any] = {}  # files here hashed once: kept ones are not re-read
+        have = {
+            e["path"]: e for e in mf.compute_manifest(str(local_root), here, known=known)["entries"]
+        }
         there = {e.path for e in source.files if have.get(e.path, {}).get("sha256") == e.sha256}
         state = {"sent": 0, "reconnects": 0, "retries": 0}
         src = _remote(endpoint, remote_root)
@@ -423,7 +427,7 @@ class RsyncMethod:
         )
         dest: dict[str, Any] = verify_resending_once(
             found,
-            lambda: local_tree_manifest(local_root, found, pod.pod_id),
+            lambda: local_tree_manifest(local_root, found, pod.pod_id, known),
             refetch,
             method="rsync",
             direction="download",

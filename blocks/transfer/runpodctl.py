@@ -35,7 +35,7 @@ from prefect_runpod.blocks.transfer.base import (
     ProgressCallback,
 )
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
-from prefect_runpod.blocks.transfer.pod_tools import files_in_place, landed_manifest, pod_manifest
+from prefect_runpod.blocks.transfer.pod_tools import PodLanding, pod_manifest
 from prefect_runpod.blocks.transfer.verify import (
     local_tree_manifest,
     verify_resending_once,
@@ -209,7 +209,8 @@ class RunpodctlMethod:
                 "or 's3'",
                 pod_id=pod_id,
             )
-        there = files_in_place(console, handle, remote_root, source)
+        landing = PodLanding(console, handle, remote_root, source)
+        there = landing.in_place()
         todo = source.subset({e.path for e in source.files} - there)
         sent = [todo.total_bytes]
         if todo.entries:
@@ -222,7 +223,7 @@ class RunpodctlMethod:
 
         dest = verify_resending_once(
             source.as_dict(),
-            lambda: landed_manifest(console, handle, remote_root, source),
+            landing.landed,
             resend,
             method="runpodctl",
             direction="upload",

@@ -8,7 +8,7 @@ multipart), parts at most 500 MB, no DeleteObjects (single deletes only), and th
 first listing of a large tree may fail with "The same next token was received twice"
 (retried).
 
-Each object carries its sha256, md5 and git blob id as user metadata; a download re-hashes what
+Each object carries its sha256 and git blob id as user metadata; a download re-hashes what
 arrived and compares with the expected manifest; a mismatch is fetched once more,
 then ``ChecksumMismatchError`` names the file. On a network volume the pod-side
 manifest is computed by ``manifest.py`` on the pod's own view of the files.
@@ -29,7 +29,7 @@ from pydantic import Field, SecretStr
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.transfer.base import MethodConfig, PodLink, ProgressCallback
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
-from prefect_runpod.blocks.transfer.pod_tools import files_in_place, landed_manifest, pod_manifest
+from prefect_runpod.blocks.transfer.pod_tools import PodLanding, pod_manifest
 from prefect_runpod.blocks.transfer.s3_objects import (
     check_s3_target,
     s3_download_dir,
@@ -230,7 +230,8 @@ class S3Method:
         """
         target = self._target(pod)
         key_prefix = _volume_prefix(target, pod.handle, remote_root)
-        there = files_in_place(pod.console, pod.handle, remote_root, source)
+        landing = PodLanding(pod.console, pod.handle, remote_root, source)
+        there = landing.in_place()
         todo = source.subset({e.path for e in source.files} - there)
         done = source.total_bytes - todo.total_bytes
         sent = [todo.total_bytes]
@@ -249,7 +250,7 @@ class S3Method:
 
         dest = verify_resending_once(
             source.as_dict(),
-            lambda: landed_manifest(pod.console, pod.handle, remote_root, source),
+            landing.landed,
             resend,
             method="s3",
             direction="upload",

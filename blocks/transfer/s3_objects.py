@@ -28,8 +28,8 @@ __all__ = ["check_s3_target", "s3_download_dir", "s3_object_records", "s3_upload
 
 
 def _digest_metadata(entry: ManifestEntry) -> dict[str, str]:
-    """The user metadata an object carries: the file's sha256, md5 and git blob id."""
-    meta = {"sha256": entry.sha256, "md5": entry.md5}
+    """The user metadata an object carries: the file's sha256 and git blob id."""
+    meta = {"sha256": entry.sha256}
     if entry.git_sha1:
         meta["git_sha1"] = entry.git_sha1
     return meta
@@ -43,7 +43,7 @@ def s3_upload_dir(
     on_progress: ProgressCallback | None = None,
 ) -> list[str]:
     """Upload every file of ``source`` (a manifest of ``local_dir``) under ``key_prefix``,
-    each object carrying its sha256 and md5 as user metadata (directory and link
+    each object carrying its sha256 and git blob id as user metadata (directory and link
     entries are not objects: ``S3Method`` makes them on the pod).
 
     Args:
@@ -186,7 +186,7 @@ def s3_download_dir(
         key_prefix: as for ``s3_upload_dir``.
         local_dir: where the tree lands (created when missing).
         expected: the manifest to verify against (e.g. computed on the pod); default:
-            the sha256/md5 stored in each object's metadata at upload.
+            the sha256 stored in each object's metadata at upload.
         on_progress: ``(done_bytes, total_bytes)`` after each file.
 
     Returns:

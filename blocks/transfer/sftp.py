@@ -13,6 +13,7 @@ endpoint. Both answer with a ``MethodResult``. The connection they run on is
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def _get_file(
     offset = part.stat().st_size if part.is_file() else 0
     if 0 < offset <= e["size_bytes"]:
         theirs = s.manifest(remote_root, [rel], offset)["entries"][0]
-        if theirs["sha256"] != mf.hash_file(str(part), offset)[2]:
+        if theirs["sha256"] != mf.hash_file(str(part), offset)[1]:
             offset = 0
     else:
         offset = 0
@@ -194,13 +195,15 @@ def sftp_upload(
         s.makedirs(remote_root)
         state["done"] = 0
         have = {}
+        memo = f"{tools_dir}/known-{secrets.token_hex(8)}.json"  # see pod_tools.PodLanding
         present = [
             e["path"]
             for e in entries
             if remote_size(s.sftp, f"{remote_root}/{e['path']}") == e["size_bytes"]
         ]
         if present:
-            have = {x["path"]: x for x in s.manifest(remote_root, present)["entries"]}
+            found = s.manifest(remote_root, present, save_known=memo)
+            have = {x["path"]: x for x in found["entries"]}
         todo = [e for e in entries if have.get(e["path"], {}).get("sha256") != e["sha256"]]
         state["done"] = total - sum(e["size_bytes"] for e in todo)
 
@@ -216,7 +219,7 @@ def sftp_upload(
         send(todo)
         dest = verify_resending_once(
             expected,
-            lambda: s.manifest(remote_root, every_path, structure=structure),
+            lambda: s.manifest(remote_root, every_path, structure=structure, use_known=memo),
             resend,
             method="sftp",
             direction="upload",
@@ -271,11 +274,13 @@ def sftp_download(
         src = state["source"]
         files = mf.file_entries(src)
         total = sum(e["size_bytes"] for e in files)
+        known: dict[str, Any] = {}  # files here hashed once: kept ones are not re-read
         have = {
             x["path"]: x
             for x in mf.compute_manifest(
                 str(local_root),
                 [e["path"] for e in files if local_root.joinpath(*e["path"].split("/")).is_file()],
+                known=known,
             )["entries"]
         }
         todo = [e for e in files if have.get(e["path"], {}).get("sha256") != e["sha256"]]
@@ -293,7 +298,7 @@ def sftp_download(
         fetch(todo)
         dest = verify_resending_once(
             src,
-            lambda: local_tree_manifest(local_root, src, pod),
+            lambda: local_tree_manifest(local_root, src, pod, known),
             resend,
             method="sftp",
             direction="download",

@@ -124,9 +124,12 @@ class SftpSession:
         *,
         follow_links: bool = False,
         structure: list[dict[str, Any]] | None = None,
+        save_known: str | None = None,
+        use_known: str | None = None,
     ) -> dict[str, Any]:
         """The pod's manifest of ``root`` (``manifest.py`` over exec), after making the
-        directory and link entries of ``structure`` when given.
+        directory and link entries of ``structure`` when given (``save_known`` /
+        ``use_known``: see ``pod_tools.manifest_command``).
 
         Raises:
             SpecError: the tree holds links that leave it or dangle (each named).
@@ -140,6 +143,8 @@ class SftpSession:
             prefix_bytes=prefix_bytes,
             follow_links=follow_links,
             structure=structure,
+            save_known=save_known,
+            use_known=use_known,
         )
         _, stdout, stderr = self.client.exec_command(cmd, timeout=600)
         out = stdout.read()

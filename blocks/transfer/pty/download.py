@@ -316,7 +316,6 @@ def pty_download(
                 e["path"],
                 e["size_bytes"],
                 e["sha256"],
-                e["md5"],
                 local_root.joinpath(*e["path"].split("/")),
             )
             for i, e in enumerate(mf.file_entries(src))

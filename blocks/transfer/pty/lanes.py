@@ -58,7 +58,6 @@ class Piece:
     rel: str
     size: int
     sha256: str
-    md5: str = ""
     local: Path | None = None
     start: int = 0
     end: int = -1
@@ -87,7 +86,7 @@ class Piece:
 
     def whole(self) -> Piece:
         """The whole file this piece belongs to, as one fresh piece."""
-        return Piece(self.fid, self.rel, self.size, self.sha256, self.md5, self.local)
+        return Piece(self.fid, self.rel, self.size, self.sha256, self.local)
 
     def close(self) -> None:
         """Close its local file handles."""
@@ -137,7 +136,7 @@ def plan_lanes(
             bounds = part_files.segment_bounds(f.size, lanes, chunk_bytes)
             striped.append(Striped(f, bounds))
             for k in range(len(bounds) - 1):
-                seg = Piece(f.fid, f.rel, f.size, f.sha256, f.md5, f.local)
+                seg = Piece(f.fid, f.rel, f.size, f.sha256, f.local)
                 seg.start, seg.end, seg.index = bounds[k], bounds[k + 1], k
                 seg.next = seg.acked = seg.start
                 plan[k].append(seg)

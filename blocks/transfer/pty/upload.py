@@ -161,8 +161,6 @@ def _on_answer(
             q.rewind(p, int(ev[4]))
     elif tag in ("#C", "#K"):
         p.done = True
-        if tag == "#C":
-            p.md5 = ev[3]
         p.close()
     elif tag in ("#I", "#S") and not p.done:
         stats["retries"] += 1
@@ -258,7 +256,7 @@ def _join(s: Session, striped: list[Striped], stats: dict[str, int]) -> list[Pie
             f"the joined {p.rel}",
         )
         if ev[0] == "#C":
-            p.done, p.md5 = True, ev[3]
+            p.done = True
         elif ev[0] == "#BAD":
             if p.bad:
                 raise _bad_twice(p, ev[3], s.pod)
@@ -389,7 +387,6 @@ def pty_upload(
             e["path"],
             e["size_bytes"],
             e["sha256"],
-            e["md5"],
             local_root if single else local_root.joinpath(*e["path"].split("/")),
         )
         for i, e in enumerate(mf.file_entries(expected))

@@ -1,4 +1,4 @@
-"""Manifests (md5 + sha256), the pod-side script form, and the checksum task."""
+"""Manifests (sha256 + git blob id), the pod-side script form, and the checksum task."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_entries_match_hashlib_and_skip_scratch(tmp_path: Path) -> None:
     for e in m["entries"]:
         data = root.joinpath(*e["path"].split("/")).read_bytes()
         assert e["size_bytes"] == len(data)
-        assert e["md5"] == hashlib.md5(data).hexdigest()
+        assert "md5" not in e  # nothing checks one; sha256 is what a transfer verifies
         assert e["sha256"] == hashlib.sha256(data).hexdigest()
         # git's blob id, the one the Hugging Face Hub reports for a regular file
         assert e["git_sha1"] == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -67,6 +67,40 @@ def test_git_sha1_differs_is_a_problem_and_a_missing_one_is_not(tmp_path: Path) 
     for e in old.entries:
         e.git_sha1 = None  # a manifest recorded before git_sha1 existed
     assert mf.compare_manifests(want, old.as_dict()) == []
+
+
+def test_an_md5_is_compared_only_when_both_sides_carry_one(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "t", big_bytes=10)
+    want = mf.compute_manifest(str(root))
+    older = json.loads(json.dumps(want))  # what an older manifest.py answered
+    for e in mf.file_entries(older):
+        e["md5"] = hashlib.md5(root.joinpath(*e["path"].split("/")).read_bytes()).hexdigest()
+    assert mf.compare_manifests(want, older) == []
+    assert mf.compare_manifests(older, want) == []
+    wrong = json.loads(json.dumps(older))
+    first = mf.file_entries(wrong)[0]
+    first["md5"] = "0" * 32
+    assert mf.compare_manifests(older, wrong) == [
+        (first["path"], f"md5 {mf.file_entries(older)[0]['md5']} != {'0' * 32}")
+    ]
+    assert "md5" not in Manifest.from_dict(want).as_dict()["entries"][0]
+
+
+def test_a_file_hashed_earlier_in_the_transfer_is_reused_until_it_changes(
+    tmp_path: Path,
+) -> None:
+    root = make_tree(tmp_path / "t", big_bytes=5000)
+    known: dict = {}
+    first = mf.compute_manifest(str(root), known=known)
+    assert {os.path.abspath(root / "text.log")} <= set(known)
+    marked = {k: (sig, dict(e, sha256="f" * 64)) for k, (sig, e) in known.items()}
+    again = mf.compute_manifest(str(root), known=marked)  # served from ``known``
+    assert {e["sha256"] for e in mf.file_entries(again)} == {"f" * 64}
+    (root / "text.log").write_text("rewritten")
+    after = {e["path"]: e for e in mf.compute_manifest(str(root), known=marked)["entries"]}
+    assert after["text.log"]["sha256"] == hashlib.sha256(b"rewritten").hexdigest()
+    assert after["empty.txt"]["sha256"] == "f" * 64
+    assert mf.file_entries(first)[0]["sha256"] != "f" * 64
 
 
 def test_compare_names_each_problem(tmp_path: Path) -> None:

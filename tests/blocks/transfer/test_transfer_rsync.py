@@ -16,6 +16,7 @@ from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import TransferHooks
 from prefect_runpod.blocks.transfer.dispatch import check_pod_end, download_dir, upload_dir
+from prefect_runpod.blocks.transfer.pod_tools import tools_dir
 from prefect_runpod.blocks.transfer.rsync import PARTIAL_DIR, RsyncOptions
 from tests.fixtures.sshd import SshdServer
 from tests.fixtures.transfer import CuttingProxy, make_tree
@@ -131,6 +132,8 @@ def test_files_already_there_are_not_sent_and_a_rewritten_one_travels_as_a_delta
         same = upload_dir(console, handle, src, "delta", method="rsync", private_key=key)
         assert same.verified and same.sent_bytes and same.retries == 0
     assert (on_pod / "sub dir" / "deeper" / "big.bin").read_bytes() == bytes(data)
+    # each upload's record of what the pod hashed was used by its verify step, and gone
+    assert list(Path(tools_dir(handle)).glob("known-*.json")) == []
 
 
 def test_an_interrupted_transfer_resumes_from_what_arrived(

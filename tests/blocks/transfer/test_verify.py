@@ -4,6 +4,7 @@ manifest command."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import shutil
 import subprocess
@@ -109,7 +110,7 @@ def test_one_place_compares_manifests_after_a_transfer() -> None:
 
 def test_the_manifest_command_runs_the_pod_script_with_each_option(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "a tree", big_bytes=5000)
-    made = {"path": "new/empty", "kind": "dir", "size_bytes": 0, "md5": "", "sha256": ""}
+    made = {"path": "new/empty", "kind": "dir", "size_bytes": 0, "sha256": ""}
 
     def run(cmd: str) -> dict:
         out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, check=True)
@@ -125,3 +126,35 @@ def test_the_manifest_command_runs_the_pod_script_with_each_option(tmp_path: Pat
     applied = run(manifest_command(POD_SIDE_DIR, str(root), structure=[made]))
     assert [e["path"] for e in applied["entries"]] == ["new/empty"]
     assert (root / "new" / "empty").is_dir()
+
+
+def test_the_pod_script_saves_what_it_hashed_for_the_next_run_of_the_transfer(
+    tmp_path: Path,
+) -> None:
+    """``--save-known`` then ``--use-known`` (one upload's two pod-side runs): a file
+    unchanged since the first is not read again, a rewritten one is, and the record
+    is removed once used."""
+    root = make_tree(tmp_path / "a tree", big_bytes=5000)
+    memo = tmp_path / "known.json"
+    paths = ["text.log", "empty.txt"]
+
+    def run(cmd: str) -> dict:
+        out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    before = run(manifest_command(POD_SIDE_DIR, str(root), paths, save_known=str(memo)))
+    assert before == mf.compute_manifest(str(root), paths)
+    saved = json.loads(memo.read_text())
+    assert memo.stat().st_mode & 0o077 == 0
+    for _sig, entry in saved.values():
+        entry["sha256"] = "f" * 64  # only a reused entry can carry this
+    memo.write_text(json.dumps(saved))
+    (root / "empty.txt").write_bytes(b"now with bytes")
+    after = run(manifest_command(POD_SIDE_DIR, str(root), paths, use_known=str(memo)))
+    by_path = {e["path"]: e["sha256"] for e in after["entries"]}
+    assert by_path["text.log"] == "f" * 64
+    assert by_path["empty.txt"] == hashlib.sha256(b"now with bytes").hexdigest()
+    assert not memo.exists()
+    assert run(manifest_command(POD_SIDE_DIR, str(root), paths, use_known=str(memo))) == (
+        mf.compute_manifest(str(root), paths)
+    )
