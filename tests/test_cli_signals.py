@@ -35,6 +35,8 @@ def _pids_with(needle: str) -> list[int]:
     return found
 
 
+# The waits below are hang guards (300 + 240 + 120 s); the suite's 300 s would cut them first.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("how", "expected_rc", "said"),
     [("sigterm-to-the-cli", 143, "SIGTERM"), ("ctrl-c-to-the-group", 130, "Ctrl-C")],
