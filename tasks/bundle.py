@@ -23,12 +23,13 @@ import re
 import tomllib
 from pathlib import Path, PurePosixPath
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
+from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.validation import pydantic_reason
 
-__all__ = ["BUNDLE_FILE", "BundleSpec", "load_bundle"]
+__all__ = ["BUNDLE_FILE", "JOB_KEYS", "BundleSpec", "demo_bundle", "load_bundle"]
 
 BUNDLE_FILE = "bundle.toml"
 
@@ -68,6 +69,16 @@ class BundleSpec(BaseModel):
             raise ValueError(f"{value!r} must be a relative path inside the bundle")
         return value
 
+    @field_validator("train", "eval")
+    @classmethod
+    def _plain_command(cls, value: str, info: ValidationInfo) -> str:
+        return v.check_command(str(info.field_name), value)
+
+    @field_validator("requirements")
+    @classmethod
+    def _pip_specifiers(cls, value: list[str]) -> list[str]:
+        return [v.check_requirement(item) for item in value]
+
     @field_validator("output_format")
     @classmethod
     def _one_group(cls, value: str) -> str:
@@ -82,6 +93,11 @@ class BundleSpec(BaseModel):
     def command(self, template: str, python: str) -> str:
         """A command template with ``{python}`` replaced by the chosen interpreter."""
         return template.replace("{python}", python)
+
+
+JOB_KEYS: frozenset[str] = frozenset(BundleSpec.model_fields) - {"root"}
+"""The keys ``[job]`` may hold: the ``BundleSpec`` fields (a new key is a new field);
+any other key is refused, with the nearest known one."""
 
 
 def load_bundle(path: str | Path) -> BundleSpec:
@@ -115,7 +131,24 @@ def load_bundle(path: str | Path) -> BundleSpec:
     job = data.get("job")
     if not isinstance(job, dict) or not job.get("train"):
         raise SpecError(f"{spec_file} needs a [job] table with a 'train' command: add one")
+    v.check_table_keys(job, JOB_KEYS, "[job]", spec_file)
     try:
         return BundleSpec(root=str(root), **job)
     except ValueError as exc:
         raise SpecError(f"{spec_file} is invalid: {pydantic_reason(exc)}; fix the file") from None
+
+
+def demo_bundle() -> Path:
+    """The stdlib-only demo bundle shipped with the project (used when no bundle is given);
+    installed as the package ``prefect_runpod.examples.demo``."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("prefect_runpod.examples.demo")
+    except ModuleNotFoundError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            if (Path(location) / "bundle.toml").is_file():
+                return Path(location)
+    return Path(__file__).resolve().parent.parent / "examples" / "demo"

@@ -17,6 +17,9 @@ explicitly (``allow_secret_files`` / ``--allow-secret-file PATH``, gitignore pat
 too). Symbolic links (to files, to directories, dangling) and empty directories are
 listed as the transfer will see them, never followed by the scan; whether a link may
 leave the bundle is the transfer manifest's rule (``blocks/pod_side/manifest.py``).
+A path that cannot travel stops the run too, each one named: a special file (a FIFO, a
+socket, a device: no bytes to copy), or a name that is not valid UTF-8 or holds a
+newline, NUL or another control character.
 
 Plain functions, no Prefect: ``select_bundle_files`` is what preflight calls.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +39,7 @@ from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.pod_side.manifest import is_transfer_scratch
-from prefect_runpod.blocks.validation import TOKEN_SHAPES
+from prefect_runpod.blocks.validation import TOKEN_SHAPES, file_name_problem, shown_name
 
 __all__ = [
     "BUILTIN_EXCLUDES",
@@ -45,6 +49,7 @@ __all__ = [
     "BundleFiles",
     "SecretRule",
     "find_secret_files",
+    "refuse_untravellable",
     "select_bundle_files",
 ]
 
@@ -187,8 +192,6 @@ def _walk(
             full = os.path.join(dirpath, name)
             if is_transfer_scratch(name):
                 continue
-            if not (os.path.islink(full) or os.path.isfile(full)):
-                continue  # as the manifest: no sockets, fifos or devices
             if ignore.match_file(rel):
                 ignored += 1
                 continue
@@ -197,6 +200,45 @@ def _walk(
             kept.append(prefix.rstrip("/"))  # an empty directory travels too
     kept.sort()
     return kept, ignored
+
+
+def _special_kind(path: str) -> str | None:
+    """What a path is when it is neither a regular file, a folder nor a link (``a
+    FIFO``, ``a socket``, ``a device``): such a file has no bytes to copy and cannot
+    travel."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
+
+
+def refuse_untravellable(root: Path, files: Iterable[str]) -> None:
+    """Refuse, naming each, the paths of ``files`` (relative to ``root``) that cannot
+    travel to a pod: a special file (FIFO, socket, device), or a name that is not valid
+    UTF-8 or holds a newline, NUL or another control character
+    (``validation.file_name_problem``).
+
+    Raises:
+        SpecError: one sentence listing every such path and why.
+    """
+    found = []
+    for rel in files:
+        problem = file_name_problem(rel)
+        if problem is not None:
+            found.append(f"{shown_name(rel)} ({problem})")
+            continue
+        kind = _special_kind(os.path.join(root, *rel.split("/")))
+        if kind is not None:
+            found.append(f"{rel} ({kind})")
+    if found:
+        raise SpecError(
+            f"the bundle {root} holds {len(found)} path(s) that cannot travel to a pod: "
+            f"{'; '.join(found)}. Rename or remove them, or leave them out in {IGNORE_FILE}."
+        )
 
 
 def _regular_size(path: str) -> int:
@@ -246,11 +288,13 @@ def select_bundle_files(
         ``BundleFiles``: the paths, their total bytes, how many were left out.
 
     Raises:
-        SpecError: the ignore file cannot be read, or files look like secrets and are
-            not allowed (each named with the reason).
+        SpecError: the ignore file cannot be read, a path cannot travel (a special file,
+            a name that is not UTF-8 or holds a control character), or files look like
+            secrets and are not allowed (each named with the reason).
     """
     base = Path(root).resolve()
     files, ignored = _walk(base, _ignore_spec(base), [Path(p) for p in skip_dirs])
+    refuse_untravellable(base, files)
     secrets = find_secret_files(base, files)
     allow = _spec(allow_secret_files) if allow_secret_files else None
     refused = [(p, why) for p, why in secrets if allow is None or not allow.match_file(p)]

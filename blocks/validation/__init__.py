@@ -15,6 +15,7 @@ A module for each kind of input, every public name re-exported here:
 - ``locations``  URLs and the output dir
 - ``options``    each parameter's CLI option (:func:`label`), options of the other provider
 - ``secrets``    token shapes, no token in a parameter
+- ``text``       empty paths, control characters in commands, file names that cannot travel, table keys, pip specifiers
 - ``blocks``     saved blocks (:func:`load_block`), pydantic's errors as our sentences
 
 Matches are whole-string (``re.fullmatch``), never prefix matches. Importing the
@@ -60,6 +61,16 @@ from prefect_runpod.blocks.validation.secrets import (
     find_token_shape,
     refuse_secret_values,
 )
+from prefect_runpod.blocks.validation.text import (
+    check_command,
+    check_inside_path,
+    check_path_text,
+    check_requirement,
+    check_table_keys,
+    control_character,
+    file_name_problem,
+    shown_name,
+)
 
 __all__ = [
     "FLOW_RUN_ID_CHARS",
@@ -73,18 +84,25 @@ __all__ = [
     "TokenShape",
     "check_block_name",
     "check_choice",
+    "check_command",
     "check_env_name",
     "check_flow_run_id",
+    "check_inside_path",
     "check_limit_name",
     "check_name_prefix",
     "check_number",
     "check_output_dir",
+    "check_path_text",
     "check_pod_id",
     "check_provider_options",
     "check_repo_id",
+    "check_requirement",
+    "check_table_keys",
     "check_url",
     "check_utc_timestamp",
     "constrained",
+    "control_character",
+    "file_name_problem",
     "find_token_shape",
     "is_env_name",
     "label",
@@ -93,5 +111,6 @@ __all__ = [
     "pydantic_reason",
     "refuse_secret_values",
     "saved_block_names",
+    "shown_name",
     "utc_timestamp",
 ]
