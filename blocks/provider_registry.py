@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "provider_class",
+    "provider_declaration",
     "provider_names",
     "provider_supports",
     "register_provider",
@@ -35,6 +36,12 @@ _REGISTRY: dict[str, Any] = {
     "runpod": "prefect_runpod.blocks.runpod.provider:RunPodProvider",
 }
 """Provider name -> its class, or ``"module:Class"`` until first asked for."""
+_DECLARATIONS: dict[str, str] = {
+    "local": "prefect_runpod.blocks.local_pod.capabilities:LocalPodCapabilities",
+    "runpod": "prefect_runpod.blocks.runpod.capabilities:RunPodCapabilities",
+}
+"""Built-in provider name -> the class its provider inherits its capabilities from,
+which imports neither Prefect nor the provider's SDK."""
 
 
 def provider_names() -> tuple[str, ...]:
@@ -81,6 +88,22 @@ def provider_class(name: str) -> Any:
         found = getattr(importlib.import_module(module), attr)
         _REGISTRY[name] = found
     return found
+
+
+def provider_declaration(name: str) -> Any:
+    """What the provider registered as ``name`` declares (``supports``,
+    ``option_names``), from a class that loads neither Prefect nor an SDK: a built-in
+    provider's capabilities side, else the registered class itself. The CLI checks a
+    run's arguments with it before Prefect is imported.
+
+    Raises:
+        SpecError: no provider of that name.
+    """
+    found = _REGISTRY.get(name)
+    if isinstance(found, str) and name in _DECLARATIONS:
+        module, _, attr = _DECLARATIONS[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return provider_class(name)
 
 
 def provider_supports(name: str, capability: Capability) -> bool:

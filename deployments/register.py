@@ -52,8 +52,10 @@ from prefect.schedules import Cron, Interval
 from prefect.utilities.callables import ParameterSchema
 from pydantic import ConfigDict
 
+from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.flows.reaper import reaper
+from prefect_runpod.flows.run.inputs import check_prefect_api
 from prefect_runpod.flows.sweep import sweep
 
 __all__ = [
@@ -386,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     serve_cmd.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
     serve_cmd.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
     args = parser.parse_args(argv)
+    try:
+        check_prefect_api()  # one sentence for a dead or malformed PREFECT_API_URL
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.command == "setup" or not args.no_setup:
         done = setup(limit=args.gpu_limit, heartbeat_seconds=args.heartbeat_seconds)
         print("\n".join(["setup:", *(f"  {line}" for line in setup_lines(done))]), flush=True)

@@ -50,7 +50,8 @@ from prefect_runpod.flows.run.logs import install_quiet_engine, stage_logger
 from prefect_runpod.flows.run.pod_session import TRAIN_LOG, PodSession
 from prefect_runpod.flows.run.providers import build_provider
 from prefect_runpod.flows.run.report import RunReport, flow_run_url
-from prefect_runpod.tasks.preflight import preflight
+from prefect_runpod.tasks.bundle import demo_bundle
+from prefect_runpod.tasks.preflight_access import preflight
 from prefect_runpod.tasks.terminate import terminate_by_name
 
 __all__ = ["TRAIN_LOG", "demo_bundle", "finetune", "last_output_dir", "pod_name_for"]
@@ -63,22 +64,6 @@ def last_output_dir() -> Path | None:
     """The output directory of the latest run this process started, or None: the CLI
     finds the report there when a signal ended the run before it returned a state."""
     return _OUTPUT_DIRS[-1] if _OUTPUT_DIRS else None
-
-
-def demo_bundle() -> Path:
-    """The stdlib-only demo bundle shipped with the project (used when no bundle is given);
-    installed as the package ``prefect_runpod.examples.demo``."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("prefect_runpod.examples.demo")
-    except ModuleNotFoundError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            if (Path(location) / "bundle.toml").is_file():
-                return Path(location)
-    return Path(__file__).resolve().parent.parent / "examples" / "demo"
 
 
 def pod_name_for(name_prefix: str, flow_run_id: str) -> str:

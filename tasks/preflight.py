@@ -5,20 +5,17 @@ succeed spends nothing (docs/architecture.md#input-validation).
 (``blocks/validation/``) and reads the bundle: which files it would upload, and
 that none of them looks like a secret (``tasks/bundle_files.py``). It touches no
 network and no Prefect API. ``check_transfer_before_renting`` and ``check_pod_disk``
-hold the run against the pod that is about to be rented; the ``preflight`` task runs
-the Hugging Face diagnosis locally — read access to the model, and when the run
-publishes, write access to the repo (or a reachable S3 bucket)
-(docs/architecture.md#publish-from-the-pod).
+hold the run against the pod that is about to be rented. None of it imports Prefect, so
+the CLI checks a run's arguments before Prefect is loaded; the ``preflight`` task itself
+(the access checks that need the network) is in ``tasks/preflight_access.py``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel
 
 from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
@@ -44,14 +41,10 @@ from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_b
 from prefect_runpod.tasks.models import PublishTarget
 from prefect_runpod.tasks.publish_target import check_download_choice, parse_publish_target
 
-if TYPE_CHECKING:
-    from prefect_runpod.blocks.transfer.s3 import S3Target
-
 __all__ = [
     "RunSettings",
     "check_pod_disk",
     "check_transfer_before_renting",
-    "preflight",
     "transfer_methods",
     "validate_settings",
 ]
@@ -224,6 +217,8 @@ def _check_bundle(
     Raises:
         SpecError: the first problem found.
     """
+    for pattern in allow_secret_files or []:
+        v.check_inside_path("allow_secret_files", pattern)
     out = v.check_output_dir(output_dir)
     spec = load_bundle(bundle)
     repo = model_id or spec.model_id or None
@@ -275,6 +270,8 @@ def validate_settings(*, bundle: str | Path, output_dir: str | Path, **params: A
         "bundle": bundle,
         "output_dir": output_dir,
     }
+    for name in ("bundle", "output_dir"):
+        v.check_path_text(name, g[name])
     v.refuse_secret_values({k: val for k, val in g.items() if k != "hf_token_env"})
     v.check_env_name(g["hf_token_env"])
     v.check_provider_options(g["provider"], g)
@@ -386,52 +383,3 @@ def _human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
-
-
-@task(name="preflight", cache_policy=NO_CACHE)
-def preflight(
-    settings: RunSettings,
-    hf_token: SecretStr | None,
-    hf_endpoint: str | None,
-    s3: S3Target | None = None,
-) -> list:
-    """Check access before any spend: the local Hugging Face diagnosis when the run names
-    a model, and the publish target when it publishes — write access to the Hub repo
-    (``classify_write_access``), or that the ``S3Target``'s bucket answers.
-
-    Args:
-        settings: the validated input.
-        hf_token: the Hugging Face token (read for the model, write for publishing).
-        hf_endpoint: the Hub base URL.
-        s3: the loaded ``S3Target`` (required by an ``s3`` publish target).
-
-    Returns:
-        The local ``HFDiagnosis`` records (read access, then write access); empty when
-        neither applies.
-
-    Raises:
-        HFAuthError: a blocking diagnosis (no token, licence not accepted, the Hub cannot
-            be reached, a read-only token, a namespace that is not writable, …) with its
-            remediation and URL.
-        SpecError: the S3 target is missing or its bucket cannot be reached.
-    """
-    from prefect_runpod.tasks.hf_auth import (
-        diagnose_local,
-        diagnose_write_local,
-        raise_if_blocking,
-    )
-
-    found = []
-    if settings.model_id is not None:
-        diagnosis = diagnose_local(settings.model_id, hf_token, hf_endpoint)
-        raise_if_blocking(diagnosis)
-        found.append(diagnosis)
-    target = settings.publish
-    if target is not None:
-        kind = publish_kind(target.kind)
-        if kind.needs_hub_write:
-            writable = diagnose_write_local(str(target.repo_id), hf_token, hf_endpoint)
-            raise_if_blocking(writable, action="publishing to")
-            found.append(writable)
-        kind.check_before_renting(target, s3=s3)
-    return found

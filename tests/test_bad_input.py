@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -187,7 +188,46 @@ CASES = [
     Case("terminate-id-quote", ["terminate", '"abc'], "is not a pod id"),
     Case("cost-run-id-garbage", ["cost", "not-a-run"], "is not a flow run id"),
     Case("cost-run-id-newline", ["cost", "3f1b2c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d\n"], "is not a flow run id"),
+    # --- issue 24: argument errors, all refused before Prefect is imported ---
+    Case("bundle-empty-path", ft("--bundle", ""), "bundle (--bundle) is an empty path"),
+    Case("bundle-blank-path", ft("--bundle", "  "), "bundle (--bundle) is an empty path"),
+    Case("output-dir-empty-path", ft("--output-dir", ""), "output_dir (--output-dir) is an empty path"),
+    Case("allow-secret-file-empty", ft("--allow-secret-file", ""), "allow_secret_files (--allow-secret-file) is an empty path"),
+    Case("allow-secret-file-absolute", ft("--allow-secret-file", "/etc/passwd"), "'/etc/passwd' is outside the bundle"),
+    Case("allow-secret-file-escapes", ft("--allow-secret-file", "../keys/id_rsa"), "'../keys/id_rsa' is outside the bundle"),
+    Case("job-key-misspelt", ft("--bundle", "{tmp}/b"), "unknown key 'requirments' in [job]: did you mean 'requirements'?", files={"{tmp}/b/bundle.toml": TOML + "requirments = []\n"}),
+    Case("job-key-unknown", ft("--bundle", "{tmp}/b"), "unknown key 'gpus' in [job]", files={"{tmp}/b/bundle.toml": TOML + "gpus = 2\n"}),
+    Case("train-command-nul", ft("--bundle", "{tmp}/b"), "the train command holds a control character (NUL", files={"{tmp}/b/bundle.toml": '[job]\ntrain = "{python} train.py\\u0000; echo hidden"\n'}),
+    Case("eval-command-escape", ft("--bundle", "{tmp}/b"), "the eval command holds a control character (ESC", files={"{tmp}/b/bundle.toml": TOML + 'eval = "{python} eval.py\\u001b[2J"\n'}),
+    Case("requirement-not-pip", ft("--bundle", "{tmp}/b"), "requirement 'torch>>2' is not a pip requirement specifier", files={"{tmp}/b/bundle.toml": TOML + 'requirements = ["torch>>2"]\n'}),
+    Case("requirement-a-command", ft("--bundle", "{tmp}/b"), "requirement 'pip install x' is not a pip requirement specifier", files={"{tmp}/b/bundle.toml": TOML + 'requirements = ["pip install x"]\n'}),
+    Case("bundle-fifo", ft("--bundle", "{bundle}"), "data/queue (a FIFO)", files={"{bundle}/data/queue": "{fifo}"}),
+    Case("bundle-socket", ft("--bundle", "{bundle}"), "agent.sock (a socket)", files={"{bundle}/agent.sock": "{socket}"}),
+    Case("file-name-not-utf8", ft("--bundle", "{bundle}"), "'data/caf\\xe9.txt' (its name is not valid UTF-8)", files={"{bundle}/data/caf\udce9.txt": "x"}),
+    Case("file-name-newline", ft("--bundle", "{bundle}"), "'a\\nb.txt' (its name holds a newline)", files={"{bundle}/a\nb.txt": "x"}),
+    Case("file-name-control", ft("--bundle", "{bundle}"), "'x\\x1by.txt' (its name holds ESC, U+001B)", files={"{bundle}/x\x1by.txt": "x"}),
+    Case("runtime-minus-inf", ft("--max-runtime-seconds", "-inf"), "max_runtime_seconds (--max-runtime-seconds) must be a finite number of seconds above 0 and at most 2592000, got -inf"),
+    Case("cost-minus-exponent", ft("--max-cost-usd", "-1e3"), "max_cost_usd (--max-cost-usd) must be a finite number of USD above 0"),
+    Case("cost-limit-negative", ["cost", "--limit", "-1"], "limit (--limit) must be a whole number at least 1"),
+    Case("cost-limit-zero", ["cost", "--limit", "0"], "limit (--limit) must be a whole number at least 1"),
+    Case("cost-limit-huge", ["cost", "--limit", "100000"], "at most 1000"),
+    Case("status-limit-negative", ["status", "--limit", "-3"], "limit (--limit) must be a whole number at least 1"),
+    Case("logs-max-seconds-negative", ["logs", "3f1b2c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d", "--follow", "--max-seconds", "-5"], "max_seconds (--max-seconds) must be"),
+    Case("cost-since-huge", ["cost", "--since", "99999999999d"], "--since '99999999999d' reaches back more than"),
+    Case("cost-since-negative", ["cost", "--since", "-5d"], "--since '-5d' is not a duration"),
+    Case("cost-since-future", ["cost", "--since", "2999-01-01T00:00:00Z"], "is in the future"),
+    Case("reaper-ttl-minus-inf", ["reaper", "--ttl-seconds", "-inf"], "ttl_seconds (--ttl-seconds) must be"),
 ]  # fmt: skip
+
+# Argument errors: decidable from the arguments and files alone, so refused before
+# Prefect is imported (held in a subprocess by test_argument_errors_never_import_prefect).
+ARGUMENT_CASES = [c for c in CASES if c.id in {
+    "bundle-empty-path", "output-dir-empty-path", "allow-secret-file-absolute",
+    "job-key-misspelt", "train-command-nul", "requirement-not-pip", "bundle-fifo",
+    "file-name-newline", "runtime-minus-inf", "cost-limit-negative", "cost-since-huge",
+    "cost-since-negative", "status-limit-negative", "reaper-ttl-minus-inf", "cost-nan",
+    "prefix-uppercase", "bundle-missing", "terminate-id-hyphen", "cost-run-id-garbage",
+}]  # fmt: skip
 
 # Saved blocks are looked up on the Prefect API: these need a server (slow).
 BLOCK_CASES = [
@@ -197,6 +237,7 @@ BLOCK_CASES = [
     Case("s3-target-missing", ft("--transfer", "s3", "--s3-target", "vol-eu"), "no S3Target block is named 'vol-eu'"),
     Case("hf-credentials-missing", ft("--hf-credentials", "hf-reader"), "no HuggingFaceCredentials block is named 'hf-reader'"),
     Case("hf-token-secret-missing", ft("--hf-token-secret", "hf-tok"), "no Secret block is named 'hf-tok'"),
+    Case("concurrency-limit-missing", ft("--concurrency-limit", "no-such-pool"), "global concurrency limit 'no-such-pool' does not exist"),
 ]  # fmt: skip
 
 
@@ -240,6 +281,27 @@ def _pod_home_free_plus() -> int:
     return shutil.disk_usage(home).free + 2**30
 
 
+def _make_files(case: Case, tmp_path: Path, bundle: Callable[[], Path]) -> None:
+    for rel, content in case.files.items():
+        path = Path(_fill(rel, tmp_path, bundle))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content == "{free_plus}":
+            with open(path, "wb") as fh:
+                fh.truncate(_pod_home_free_plus())  # sparse: costs no disk
+        elif content == "{fifo}":
+            os.mkfifo(path)
+        elif content == "{socket}":  # bound by a relative name: AF_UNIX paths are short
+            here = Path.cwd()
+            os.chdir(path.parent)
+            try:
+                with socket.socket(socket.AF_UNIX) as sock:
+                    sock.bind(path.name)
+            finally:
+                os.chdir(here)
+        else:
+            path.write_text(content)
+
+
 def _run_case(case: Case, tmp_path: Path, monkeypatch, capfd, emu: RunPodEmulator | None):
     made: list[Path] = []
 
@@ -248,14 +310,7 @@ def _run_case(case: Case, tmp_path: Path, monkeypatch, capfd, emu: RunPodEmulato
             made.append(copy_demo_bundle(tmp_path / "bundle"))
         return made[0]
 
-    for rel, content in case.files.items():
-        path = Path(_fill(rel, tmp_path, bundle))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if content == "{free_plus}":
-            with open(path, "wb") as fh:
-                fh.truncate(_pod_home_free_plus())  # sparse: costs no disk
-        else:
-            path.write_text(content)
+    _make_files(case, tmp_path, bundle)
     if emu is not None:
         key = tmp_path / "id_ed25519_runpod"
         key.write_text(generate_keypair("table").private_key.get_secret_value())
@@ -311,7 +366,7 @@ def test_a_block_name_that_is_not_saved_stops_the_run(
     RunPodPodSpec(max_usd_per_hour=0.25).save("capped-3090", overwrite=True)
     emu = request.getfixturevalue("runpod_api") if case.runpod else None
     err = _run_case(case, tmp_path, monkeypatch, capfd, emu)
-    assert "check the name, or save one first" in err
+    assert "check the name, or save one first" in err or case.id == "concurrency-limit-missing"
     if case.id == "runpod-spec-missing":
         assert "saved RunPodPodSpec blocks: capped-3090" in err
 
@@ -378,3 +433,138 @@ def test_flow_parameters_are_checked_by_the_same_layer(
     assert {h.pod_id for h in LocalPodProvider().list("")} == pods_before
     assert runpod_api.requests[requests_before:] == []
     assert TOKEN not in message + json.dumps(report)
+
+
+def test_argument_errors_never_import_prefect(tmp_path):
+    """Argument errors are decided from the arguments and files alone: the command
+    refuses them before Prefect is even imported (one process runs every case)."""
+    runs = []
+    for case in ARGUMENT_CASES:
+        where = tmp_path / case.id
+        where.mkdir()
+        made: list[Path] = []
+
+        def bundle(where: Path = where, made: list[Path] = made) -> Path:
+            if not made:
+                made.append(copy_demo_bundle(where / "bundle"))
+            return made[0]
+
+        _make_files(case, where, bundle)
+        runs.append({"cwd": str(where), "argv": [_fill(a, where, bundle) for a in case.argv]})
+    script = (
+        "import json, os, sys\n"
+        "from prefect_runpod.flows.cli import main\n"
+        "out = []\n"
+        "for run in json.loads(sys.argv[1]):\n"
+        "    os.chdir(run['cwd'])\n"
+        "    out.append([main(run['argv']), 'prefect' in sys.modules])\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(runs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout.splitlines()[-1])
+    lines = proc.stderr.splitlines()
+    assert len(lines) == len(ARGUMENT_CASES) and "Traceback" not in proc.stderr, proc.stderr
+    for case, (status, imported), line in zip(ARGUMENT_CASES, results, lines, strict=True):
+        assert status == EXIT_USAGE, (case.id, line)
+        assert case.match in line, (case.id, line)
+        assert not imported, f"{case.id}: Prefect was imported before the refusal"
+
+
+DEAD_API = "http://127.0.0.1:9/api"
+ENVIRONMENT_CASES = [
+    ("api-url-dead-cost", ["cost"], {"PREFECT_API_URL": DEAD_API}, EXIT_USAGE, f"the Prefect API at {DEAD_API} cannot be reached"),
+    ("api-url-dead-finetune", ["finetune"], {"PREFECT_API_URL": DEAD_API}, EXIT_USAGE, f"the Prefect API at {DEAD_API} cannot be reached"),
+    ("api-url-not-a-url", ["status"], {"PREFECT_API_URL": "not-a-url"}, EXIT_USAGE, "PREFECT_API_URL 'not-a-url' must start with http:// or https://"),
+    ("home-read-only", ["cost"], {"HOME": "/proc/prefect-runpod-home", "PREFECT_HOME": None}, EXIT_USAGE, "cannot be created"),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("argv", "env", "status", "match"),
+    [c[1:] for c in ENVIRONMENT_CASES],
+    ids=[c[0] for c in ENVIRONMENT_CASES],
+)
+def test_a_broken_environment_gets_one_line(argv, env, status, match, tmp_path):
+    """A dead or malformed PREFECT_API_URL and a HOME where Prefect cannot make its
+    folder: one sentence, the documented exit status, no traceback, no pod."""
+    before = {h.pod_id for h in LocalPodProvider().list("")}
+    environ = {k: v for k, v in os.environ.items() if env.get(k, "") is not None}
+    environ.update({k: v for k, v in env.items() if v is not None})
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_runpod.flows.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=environ,
+    )
+    assert proc.returncode == status, proc.stderr
+    assert match in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert {h.pod_id for h in LocalPodProvider().list("")} == before
+
+
+@pytest.mark.slow
+def test_register_setup_without_a_server_is_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_runpod.deployments.register", "setup"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PREFECT_API_URL": DEAD_API},
+    )
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"the Prefect API at {DEAD_API} cannot be reached" in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_ssh_key_block_with_only_a_path_derives_its_public_key(
+    prefect_server, tmp_path, monkeypatch
+):
+    """The block's public_key says it is derived from the private key when empty: a
+    block saved with private_key_path alone builds the RunPod provider and its key pair."""
+    from prefect_runpod.blocks.keys import public_key_line
+    from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
+    from prefect_runpod.flows.run.providers import build_provider
+
+    private = generate_keypair("path-only").private_key
+    key_file = tmp_path / "id_ed25519"
+    key_file.write_text(private.get_secret_value())
+    RunPodSSHKey(private_key_path=str(key_file)).save("path-only", overwrite=True)
+    monkeypatch.setenv("RUNPOD_API_KEY", "rpa_" + "0" * 32)
+    _, keypair = build_provider({"provider": "runpod", "ssh_key_block": "path-only"})
+    assert keypair.public_key == public_key_line(private)
+
+
+def test_a_value_with_a_minus_sign_reaches_its_option():
+    """argparse reads ``-5d`` or ``-inf`` as an option; joined to the option before
+    parsing, the value reaches the rule that refuses it. Nothing after ``--`` changes."""
+    from prefect_runpod.flows.cli.arguments import spell_negative_values
+
+    argv = ["cost", "--since", "-5d", "--limit", "-1", "--json", "--", "--x", "-2"]
+    assert spell_negative_values(argv) == [
+        "cost", "--since=-5d", "--limit=-1", "--json", "--", "--x", "-2",
+    ]  # fmt: skip
+    assert spell_negative_values(["finetune", "--max-cost-usd", "-INF", "--bundle", "b"]) == [
+        "finetune", "--max-cost-usd=-INF", "--bundle", "b",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cost_lists_more_runs_than_one_api_page(prefect_server, capfd):
+    """``cost --limit 30`` asks for more artifacts than the API's page of 200: read page
+    by page instead of a 422 traceback."""
+    capfd.readouterr()
+    assert main(["cost", "--limit", "30", "--json"]) in (0, 1)
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "422" not in err, err
+    assert "totals" in json.loads(out)

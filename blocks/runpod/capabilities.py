@@ -122,7 +122,9 @@ class RunPodCapabilities(Capable):
         if gateway_port:
             key_block.gateway_port = int(gateway_port)
         provider = spec.get_provider(creds, key_block)
-        keypair = KeyPair(private_key=key_block.get_private_key(), public_key=key_block.public_key)
+        keypair = KeyPair(
+            private_key=key_block.get_private_key(), public_key=key_block.get_public_key()
+        )
         return provider, keypair
 
     def plan_pod(self, name: str) -> PlannedPod:

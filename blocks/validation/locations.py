@@ -22,7 +22,7 @@ __all__ = [
 _URL_TEXT = re.compile(r"[!-~]+")  # printable ASCII, no spaces
 
 
-def check_url(url: Any, name: str) -> str:
+def check_url(url: Any, name: str, *, example: str = "https://huggingface.co") -> str:
     """An ``http(s)://host[:port][/path]`` URL without credentials in it.
 
     Returns:
@@ -51,9 +51,7 @@ def check_url(url: Any, name: str) -> str:
             problem = "has an invalid port"
     if problem:
         shown = url if isinstance(url, str) and not find_token_shape(url) else "<hidden>"
-        raise SpecError(
-            f"{label(name)} {shown!r} {problem}: give a URL like https://huggingface.co."
-        )
+        raise SpecError(f"{label(name)} {shown!r} {problem}: give a URL like {example}.")
     return url.rstrip("/")
 
 

@@ -100,6 +100,7 @@ NUMBER_RULES: dict[str, NumberRule] = {
         NumberRule("grace_seconds", "s", "how long a pod of an unknown run is spared", "60", ge=0, le=_DAY_SECONDS),
         NumberRule("max_usd_per_hour", "USD/h", "the highest price per hour to rent at", "0.5", ge=0, le=1000),
         NumberRule("max_seconds", "s", "how long `logs --follow` follows", "3600", gt=0, le=30 * _DAY_SECONDS),
+        NumberRule("limit", "", "how many recent runs to list", "20", ge=1, le=1000, whole=True),
     ),
 }  # fmt: skip
 """Every numeric input of a run (from its parameter's declaration,

@@ -19,6 +19,8 @@ __all__ = [
 OPTIONS: dict[str, str] = {
     **{p.name: p.option for p in FINETUNE_PARAMETERS if p.option},
     "ttl_seconds": "--ttl-seconds",
+    "max_seconds": "--max-seconds",
+    "limit": "--limit",
     "run_id": "RUN_ID",
     "pod_id": "POD_ID",
 }
@@ -38,11 +40,11 @@ def provider_options() -> dict[str, tuple[str, ...]]:
     registered provider names its own (``Capability.OPTIONS``), and
     :func:`check_provider_options` refuses them elsewhere."""
     from prefect_runpod.blocks.provider_capabilities import Capability
-    from prefect_runpod.blocks.provider_registry import provider_class, provider_names
+    from prefect_runpod.blocks.provider_registry import provider_declaration, provider_names
 
     found = {}
     for name in provider_names():
-        cls = provider_class(name)
+        cls = provider_declaration(name)
         found[name] = tuple(cls.option_names()) if cls.supports(Capability.OPTIONS) else ()
     return found
 

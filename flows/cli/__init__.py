@@ -26,7 +26,6 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from prefect_runpod.flows.cli.common import EXIT_FAILED, EXIT_USAGE, api, provider_args
@@ -74,27 +73,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``prefect-runpod``; returns the exit status: 0 success,
     ``EXIT_FAILED`` (1) a run or command that failed, ``EXIT_USAGE`` (2) bad input
     refused before anything was rented (one sentence on stderr, no traceback)."""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help, or argparse's own usage error (status 2)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    from prefect.settings import get_current_settings, temporary_settings
-
     from prefect_runpod.blocks.exceptions import RunPodFlowError, SpecError
     from prefect_runpod.blocks.secret_mask import redacted_output
+    from prefect_runpod.flows.cli.arguments import (
+        check_arguments,
+        make_prefect_home,
+        spell_negative_values,
+    )
+
+    try:
+        args = build_parser().parse_args(
+            spell_negative_values(sys.argv[1:] if argv is None else argv)
+        )
+    except SystemExit as exc:  # --help, or argparse's own usage error (status 2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    with redacted_output():
+        try:  # argument errors: refused before Prefect is imported
+            check_arguments(args)
+            make_prefect_home()
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    from prefect.settings import get_current_settings, temporary_settings
+
     from prefect_runpod.flows.cli.session import (
         EXIT_SIGINT,
         EXIT_SIGTERM,
         Terminated,
         orderly_signals,
     )
-    from prefect_runpod.flows.run.inputs import check_prefect_api_key
+    from prefect_runpod.flows.run.inputs import check_prefect_api, check_prefect_api_key
 
     # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
     # deadline is too short on a busy small machine, and it should not phone home.
     # Prefect cannot create its home when the parent is missing (it then retries sqlite
     # for minutes); make it here.
-    Path(get_current_settings().home).expanduser().mkdir(parents=True, exist_ok=True)
+    try:  # a profile may name another home
+        make_prefect_home(get_current_settings().home)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     defaults: dict[Any, Any] = {}
     if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
         timeout = max(get_current_settings().server.ephemeral.startup_timeout_seconds, 120)
@@ -104,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with redacted_output():
         try:
             check_prefect_api_key()  # before anything talks to the API with it
+            if args.command != "check":  # `check` reports the API as one of its checks
+                check_prefect_api()
             with orderly_signals(), temporary_settings(updates=defaults):
                 return _commands()[args.command](args)
         except SpecError as exc:

@@ -260,7 +260,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from prefect_runpod.flows.finetune import demo_bundle
     from prefect_runpod.flows.run.inputs import check_run
     from prefect_runpod.tasks.env_plan import cuda_floor_for_requirements
-    from prefect_runpod.tasks.preflight import preflight
+    from prefect_runpod.tasks.preflight_access import preflight
 
     params = finetune_params(args)
     out = args.output_dir or Path.cwd() / "prefect-runpod-runs"

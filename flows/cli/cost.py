@@ -73,7 +73,9 @@ def add_parser(
         action="store_true",
         help="complete the record(s): the pod's end from its provider, RunPod's bill",
     )
-    cost.add_argument("--limit", type=int, default=20, help="recent runs to list (default 20)")
+    cost.add_argument(
+        "--limit", type=int, default=20, help="recent runs to list (default 20, at most 1000)"
+    )
     cost.add_argument(
         "--since",
         metavar="WHEN",
@@ -218,27 +220,39 @@ def _recent_records(limit: int) -> list[CostRecord]:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.client.schemas.sorting import ArtifactSort
 
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[COST_ARTIFACT_KEY])),
-            sort=ArtifactSort.CREATED_DESC,
-            limit=max(1, limit) * 8,
-        )
     seen: dict[str, CostRecord] = {}
-    for artifact in found:
-        data: Any = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
-        try:
-            record = CostRecord.from_rows(list(data or []))
-        except (ValueError, TypeError):
-            continue
-        seen.setdefault(record.flow_run_id, record)
-        if len(seen) >= limit:
-            break
+    wanted = max(1, limit) * 8  # a run's record has a version per writer
+    with get_client(sync_client=True) as client:
+        for offset in range(0, wanted, _PAGE):
+            page = client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[COST_ARTIFACT_KEY])),
+                sort=ArtifactSort.CREATED_DESC,
+                limit=min(_PAGE, wanted - offset),
+                offset=offset,
+            )
+            for artifact in page:
+                raw = artifact.data
+                data: Any = json.loads(raw) if isinstance(raw, str) else raw
+                try:
+                    record = CostRecord.from_rows(list(data or []))
+                except (ValueError, TypeError):
+                    continue
+                seen.setdefault(record.flow_run_id, record)
+                if len(seen) >= limit:
+                    return list(seen.values())
+            if len(page) < min(_PAGE, wanted - offset):
+                break
     return list(seen.values())
+
+
+_PAGE = 200
+"""The most artifacts the Prefect API returns per request (a larger limit is a 422)."""
 
 
 _SINCE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_SINCE_MAX_SECONDS = 100 * 365 * 86400
+"""How far back ``--since`` may reach (100 years: further would leave the datetime range)."""
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -251,10 +265,16 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     from prefect_runpod.blocks.exceptions import SpecError
 
     value = text.strip()
+    now = now or datetime.now(UTC)
     match = _SINCE.fullmatch(value.lower())
     if match:
         amount = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        return (now or datetime.now(UTC)) - timedelta(seconds=amount)
+        if not amount <= _SINCE_MAX_SECONDS:
+            raise SpecError(
+                f"--since {text!r} reaches back more than {_SINCE_MAX_SECONDS // 86400} days: "
+                "give a shorter duration (7d) or an ISO-8601 time"
+            )
+        return now - timedelta(seconds=amount)
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -262,7 +282,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
             f"--since {text!r} is not a duration (30m, 24h, 7d, 2w) or an ISO-8601 time "
             "(2026-12-01T00:00:00Z)"
         ) from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    when = when if when.tzinfo else when.replace(tzinfo=UTC)
+    if when > now:
+        raise SpecError(f"--since {text!r} is in the future: give a time before now")
+    return when
 
 
 def totals(records: list[CostRecord]) -> dict[str, Any]:

@@ -82,19 +82,22 @@ def run(args: argparse.Namespace) -> int:
     stage passed and the pod is confirmed gone)."""
     from prefect_runpod.flows.cli.session import EXIT_SIGINT, EXIT_SIGTERM, Terminated
     from prefect_runpod.flows.finetune import demo_bundle, finetune, last_output_dir
-    from prefect_runpod.flows.run.inputs import prepare_run
+    from prefect_runpod.flows.run.inputs import check_concurrency_limit, prepare_run
 
     params = finetune_params(args)
-    # Bad input fails here, before Prefect starts a run or anything is rented; saved
-    # blocks are looked up only when the command names one.
+    # Bad input fails here, before Prefect starts a run or anything is rented (the
+    # arguments and the bundle were checked before Prefect was imported: args.settings);
+    # saved blocks are looked up only when the command names one.
     prepare_run(
         {**params, "output_dir": args.output_dir or Path.cwd() / "prefect-runpod-runs"},
         demo_bundle=demo_bundle(),
         run_name=f"{args.name_prefix}-<flow_run_id>",
+        settings=getattr(args, "settings", None),
     )
     # The flow's preflight checks again, for every caller that reaches it without the CLI.
     quiet_console_tracebacks("verbose" if args.verbose else "quiet" if args.quiet else "normal")
     with api():  # the summary is printed while the API still takes the run's last logs
+        check_concurrency_limit(args.concurrency_limit)  # before the flow run exists
         try:
             state = finetune(**params, return_state=True)
         except (KeyboardInterrupt, Terminated) as signalled:

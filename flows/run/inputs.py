@@ -34,7 +34,7 @@ from prefect_runpod.blocks.huggingface import HFAccess, resolve_hf_access
 from prefect_runpod.blocks.keys import KeyPair
 from prefect_runpod.blocks.provider import PodProvider
 from prefect_runpod.blocks.secret_mask import check_secret
-from prefect_runpod.blocks.validation import load_block
+from prefect_runpod.blocks.validation import label, load_block
 from prefect_runpod.flows.run.providers import PlannedPod, build_provider, planned_pod
 from prefect_runpod.tasks.preflight import (
     RunSettings,
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Check",
     "PreparedRun",
+    "check_concurrency_limit",
+    "check_prefect_api",
     "check_prefect_api_key",
     "check_run",
     "load_s3_target",
@@ -105,6 +107,57 @@ def check_prefect_api_key() -> None:
         check_secret(key.get_secret_value(), "PREFECT_API_KEY", strip_newline=False, fix=fix)
 
 
+def check_prefect_api() -> None:
+    """The configured Prefect API (``PREFECT_API_URL``) is a URL and answers its health
+    check (Prefect's own ``api_healthcheck``); nothing to check when none is configured
+    (the CLI then starts a temporary server).
+
+    Raises:
+        SpecError: a malformed URL, or an API that does not answer, in one sentence.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    from prefect_runpod.blocks.validation import check_url
+
+    url = get_current_settings().api.url
+    if not url:
+        return
+    check_url(url, "PREFECT_API_URL", example="http://127.0.0.1:4200/api")
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        reason = str(problem).splitlines()[0] if str(problem) else type(problem).__name__
+        raise SpecError(
+            f"the Prefect API at {url} cannot be reached ({reason}): start it (prefect "
+            "server start), or fix or unset PREFECT_API_URL."
+        )
+
+
+def check_concurrency_limit(name: str | None) -> None:
+    """The global concurrency limit a run holds a slot of exists on the Prefect API
+    (the flow takes its slot with ``strict=True``, which would fail only once the run
+    had started).
+
+    Raises:
+        SpecError: no limit of that name, with the command that creates one.
+    """
+    if not name:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            raise SpecError(
+                f"{label('concurrency_limit')}: the global concurrency limit {name!r} does "
+                f"not exist: create it with `prefect gcl create {name} --limit 2`, or drop "
+                "the option."
+            ) from None
+
+
 def load_s3_target(name: str) -> S3Target:
     """The saved ``S3Target`` named ``name`` (``s3_target_block``), its key pair checked
     for its shape and registered for masking.
@@ -148,14 +201,18 @@ class Check:
 
 
 def check_run(
-    params: Mapping[str, Any], *, demo_bundle: Path, run_name: str
+    params: Mapping[str, Any],
+    *,
+    demo_bundle: Path,
+    run_name: str,
+    settings: RunSettings | None = None,
 ) -> tuple[PreparedRun | None, list[Check]]:
     """Every check of ``prepare_run``, each one recorded, none stopping the others that do
     not depend on it (the provider is built even when the bundle is bad, so ``plan``
     lists every problem at once).
 
     Args:
-        params / demo_bundle / run_name: as for ``prepare_run``.
+        params / demo_bundle / run_name / settings: as for ``prepare_run``.
 
     Returns:
         The ``PreparedRun`` when every check passed (else None), and the checks in order.
@@ -173,10 +230,11 @@ def check_run(
         return value
 
     values = settings_params(params)
-    values["bundle"] = params.get("bundle") or demo_bundle
-    settings: RunSettings | None = step(
+    values["bundle"] = demo_bundle if params.get("bundle") is None else params["bundle"]
+    given = settings
+    settings = step(
         "inputs and bundle",
-        lambda: validate_settings(**values),
+        lambda: given if given is not None else validate_settings(**values),
         lambda st: (
             f"bundle {st.bundle.root}: {len(st.upload.files) if st.upload else 0} files "
             "to upload, none that looks like a secret"
@@ -238,7 +296,13 @@ def check_run(
 _BLOCKS = ("runpod_credentials_block", "runpod_spec_block", "ssh_key_block")
 
 
-def prepare_run(params: Mapping[str, Any], *, demo_bundle: Path, run_name: str) -> PreparedRun:
+def prepare_run(
+    params: Mapping[str, Any],
+    *,
+    demo_bundle: Path,
+    run_name: str,
+    settings: RunSettings | None = None,
+) -> PreparedRun:
     """Check a fine-tune run's parameters against everything known before renting.
 
     Args:
@@ -247,6 +311,8 @@ def prepare_run(params: Mapping[str, Any], *, demo_bundle: Path, run_name: str) 
             here already resolved by the caller).
         demo_bundle: the bundle used when ``params["bundle"]`` is None.
         run_name: the pod's name to be (``<prefix>-<flow_run_id>``), for the plan.
+        settings: the ``RunSettings`` ``validate_settings`` made of these parameters
+            already (the CLI's argument phase), so the bundle is not read twice.
 
     Returns:
         The ``PreparedRun``.
@@ -254,7 +320,9 @@ def prepare_run(params: Mapping[str, Any], *, demo_bundle: Path, run_name: str) 
     Raises:
         SpecError: the first problem found (see the module docstring); nothing was rented.
     """
-    prepared, checks = check_run(params, demo_bundle=demo_bundle, run_name=run_name)
+    prepared, checks = check_run(
+        params, demo_bundle=demo_bundle, run_name=run_name, settings=settings
+    )
     for check in checks:
         if check.error is not None:
             raise check.error
