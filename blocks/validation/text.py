@@ -112,9 +112,10 @@ def check_requirement(text: str) -> str:
         Requirement(text)
     except InvalidRequirement as exc:
         reason = str(exc).splitlines()[0]
+        example = "'name @ URL'" if "://" in text else "'torch>=2.1'"
         raise ValueError(
             f"requirement {text!r} is not a pip requirement specifier ({reason}): write it "
-            "as pip takes it, e.g. 'torch>=2.1'"
+            f"as pip takes it, e.g. {example}"
         ) from None
     return text
 
