@@ -217,6 +217,7 @@ CASES = [
     Case("cost-since-negative", ["cost", "--since", "-5d"], "--since '-5d' is not a duration"),
     Case("cost-since-future", ["cost", "--since", "2999-01-01T00:00:00Z"], "is in the future"),
     Case("reaper-ttl-minus-inf", ["reaper", "--ttl-seconds", "-inf"], "ttl_seconds (--ttl-seconds) must be"),
+    Case("pod-home-read-only", ft(), "the local pods' home /proc/prefect-runpod-pods cannot be created", env={"PREFECT_RUNPOD_HOME": "/proc/prefect-runpod-pods"}),
 ]  # fmt: skip
 
 # Argument errors: decidable from the arguments and files alone, so refused before

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
+from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.keys import generate_keypair
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.provider_capabilities import (
@@ -67,7 +68,11 @@ class LocalPodCapabilities(Capable):
 
     def plan_pod(self, name: str) -> PlannedPod:
         """The pod a create would start: its SSH mode decides the endpoints (gateway:
-        PTY only; direct: exec and SFTP) and the workspace's filesystem the disk."""
+        PTY only; direct: exec and SFTP) and the workspace's filesystem the disk.
+
+        Raises:
+            SpecError: the pods' home cannot be created (a read-only HOME).
+        """
         pending = "(not rented yet)"
         local = SSHEndpoint(host="127.0.0.1", port=22, user="root", mode=self.mode)
         handle = PodHandle(
@@ -78,8 +83,13 @@ class LocalPodCapabilities(Capable):
             direct_ssh=local if self.mode == "direct" else None,
         )
         home = Path(self.home)
-        while not home.exists() and home != home.parent:
-            home = home.parent
+        try:  # where the pod will live: a HOME that is read-only says so here
+            home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError(
+                f"the local pods' home {home} cannot be created ({exc.strerror}): make HOME "
+                "writable, or set PREFECT_RUNPOD_HOME to a folder this user can write"
+            ) from None
         free = shutil.disk_usage(home).free
         described = "PTY only, like RunPod's gateway" if self.mode == "gateway" else "exec and SFTP"
         return PlannedPod(
