@@ -25,6 +25,7 @@ import pytest
 
 from prefect_runpod.blocks.keys import generate_keypair
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+from prefect_runpod.blocks.provider import PodRequest
 from prefect_runpod.flows.cli import EXIT_USAGE, main
 from tests.emulators.runpod_api import RunPodEmulator
 from tests.fixtures.demo_bundle import copy_demo_bundle
@@ -510,6 +511,33 @@ def test_a_broken_environment_gets_one_line(argv, env, status, match, tmp_path):
     assert match in proc.stderr, proc.stderr
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert {h.pod_id for h in LocalPodProvider().list("")} == before
+
+
+@pytest.mark.slow
+def test_terminate_ends_the_pod_when_the_prefect_api_is_dead(tmp_path):
+    """A dead PREFECT_API_URL never keeps a pod billing: `terminate` ends the pod, confirmed,
+    and says that the run's cost could not be recorded and how to record it."""
+    provider = LocalPodProvider()
+    keypair = generate_keypair("terminate-dead-api")
+    run_id = "6b1f2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+    handle = provider.create(PodRequest(public_key=keypair.public_key), f"prefect-runpod-{run_id}")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "prefect_runpod.flows.cli", "terminate", handle.pod_id],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env={**os.environ, "PREFECT_API_URL": DEAD_API},
+        )
+    finally:
+        provider.terminate(handle.pod_id)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{handle.pod_id} terminated (confirmed" in proc.stdout, proc.stdout
+    assert handle.pod_id not in {h.pod_id for h in provider.list("")}
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"run {run_id}: cost not recorded" in proc.stderr
+    assert f"prefect-runpod cost {run_id} --reconcile" in proc.stderr
 
 
 @pytest.mark.slow

@@ -122,7 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with redacted_output():
         try:
             check_prefect_api_key()  # before anything talks to the API with it
-            if args.command != "check":  # `check` reports the API as one of its checks
+            # `check` reports the API as one of its checks; `terminate` ends the pod first
+            # and says so when the cost record cannot be written: a dead API never keeps a
+            # pod billing.
+            if args.command not in ("check", "terminate"):
                 check_prefect_api()
             with orderly_signals(), temporary_settings(updates=defaults):
                 return _commands()[args.command](args)

@@ -271,6 +271,12 @@ def run_terminate(args: argparse.Namespace) -> int:
             record = record_pod_end(
                 str(run_id), end, recorded_by="cli", handle=handle, provider=provider
             )
+        if record is None:  # the pod is gone; only the bookkeeping failed (logged)
+            print(
+                f"run {run_id}: cost not recorded; `prefect-runpod cost {run_id} --reconcile` "
+                "records it once the Prefect API answers",
+                file=sys.stderr,
+            )
         if record is not None:
             print(f"run {run_id}: cost recorded, {record.usd:.6f} USD ({record.state_line()})")
     return 0
