@@ -39,6 +39,7 @@ __all__ = [
     "diagnose_on_pod",
     "diagnose_write_local",
     "hf_auth",
+    "hub_answer",
     "parse_hf_check_output",
     "raise_if_blocking",
     "skip_reason",
@@ -172,6 +173,15 @@ def skip_reason(repo_id: str | None) -> str | None:
     return None
 
 
+def hub_answer(diagnosis: HFDiagnosis) -> str:
+    """What the Hub answered, in words: ``HTTP 403, GatedRepo`` (the ``X-Error-Code`` only
+    when it sent one), or ``no HTTP answer``; never a literal None."""
+    if diagnosis.http_status is None:
+        return "no HTTP answer"
+    code = f", {diagnosis.error_code}" if diagnosis.error_code else ""
+    return f"HTTP {diagnosis.http_status}{code}"
+
+
 def raise_if_blocking(
     diagnosis: HFDiagnosis, *, pod_id: str | None = None, action: str = "access to"
 ) -> None:
@@ -186,7 +196,9 @@ def raise_if_blocking(
         return
     prefix = f"{pod_id}: " if pod_id else ""
     flag = "" if diagnosis.recognised else " (unrecognised answer)"
-    finding = f"will fail on {diagnosis.where}: {diagnosis.cause.value}{flag}, HTTP {diagnosis.http_status}"
+    finding = (
+        f"will fail on {diagnosis.where}: {diagnosis.cause.value}{flag}, {hub_answer(diagnosis)}"
+    )
     if diagnosis.cause == HFCause.UNKNOWN and diagnosis.http_status is None:
         finding = f"cannot be checked on {diagnosis.where}, the Hub gave no answer"
     raise HFAuthError(
@@ -273,12 +285,11 @@ def hf_auth(
             timeout_seconds=timeout_seconds,
         )
     logger.info(
-        "%s: hf_auth %s for %s (HTTP %s, %s)%s: %s",
+        "%s: hf_auth %s for %s (%s)%s: %s",
         handle.pod_id,
         diagnosis.cause.value,
         repo_id,
-        diagnosis.http_status,
-        diagnosis.error_code,
+        hub_answer(diagnosis),
         "" if diagnosis.recognised else " [unrecognised answer]",
         diagnosis.remediation,
     )

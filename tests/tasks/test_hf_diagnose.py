@@ -20,7 +20,7 @@ from huggingface_hub.errors import (
 )
 
 from prefect_runpod.blocks.huggingface import HuggingFaceCredentials
-from prefect_runpod.tasks.hf_auth import diagnose_local, diagnose_on_pod
+from prefect_runpod.tasks.hf_auth import diagnose_local, diagnose_on_pod, hub_answer
 from prefect_runpod.tasks.hf_classify import diagnose_evidence
 from prefect_runpod.tasks.models import HFCause
 
@@ -108,6 +108,22 @@ def test_local_diagnosis(hf_hub, tok, repo, cause, status):
     d = diagnose_local(repo, token, hf_hub.endpoint)
     assert (d.cause, d.http_status, d.where) == (cause, status, "local")
     assert d.recognised
+
+
+@pytest.mark.parametrize(("tok", "repo", "cause", "status"), MATRIX, ids=IDS)
+def test_what_the_hub_answered_reads_without_a_literal_none(hf_hub, tok, repo, cause, status):
+    """``hf_auth ok for demo/gated-accepted (HTTP 200, None)``: the Hub sends no
+    ``X-Error-Code`` on a 200, and the line printed the missing value."""
+    token = hf_hub.tokens[tok] if tok else None
+    said = hub_answer(diagnose_local(repo, token, hf_hub.endpoint))
+    assert said.startswith(f"HTTP {status}") and "None" not in said
+    if status == 200:
+        assert said == "HTTP 200"
+
+
+def test_no_answer_from_the_hub_is_said_so():
+    d = diagnose_evidence({"http_status": None, "error": "connection refused"}, where="local")
+    assert hub_answer(d) == "no HTTP answer"
 
 
 @pytest.mark.parametrize(("tok", "repo", "cause", "status"), MATRIX, ids=IDS)
