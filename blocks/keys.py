@@ -1,17 +1,22 @@
 """SSH key pairs: generation and loading, on paramiko.
 
 RunPod gets an ed25519 key of its own (revoking it then touches nothing else); the
-local pod gets a fresh one per run. Private keys travel only as ``SecretStr``.
+local pod gets a fresh one per run. Private keys travel only as ``SecretStr``. paramiko
+is imported only by the functions that parse a key, so the CLI's look-ups that build a
+provider never load it.
 """
 
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
-import paramiko
 from pydantic import BaseModel, SecretStr
 
 from prefect_runpod.blocks.exceptions import SpecError
+
+if TYPE_CHECKING:
+    import paramiko
 
 __all__ = ["KeyPair", "generate_keypair", "load_private_key", "public_key_line"]
 
@@ -61,6 +66,8 @@ def load_private_key(private_key: SecretStr) -> paramiko.PKey:
         SpecError: when the text is not a private key paramiko can read (the key text
             itself never appears in the message).
     """
+    import paramiko
+
     text = private_key.get_secret_value()
     last: Exception | None = None
     for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):

@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from prefect_runpod.blocks.defaults import REAPER_TTL_GRACE_SECONDS
 from prefect_runpod.blocks.exceptions import PodGoneError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider_capabilities import Capability
@@ -56,10 +57,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("prefect_runpod.liveness")
-
-REAPER_TTL_GRACE_SECONDS = 600.0
-"""What the reaper adds to a pod's recorded lifetime for its default TTL (10 min): the
-dead-man and the lease act first, the reaper after them, however fresh the heartbeat."""
 
 LIFETIME_ENV = "PREFECT_RUNPOD_LIFETIME_SECONDS"
 """The pod env variable holding the dead-man lifetime a pod was created with, so whoever

@@ -8,12 +8,25 @@
 - ``shell_lines``    the lines the console types and how their answers read (pure)
 - ``terminal_text``  what a terminal shows -> plain lines; the one ANSI grammar
 - ``ssh``            opening SSH with the host key pinned; exec where allowed
+
+Names load lazily: importing one module of the package (``reconnect`` for the CLI's
+help, say) does not import paramiko.
 """
 
 from __future__ import annotations
 
-from prefect_runpod.blocks.console.protocol import CommandOutput, ConsoleLike
-from prefect_runpod.blocks.console.session import CommandResult, PodConsole, PtyStream, run_remote
+from typing import TYPE_CHECKING
+
+from prefect_runpod.blocks import lazy_exports
+
+if TYPE_CHECKING:  # the same names, typed (PEP 562's __getattr__ hides them)
+    from prefect_runpod.blocks.console.protocol import CommandOutput, ConsoleLike
+    from prefect_runpod.blocks.console.session import (
+        CommandResult,
+        PodConsole,
+        PtyStream,
+        run_remote,
+    )
 
 __all__ = [
     "CommandOutput",
@@ -23,3 +36,17 @@ __all__ = [
     "PtyStream",
     "run_remote",
 ]
+
+_PROTOCOL = f"{__name__}.protocol"
+_SESSION = f"{__name__}.session"
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CommandOutput": _PROTOCOL,
+        "ConsoleLike": _PROTOCOL,
+        "CommandResult": _SESSION,
+        "PodConsole": _SESSION,
+        "PtyStream": _SESSION,
+        "run_remote": _SESSION,
+    },
+)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console.reconnect import resuming
+from prefect_runpod.blocks.defaults import BUILT_IN_TRANSFER_METHODS
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as mf
@@ -96,11 +97,12 @@ def _built_in(module: str, class_name: str) -> MethodFactory:
 
 
 METHOD_REGISTRY: dict[str, MethodFactory] = {
-    "pty": _built_in("pty", "PtyMethod"),
-    "sftp": _built_in("sftp", "SftpMethod"),
-    "rsync": _built_in("rsync", "RsyncMethod"),
-    "s3": _built_in("s3", "S3Method"),
-    "runpodctl": _built_in("runpodctl", "RunpodctlMethod"),
+    name: _built_in(name, class_name)
+    for name, class_name in zip(
+        BUILT_IN_TRANSFER_METHODS,
+        ("PtyMethod", "SftpMethod", "RsyncMethod", "S3Method", "RunpodctlMethod"),
+        strict=True,
+    )
 }
 """Every transfer method by name, in the order error messages list them."""
 

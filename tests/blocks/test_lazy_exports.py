@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LAZY = {
     "prefect_runpod.blocks": ROOT / "blocks" / "__init__.py",
+    "prefect_runpod.blocks.console": ROOT / "blocks" / "console" / "__init__.py",
     "prefect_runpod.blocks.local_pod": ROOT / "blocks" / "local_pod" / "__init__.py",
     "prefect_runpod.blocks.runpod": ROOT / "blocks" / "runpod" / "__init__.py",
     "prefect_runpod.blocks.transfer": ROOT / "blocks" / "transfer" / "__init__.py",

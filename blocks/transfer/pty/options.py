@@ -10,16 +10,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prefect_runpod.blocks import validation as v
+from prefect_runpod.blocks.defaults import PTY_FRAMING_CHOICES
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.pod_side.frame_codec import DEFAULT_CHUNK_BYTES, DEFAULT_LINE_CHARS
 from prefect_runpod.blocks.transfer.base import MethodOptions
 
 __all__ = ["FRAMING_CHOICES", "PtyOptions"]
 
-FRAMING_CHOICES = ("auto", "raw", "base64")
-"""``auto``: raw frames when the probe finds that every byte value survives the path,
-base64 otherwise; ``raw``: raw frames or a clear error when the probe fails;
-``base64``: base64 frames without a probe."""
+FRAMING_CHOICES = PTY_FRAMING_CHOICES
+"""What ``framing`` accepts (``blocks.defaults.PTY_FRAMING_CHOICES``)."""
 
 DEFAULT_MIN_WINDOW_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_WINDOW_BYTES = 64 * 1024 * 1024
