@@ -34,7 +34,10 @@ def prefect_server() -> Iterator[None]:
     temporary SQLite database behind a subprocess server on a free loopback port)."""
     from prefect.testing.utilities import prefect_test_harness
 
+    from tests.fixtures.server_leaks import mark_fixture_servers
+
     with prefect_test_harness(server_startup_timeout=300):
+        mark_fixture_servers()  # the session's own: no test leaves it behind
         yield
 
 
