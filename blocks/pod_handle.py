@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import shlex
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["PodHandle", "SSHEndpoint"]
+__all__ = ["PodHandle", "SSHEndpoint", "known_hosts_file"]
+
+
+def known_hosts_file(pod_id: str) -> Path:
+    """The file that pins one pod's host key for the OpenSSH client
+    (``<PREFECT_RUNPOD_HOME or ~/.prefect-runpod>/known_hosts/<pod_id>``), never the user's
+    ``~/.ssh/known_hosts``: a pod's key dies with the pod."""
+    from prefect_runpod.blocks.local_pod.registry import default_home
+
+    return default_home() / "known_hosts" / pod_id
 
 
 class SSHEndpoint(BaseModel):
@@ -35,7 +45,9 @@ class SSHEndpoint(BaseModel):
     host_key: str | None = None
 
     def ssh_command(self, key_path: str = "KEY") -> str:
-        """The command a person types to get a shell on the pod (``ssh -tt …``)."""
+        """The short form of the command that gets a shell on the pod (``ssh -tt -i KEY -p
+        PORT user@host``), for messages; ``PodHandle.pinned_ssh_command`` is the one to
+        paste."""
         return (
             f"ssh -tt -i {shlex.quote(key_path)} -p {self.port} "
             f"{shlex.quote(self.user)}@{self.host}"
@@ -78,8 +90,23 @@ class PodHandle(BaseModel):
     terminate_after: datetime | None = None
 
     def ssh_command(self, key_path: str = "KEY") -> str:
-        """The ``ssh -tt …`` command a person types to get into this pod, or a note that
-        the endpoint is not known yet."""
+        """The short ``ssh -tt …`` form for messages (``SSHEndpoint.ssh_command``), or a
+        note that the endpoint is not known yet."""
         if self.ssh is None:
             return f"(pod {self.pod_id}: SSH endpoint not known yet)"
         return self.ssh.ssh_command(key_path)
+
+    def pinned_ssh_command(self, key_path: str = "KEY") -> str:
+        """The one ``ssh`` line every place shows (the run's log, its summary, ``status``,
+        ``pods``, ``ssh --print``): the line that works when pasted while the pod lives, with
+        the pod's host key pinned in ``known_hosts_file(pod_id)`` (written here). A note
+        when the endpoint is not known yet.
+
+        Args:
+            key_path: the private key file in use (shown as it is: pass an absolute path).
+        """
+        from prefect_runpod.blocks.console.openssh import ssh_argv
+
+        if self.ssh is None:
+            return f"(pod {self.pod_id}: SSH endpoint not known yet)"
+        return shlex.join(ssh_argv(self, key_path, known_hosts_file(self.pod_id)))

@@ -86,12 +86,15 @@ class PlannedPod:
         disk_bytes: room for the bundle where it lands (the pod's workdir), or None
             when not known.
         disk_description: that disk in words (``the pod's 20 GB container disk``).
+        gateway_only: the same pod when its host grants no public IP (RunPod shows that
+            only once the pod runs), or None when the endpoints are certain.
     """
 
     description: str
     handle: PodHandle
     disk_bytes: int | None
     disk_description: str
+    gateway_only: PodHandle | None = None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ __all__ = [
     "MIN_FORM_CHARS",
     "REDACTED",
     "RedactingFilter",
+    "check_prefect_api_key",
     "check_secret",
     "error_text",
     "install_log_filter",
@@ -200,6 +201,22 @@ def check_secret(
             "characters; the value is not shown)"
         )
     return value
+
+
+def check_prefect_api_key() -> None:
+    """``PREFECT_API_KEY`` (Prefect's setting ``api.key``), registered for masking and
+    checked for its shape. A trailing newline is refused rather than stripped: Prefect's
+    own client sends the key as it is set.
+
+    Raises:
+        SecretShapeError: the key holds whitespace or a control character.
+    """
+    from prefect.settings import get_current_settings
+
+    key = get_current_settings().api.key
+    if key is not None and key.get_secret_value():
+        fix = "remove it where it is set (the environment or the Prefect profile)"
+        check_secret(key.get_secret_value(), "PREFECT_API_KEY", strip_newline=False, fix=fix)
 
 
 def _say(note: str) -> None:

@@ -22,8 +22,7 @@ from prefect.logging.loggers import flow_run_logger
 
 from prefect_runpod.blocks import secret_mask
 from prefect_runpod.blocks.exceptions import TerminateError
-from prefect_runpod.blocks.provider import Capability, EndedBy, PodEnd
-from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
+from prefect_runpod.blocks.provider import EndedBy, PodEnd
 from prefect_runpod.blocks.validation import parameters as run_parameters
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_DOWNLOAD,
@@ -47,9 +46,10 @@ from prefect_runpod.flows.run.end import end_run, write_report
 from prefect_runpod.flows.run.inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.run.ledger import run_stage
 from prefect_runpod.flows.run.logs import install_quiet_engine, stage_logger
-from prefect_runpod.flows.run.pod_session import TRAIN_LOG, PodSession
-from prefect_runpod.flows.run.providers import build_provider
-from prefect_runpod.flows.run.report import RunReport, flow_run_url
+from prefect_runpod.flows.run.names import TRAIN_LOG, flow_run_url, pod_name_for
+from prefect_runpod.flows.run.pod_session import PodSession
+from prefect_runpod.flows.run.providers import build_provider, ssh_key_file
+from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.bundle import demo_bundle
 from prefect_runpod.tasks.preflight_access import preflight
 from prefect_runpod.tasks.terminate import terminate_by_name
@@ -64,11 +64,6 @@ def last_output_dir() -> Path | None:
     """The output directory of the latest run this process started, or None: the CLI
     finds the report there when a signal ended the run before it returned a state."""
     return _OUTPUT_DIRS[-1] if _OUTPUT_DIRS else None
-
-
-def pod_name_for(name_prefix: str, flow_run_id: str) -> str:
-    """The pod name hooks and the reaper find a run's pod by: ``<prefix>-<flow_run_id>``."""
-    return f"{name_prefix}-{flow_run_id}"
 
 
 def _terminate_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:  # noqa: F811
@@ -209,11 +204,7 @@ def finetune(
                 report,
                 run,
                 on_stage,
-                key_path=(
-                    provider_class(provider).user_key_path()
-                    if provider_supports(provider, Capability.USER_KEY)
-                    else None
-                ),
+                key_path=ssh_key_file(params),  # None: the key is kept beside the outputs
                 parity_warn_only=parity_warn_only,
             )
             session.bring_up()

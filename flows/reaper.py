@@ -23,9 +23,7 @@ writes a ``reaper-report`` table artifact.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -44,13 +42,11 @@ from pydantic import BaseModel
 from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import (
-    Capability,
     EndedBy,
     PodEnd,
     PodProvider,
     reaper_ttl_seconds,
 )
-from prefect_runpod.blocks.provider_registry import provider_supports
 from prefect_runpod.blocks.validation import check_name_prefix, check_number
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_NAME_PREFIX,
@@ -58,6 +54,8 @@ from prefect_runpod.blocks.validation.parameters import (
     ProviderName,
 )
 from prefect_runpod.flows.run.cost_record import record_pod_end
+from prefect_runpod.flows.run.heartbeat import deadman_attempts, deadman_note
+from prefect_runpod.flows.run.names import FINISHED_STATE_TYPES, flow_run_id_from_pod_name
 from prefect_runpod.flows.run.providers import build_provider
 from prefect_runpod.tasks.terminate import terminate_pod
 
@@ -74,14 +72,9 @@ __all__ = [
     "reaper",
 ]
 
-FINISHED_STATE_TYPES: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CRASHED", "CANCELLED"})
-"""Prefect state types after which a run never touches its pod again."""
-
 HEARTBEAT_EVENT = "prefect.flow-run.heartbeat"
 """The event a running flow emits every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds
 (180 s by default, 30 s at least)."""
-
-_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class RunSnapshot(BaseModel):
@@ -125,49 +118,6 @@ class ReapDecision(BaseModel):
     reason: str
     terminated: bool = False
     error: str | None = None
-
-
-def flow_run_id_from_pod_name(name: str, name_prefix: str | None) -> UUID | None:
-    """The flow run id in a pod name ``<name_prefix>-<flow_run_id>``, or None when the
-    name has another prefix or its rest is not a UUID. With ``name_prefix`` None, any
-    prefix (a pod found by its id, whatever prefix its run used)."""
-    if name_prefix is None:
-        head, dash, rest = name[:-36], name[-37:-36], name[-36:].lower()
-        if not head or dash != "-" or not _UUID_RE.fullmatch(rest):
-            return None
-        return UUID(rest)
-    head = f"{name_prefix}-"
-    if not name.startswith(head):
-        return None
-    rest = name[len(head) :].lower()
-    if not _UUID_RE.fullmatch(rest):
-        return None
-    return UUID(rest)
-
-
-def deadman_attempts(pod: PodHandle) -> list[dict] | None:
-    """What the pod's dead-man switch recorded (``deadman.jsonl`` in each run directory),
-    when it can be read from here: a local pod's workspace is on this disk. None for a
-    pod elsewhere (RunPod: the file is on the pod, ``<workdir>/prefect-runpod/*/``)."""
-    if not provider_supports(pod.provider, Capability.ON_THIS_MACHINE):
-        return None
-    from prefect_runpod.blocks.local_pod.registry import read_deadman_attempts
-
-    return read_deadman_attempts(Path(pod.workdir))
-
-
-def deadman_note(pod: PodHandle) -> str:
-    """One line on the pod's dead-man switch: its last attempt and outcome, ``quiet``
-    when it has not acted, or where to read it when it cannot be read from here."""
-    attempts = deadman_attempts(pod)
-    if attempts is None:
-        return f"on the pod: {pod.workdir}/prefect-runpod/*/deadman.jsonl"
-    if not attempts:
-        return "quiet (has not acted)"
-    last = attempts[-1]
-    ok = "ok" if last.get("ok") else "failed"
-    outcome = f"; {last['outcome']}" if last.get("outcome") else ""
-    return f"{last.get('layer', '?')} {ok} at {last.get('at', '?')}{outcome}"
 
 
 def decide_reap(

@@ -316,34 +316,50 @@ def validate_settings(*, bundle: str | Path, output_dir: str | Path, **params: A
 
 
 def check_transfer_before_renting(
-    transfer_method: str, planned: PodHandle, description: str, s3: Any = None
+    transfer_method: str,
+    planned: PodHandle,
+    description: str,
+    s3: Any = None,
+    gateway_only: PodHandle | None = None,
 ) -> str:
-    """Can the transfer method work with the pod about to be rented? Asks the method
-    itself (``TransferMethod.unavailable``) about this machine's end and about what the
-    pod will offer, described by ``planned`` (its endpoints; no pod exists yet).
+    """Can the transfer method work with the pod about to be rented, and which will the
+    run use? Decided by the run's own choice (``dispatch.pick_method``, which
+    ``check_pod_end`` makes again once the pod runs) on what the pod will offer.
 
     Args:
         transfer_method: ``auto`` or a registered method.
         planned: a handle with the endpoints the pod will have (``flows.run.providers.planned_pod``).
         description: the pod in words, for the message (``a local pod in gateway mode``).
         s3: the loaded ``S3Target``, or None.
+        gateway_only: the same pod when its host grants no public IP (RunPod's direct SSH
+            shows only once the pod runs), or None when its endpoints are certain.
 
     Returns:
-        The method ``auto`` would pick, or ``transfer_method`` itself.
+        The method the run will use (``pty``), or both outcomes in words when they differ
+        (``sftp if the host grants a public IP for 22/tcp, else pty``).
 
     Raises:
-        SpecError: the method cannot work: its own reason, prefixed with the pod.
+        SpecError: the method cannot work with ``planned``: its own reason, prefixed with
+            the pod.
     """
     from prefect_runpod.blocks.transfer.dispatch import pick_method
 
     try:
-        return pick_method(planned, transfer_method, s3)
+        chosen = pick_method(planned, transfer_method, s3)
     except SpecError as exc:
         reason = str(exc).replace(f"pod {planned.pod_id} ", "the pod ")
         raise SpecError(
             f"{v.label('transfer_method')} {transfer_method!r} cannot work with {description}, "
             f"checked before renting: {reason}."
         ) from None
+    if gateway_only is None:
+        return chosen
+    granted = f"{chosen} if the host grants a public IP for 22/tcp"
+    try:
+        other = pick_method(gateway_only, transfer_method, s3)
+    except SpecError:
+        return f"{granted}; without one the run stops before uploading (the pod is ended)"
+    return chosen if other == chosen else f"{granted}, else {other}"
 
 
 def check_pod_disk(upload: BundleFiles, disk_bytes: int | None, description: str) -> str:

@@ -101,6 +101,9 @@ def _while_the_pod_lives(run_id: str, out: Path, env: dict[str, str], capsys) ->
     # The line `ssh --print` shows works when pasted later (its pinned host key kept).
     assert main(["ssh", run_id, "--print"]) == 0
     printed = capsys.readouterr().out.strip()
+    # One line everywhere: the run's own report, status and pods show the same one.
+    report = json.loads((out / "run-report.json").read_text())
+    assert row["ssh_command"] == pod["ssh_command"] == report["ssh_command"] == printed
     pasted = subprocess.run(
         shlex.split(printed),
         input="echo pasted-$((6*7))\nexit\n",
@@ -137,6 +140,10 @@ def test_the_demo_under_a_terminal_is_quiet_and_the_cockpit_sees_it(
         assert live_view is not None
         handle = live_pod(live_view, provider_for_run(live_view))
         assert handle is not None and handle.pod_id == pod_id
+        key = key_path_for(handle.provider, str(out))
+        assert key == str(out / "pod-ssh-key")
+        kept_key = tmp_path / "key-copy"  # the run deletes its own once the pod is gone
+        kept_key.write_text(Path(key).read_text())
         release_marker(faults, "train_running").touch()
         assert child.wait(timeout=300) == 0, bytes(child.err)[-3000:].decode(errors="replace")
     finally:
@@ -176,12 +183,12 @@ def test_the_demo_under_a_terminal_is_quiet_and_the_cockpit_sees_it(
     assert read.out == (out / "train.log").read_text() and "epoch 5/5" in read.out
     assert main(["ssh", run_id]) == 2
     assert "has no live pod" in capsys.readouterr().err
+    # The pod is gone, and so is the private key that reached it.
+    assert not (out / "pod-ssh-key").exists() and key_path_for(handle.provider, str(out)) is None
     # A follower whose pod went away under it (the run ends the pod right after
     # training) reads the rest from the run's own copy of the log, to its end, exit 0.
-    key = key_path_for(handle.provider, str(out))
-    assert key is not None
     follow = argparse.Namespace(follow=True, max_seconds=60.0)
-    assert _from_pod(live_view, handle, key, follow) == 0
+    assert _from_pod(live_view, handle, str(kept_key), follow) == 0
     read = capsys.readouterr()
     assert f"pod {pod_id} stopped answering" in read.err
     assert read.out == (out / "train.log").read_text() and "epoch 5/5" in read.out
@@ -210,6 +217,9 @@ def test_the_cockpit_on_emulated_runpod(prefect_server, runpod_env, tmp_path, ca
         assert (row["provider"], row["pod_live"]) == ("runpod", True)
         assert "RTX 3090" in row["gpu_type"]
         assert row["cost_per_hr_usd"] == 0.22 and str(key_file) in row["ssh_command"]
+        # The key in use, as it is: the file RUNPOD_SSH_KEY_PATH names, never quoted.
+        report = json.loads((out / "run-report.json").read_text())
+        assert f" -i {key_file} " in report["ssh_command"] == row["ssh_command"]
         assert main(["pods", "--provider", "runpod", "--json"]) == 0
         (pod,) = _json_of(capsys)
         assert pod["pod_id"] == row["pod_id"] and pod["run_state"] == "Running"

@@ -5,6 +5,7 @@ and the small pure pieces the cockpit tables use."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -36,6 +37,37 @@ def test_ssh_pins_the_pods_host_key(tmp_path: Path):
     assert argv[:2] == ["ssh", "-tt"] and argv[-1] == "abc-1@127.0.0.1"
     assert "StrictHostKeyChecking=yes" in argv and f"UserKnownHostsFile={known}" in argv
     assert known.read_text() == "[127.0.0.1]:2222 ssh-ed25519 AAAAC3\n"
+
+
+def test_every_place_shows_the_ssh_line_that_works_when_pasted(tmp_path: Path, monkeypatch):
+    """The run's log, its summary, ``status`` and ``pods`` showed ``ssh -tt -i KEY -p PORT
+    user@host``, which fails when pasted (``Host key verification failed``: the pod's key
+    is in no known_hosts); ``ssh RUN --print`` showed the pinned line. Now all show it."""
+    from prefect_runpod.blocks.pod_handle import known_hosts_file
+
+    monkeypatch.setenv("PREFECT_RUNPOD_HOME", str(tmp_path / "home"))
+    handle = PodHandle(
+        pod_id="abc123def45678",
+        name="prft-x",
+        provider="local",
+        ssh=SSHEndpoint(host="127.0.0.1", port=2222, user="abc-1", host_key="ssh-ed25519 AAAAC3"),
+    )
+    line = handle.pinned_ssh_command("/runs/r1/pod-ssh-key")
+    known = known_hosts_file(handle.pod_id)
+    assert known == tmp_path / "home" / "known_hosts" / "abc123def45678"
+    assert line == (
+        "ssh -tt -i /runs/r1/pod-ssh-key -p 2222 -o IdentitiesOnly=yes "
+        f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes abc-1@127.0.0.1"
+    )
+    assert known.read_text() == "[127.0.0.1]:2222 ssh-ed25519 AAAAC3\n"
+    # RunPod's gateway key is learned by the run on its first connection: the handle that
+    # `status` or `pods` reads back from the provider has none, and showed `accept-new`
+    # beside the run's `yes`. The pin the run wrote counts the same.
+    assert handle.ssh is not None
+    read_back = handle.model_copy(update={"ssh": handle.ssh.model_copy(update={"host_key": None})})
+    assert read_back.pinned_ssh_command("/runs/r1/pod-ssh-key") == line
+    other_pod = read_back.model_copy(update={"pod_id": "zzz999zzz99999"})
+    assert "StrictHostKeyChecking=accept-new" in other_pod.pinned_ssh_command("/k")
 
 
 def test_the_catalog_parser_reads_rest_v2_and_leaves_the_unknown_unknown():
@@ -143,6 +175,10 @@ def test_plan_and_check_on_emulated_runpod(
         ("NVIDIA RTX A5000", 0.16, "NONE"),
     ]
     assert next(c for c in data["checks"] if c["name"] == "account SSH key")["ok"] is True
+    # The spec asks for 22/tcp on a public IP; whether the host grants one shows once the
+    # pod runs (the emulator's does not: the run uses pty). plan said "sftp".
+    transfer = next(c for c in data["checks"] if c["name"] == "transfer method")["detail"]
+    assert re.match(r"(rsync|sftp) if the host grants a public IP for 22/tcp, else pty", transfer)
     assert runpod_emulator.live_pod_ids() == []
     paths = [r.get("path") for r in runpod_emulator.requests]
     assert "/v2/catalog/gpus" in paths
@@ -160,14 +196,16 @@ def test_plan_and_check_on_emulated_runpod(
 
 
 @pytest.mark.slow
-def test_reaper_prints_a_table_and_says_when_there_is_nothing(prefect_server, capsys):
-    """It printed raw JSON (``[]`` when empty); now a table, or one sentence."""
+def test_reaper_prints_a_table_and_says_when_there_is_nothing(prefect_server, capfd):
+    """It printed raw JSON (``[]`` when empty); now a table, or one sentence — and only
+    that: not Prefect's flow-run lines around it (``Beginning flow run …``, ``View at``,
+    ``Finished in state``)."""
     assert main(["reaper", "--dry-run", "--name-prefix", "nobody"]) == 0
-    read = capsys.readouterr()
+    read = capfd.readouterr()
     assert read.out.strip() == ""
-    assert "no live pods named nobody-* at local: nothing to reap" in read.err
+    assert read.err.strip() == "no live pods named nobody-* at local: nothing to reap"
     assert main(["reaper", "--dry-run", "--name-prefix", "nobody", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    assert json.loads(capfd.readouterr().out) == []
 
 
 @pytest.mark.slow

@@ -148,11 +148,17 @@ class RunPodCapabilities(Capable):
         on_volume = spec.volume_gb > 0 and spec.volume_mount_path.rstrip("/") == handle.workdir
         size_gb = spec.volume_gb if on_volume else spec.container_disk_gb
         what = "volume" if on_volume else "container disk"
+        ssh = (
+            "gateway SSH, direct SSH if its host grants a public IP"
+            if direct
+            else "gateway SSH only"
+        )
         return PlannedPod(
-            description=f"a RunPod pod ({'gateway and direct SSH' if direct else 'gateway SSH only'})",
+            description=f"a RunPod pod ({ssh})",
             handle=handle,
             disk_bytes=size_gb * 10**9,
             disk_description=f"the pod's {size_gb} GB {what}",
+            gateway_only=handle.model_copy(update={"direct_ssh": None}) if direct else None,
         )
 
     def offers(self) -> Offers:

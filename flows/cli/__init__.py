@@ -10,10 +10,14 @@
     prefect-runpod terminate POD_ID       terminate a pod (idempotent, confirmed, recorded)
     prefect-runpod reaper [--dry-run]     one reaper pass over orphaned pods
     prefect-runpod cost [RUN_ID]          what runs cost, ours beside RunPod's bill
+    prefect-runpod server start|stop|status   the Prefect server kept in the background
 
 One module per command group (``launch``: finetune; ``checks``: plan, check; ``watch``:
-status, logs; ``pods``: pods, ssh, terminate, reaper; ``cost``: cost);
-``common`` holds what they share and ``runs`` what they read about runs. The exit status
+status, logs; ``pods``: pods, ssh, terminate, reaper; ``cost``: cost; ``server``: the
+local Prefect server, kept by ``local_server``); ``common`` holds what they share,
+``runs`` what they read about runs and ``session`` the API a command opens and its
+signals. Building the parser imports neither Prefect nor paramiko nor httpx, so
+``--help`` and every usage error answer at once. The exit status
 is 0 on success, ``EXIT_FAILED`` (1) for a run or command that failed, ``EXIT_USAGE`` (2)
 for bad input refused before anything was rented (docs/cli.md). Everything a command
 prints, and every log record, is redacted (``blocks.secret_mask``): no secret the
@@ -23,37 +27,74 @@ process read reaches the terminal, whatever its shape.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from prefect_runpod.flows.cli.common import EXIT_FAILED, EXIT_USAGE, api, provider_args
+from prefect_runpod.flows.cli.common import EXIT_FAILED, EXIT_USAGE, api, api_args, provider_args
 
 __all__ = ["EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: it refuses what it does not know itself, so the error shows
+    the subcommand's usage (argparse hands unknown arguments up to the top-level parser,
+    which would show its own)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
+class _Version(argparse.Action):
+    """``--version``: this package's version, Prefect's and Python's (read when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import version
+
+        python = ".".join(str(n) for n in sys.version_info[:3])
+        print(
+            f"prefect-runpod {version('prefect-runpod')} (Prefect {version('prefect')}, "
+            f"Python {python})"
+        )
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``prefect-runpod`` (every option documented in ``--help``)."""
-    from prefect_runpod.flows.cli import checks, cost, launch, pods, watch
+    from prefect_runpod.flows.cli import checks, cost, launch, pods, server, watch
 
     parser = argparse.ArgumentParser(
         prog="prefect-runpod",
         description="Run a fine-tune on a RunPod GPU pod (or the embedded local pod) end to "
         "end with Prefect: provision, env, hf_auth, upload, train, eval_parity, publish, "
-        "download, checksum, terminate. The pod is always terminated.",
+        "download, checksum, terminate. The pod is always terminated. Without "
+        "PREFECT_API_URL the commands share one Prefect server that runs in the background "
+        "(`prefect-runpod server status`).",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_Version, help="print the versions and exit")
+    api_args(parser, top_level=True)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser
+    )
     launch.add_parser(sub)
     checks.add_parsers(sub)
     watch.add_parsers(sub)
     pods.add_parsers(sub)
     cost.add_parser(sub, provider_args)
+    server.add_parser(sub)
     return parser
 
 
 def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
-    from prefect_runpod.flows.cli import checks, cost, launch, pods, watch
+    from prefect_runpod.flows.cli import checks, cost, launch, pods, server, watch
 
     return {
         "finetune": launch.run,
@@ -66,6 +107,7 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
         "terminate": pods.run_terminate,
         "reaper": pods.run_reaper,
         "cost": lambda a: cost.run(a, api=api),
+        "server": server.run,
     }
 
 
@@ -85,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(
             spell_negative_values(sys.argv[1:] if argv is None else argv)
         )
-    except SystemExit as exc:  # --help, or argparse's own usage error (status 2)
+    except SystemExit as exc:  # --help, --version, or argparse's own usage error (status 2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     with redacted_output():
         try:  # argument errors: refused before Prefect is imported
@@ -94,41 +136,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    from prefect.settings import get_current_settings, temporary_settings
-
+    from prefect_runpod.flows.cli.local_server import ServerStartError
     from prefect_runpod.flows.cli.session import (
         EXIT_SIGINT,
         EXIT_SIGTERM,
         Terminated,
+        api_mode,
         orderly_signals,
     )
-    from prefect_runpod.flows.run.inputs import check_prefect_api, check_prefect_api_key
 
-    # Without PREFECT_API_URL Prefect starts a temporary server; its 20 s default start
-    # deadline is too short on a busy small machine, and it should not phone home.
-    # Prefect cannot create its home when the parent is missing (it then retries sqlite
-    # for minutes); make it here.
-    try:  # a profile may name another home
-        make_prefect_home(get_current_settings().home)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    defaults: dict[Any, Any] = {}
-    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
-        timeout = max(get_current_settings().server.ephemeral.startup_timeout_seconds, 120)
-        defaults["server.ephemeral.startup_timeout_seconds"] = timeout
-    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
-        defaults["server.analytics_enabled"] = False
+    # Prefect is imported only once a command opens the API (``session.prefect_api``). A
+    # configured API is checked to answer before a command uses it, but for `check` (it
+    # reports the API as one of its checks), `terminate` (it ends the pod first and says so
+    # when the cost record cannot be written: a dead API never keeps a pod billing) and
+    # `server` (which manages the local one).
+    check_api = args.command not in ("check", "terminate", "server")
     with redacted_output():
         try:
-            check_prefect_api_key()  # before anything talks to the API with it
-            # `check` reports the API as one of its checks; `terminate` ends the pod first
-            # and says so when the cost record cannot be written: a dead API never keeps a
-            # pod billing.
-            if args.command not in ("check", "terminate"):
-                check_prefect_api()
-            with orderly_signals(), temporary_settings(updates=defaults):
+            with orderly_signals(), api_mode(ephemeral=args.ephemeral, check_api=check_api):
                 return _commands()[args.command](args)
+        except ServerStartError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE

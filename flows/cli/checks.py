@@ -30,6 +30,7 @@ from prefect_runpod.flows.cli.common import (
     EXIT_FAILED,
     add_parameter_options,
     api,
+    api_args,
     print_json,
     print_table,
 )
@@ -83,6 +84,7 @@ def add_parsers(sub: Any) -> None:
         ],
     )
     check.add_argument("--json", action="store_true", help="print the checks as JSON")
+    api_args(check)
 
     plan = sub.add_parser(
         "plan",
@@ -94,6 +96,7 @@ def add_parsers(sub: Any) -> None:
         "Exit 0: finetune would start; 1: a precondition fails (each ✘ with its fix).",
     )
     add_finetune_options(plan)
+    api_args(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 

@@ -20,7 +20,11 @@ __all__ = [
     "add_parameter_options",
     "age_text",
     "api",
+    "api_args",
+    "api_for_blocks",
+    "names_saved_block",
     "print_json",
+    "print_ssh_lines",
     "print_table",
     "provider_args",
     "provider_params",
@@ -95,14 +99,56 @@ def provider_params(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in PROVIDER_PARAMETERS if name != "name_prefix"}
 
 
-def api() -> contextlib.AbstractContextManager[str | None]:
-    """The Prefect API for a command that needs one, started only once its input passed:
-    the configured one, else a temporary server the CLI owns (``flows.cli.session``)."""
-    from prefect.settings import get_current_settings
+def _named_blocks(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v and k.endswith(("_block", "_secret"))}
 
-    from prefect_runpod.flows.cli.session import temporary_server
 
-    return temporary_server(get_current_settings().server.ephemeral.startup_timeout_seconds)
+def names_saved_block(params: dict[str, Any]) -> bool:
+    """Whether a command's parameters name a saved block (read from the Prefect API, so
+    the API is opened before they are checked)."""
+    return bool(_named_blocks(params))
+
+
+def api_for_blocks(params: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """The Prefect API when ``params`` name a saved block (to read it), else nothing: input
+    that names no block is checked without a server, and a name that cannot be a block's
+    is refused before one starts.
+
+    Raises:
+        SpecError: a block name of the wrong shape (``check_block_name``).
+    """
+    named = _named_blocks(params)
+    if not named:
+        return contextlib.nullcontext()
+    from prefect_runpod.blocks.validation import check_block_name
+
+    for param, name in named.items():
+        check_block_name(name, param)
+    return api()
+
+
+def api_args(p: argparse.ArgumentParser, *, top_level: bool = False) -> None:
+    """Add ``--ephemeral`` (a temporary Prefect server for this command alone, instead of
+    the one prefect-runpod keeps in the background). Given before the command or after it;
+    ``PREFECT_RUNPOD_EPHEMERAL=1`` does the same."""
+    p.add_argument(
+        "--ephemeral",
+        action="store_true",
+        # a subcommand's own default would overwrite the one given before the command
+        default=False if top_level else argparse.SUPPRESS,
+        help="without PREFECT_API_URL: start a temporary Prefect server for this command "
+        "alone (its runs vanish from the UI with it) instead of using the one prefect-runpod "
+        "keeps in the background",
+    )
+
+
+def api() -> contextlib.AbstractContextManager[str]:
+    """The Prefect API for a command that needs one, opened only once its input passed:
+    the configured one, else the local server prefect-runpod keeps (started on first
+    use), else with ``--ephemeral`` a temporary one (``flows.cli.session.prefect_api``)."""
+    from prefect_runpod.flows.cli.session import prefect_api
+
+    return prefect_api()
 
 
 class _NoTraceback(logging.Formatter):
@@ -173,6 +219,23 @@ def print_table(
         table.add_row(*("-" if cell is None else str(cell) for cell in row))
     width = None if sys.stdout.isatty() else 200
     Console(width=width, soft_wrap=False).print(table)
+
+
+def print_ssh_lines(ways_in: Sequence[tuple[str, str | None]]) -> None:
+    """After a table, each live pod's ssh line on a line of its own, under a ``# label``
+    line (a shell ignores it when both are pasted): a table cell folds a long line, which
+    then fails when pasted. Nothing when no pod is live.
+
+    Args:
+        ways_in: ``(label, ssh line or None)`` per row, in the table's order.
+    """
+    shown = [(label, line) for label, line in ways_in if line]
+    if not shown:
+        return
+    print("\nget in with (the pod's host key pinned; paste as it is):")
+    for label, line in shown:
+        print(f"# {label}")
+        print(line)
 
 
 def age_text(since: datetime | None, now: datetime | None = None) -> str:

@@ -46,7 +46,7 @@ _WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE}
 
 
 def add_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],  # noqa: SLF001 - argparse's own type
+    sub: Any,  # argparse's _SubParsersAction
     provider_args: Callable[[argparse.ArgumentParser], None],
 ) -> argparse.ArgumentParser:
     """Register ``cost`` under the CLI's subcommands.
@@ -87,6 +87,9 @@ def add_parser(
     )
     provider_args(cost)
     cost.set_defaults(provider=None)
+    from prefect_runpod.flows.cli.common import api_args
+
+    api_args(cost)
     return cost
 
 

@@ -18,6 +18,7 @@ summary is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,8 @@ from prefect_runpod.flows.cli.common import (
     EXIT_FAILED,
     add_parameter_options,
     api,
+    api_args,
+    api_for_blocks,
     quiet_console_tracebacks,
 )
 
@@ -43,6 +46,7 @@ def add_parser(sub: Any) -> None:
         "only when every stage passed and the pod is confirmed terminated.",
     )
     add_finetune_options(ft)
+    api_args(ft)
     ft.add_argument(
         "--json", action="store_true", help="print the RunReport as JSON instead of the summary"
     )
@@ -87,13 +91,16 @@ def run(args: argparse.Namespace) -> int:
     params = finetune_params(args)
     # Bad input fails here, before Prefect starts a run or anything is rented (the
     # arguments and the bundle were checked before Prefect was imported: args.settings);
-    # saved blocks are looked up only when the command names one.
-    prepare_run(
-        {**params, "output_dir": args.output_dir or Path.cwd() / "prefect-runpod-runs"},
-        demo_bundle=demo_bundle(),
-        run_name=f"{args.name_prefix}-<flow_run_id>",
-        settings=getattr(args, "settings", None),
-    )
+    # saved blocks are looked up only when the command names one (the API opens for them,
+    # once the other input passed).
+    with contextlib.ExitStack() as blocks_api:
+        prepare_run(
+            {**params, "output_dir": args.output_dir or Path.cwd() / "prefect-runpod-runs"},
+            demo_bundle=demo_bundle(),
+            run_name=f"{args.name_prefix}-<flow_run_id>",
+            settings=getattr(args, "settings", None),
+            before_blocks=lambda: blocks_api.enter_context(api_for_blocks(params)),
+        )
     # The flow's preflight checks again, for every caller that reaches it without the CLI.
     quiet_console_tracebacks("verbose" if args.verbose else "quiet" if args.quiet else "normal")
     with api():  # the summary is printed while the API still takes the run's last logs

@@ -5,19 +5,27 @@ confirmed, recorded) and ``reaper`` (one reaper pass, ``--dry-run`` to only deci
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import subprocess
 import sys
 from typing import Any
 
-from prefect_runpod.blocks.provider import DEFAULT_POD_LIFETIME_SECONDS, REAPER_TTL_GRACE_SECONDS
-from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
+from prefect_runpod.blocks.defaults import REAPER_TTL_GRACE_SECONDS
+from prefect_runpod.blocks.validation.parameters import (
+    DEFAULT_POD_LIFETIME_SECONDS,
+    DEFAULT_PROVIDER,
+)
 from prefect_runpod.flows.cli.common import (
     EXIT_FAILED,
     EXIT_USAGE,
     age_text,
     api,
+    api_args,
+    api_for_blocks,
+    names_saved_block,
     print_json,
+    print_ssh_lines,
     print_table,
     provider_args,
     provider_params,
@@ -38,6 +46,7 @@ def add_parsers(sub: Any) -> None:
     )
     provider_args(pods)
     pods.add_argument("--json", action="store_true", help="print the pods as JSON")
+    api_args(pods)
 
     ssh = sub.add_parser(
         "ssh",
@@ -50,11 +59,13 @@ def add_parsers(sub: Any) -> None:
     ssh.add_argument("--print", action="store_true", help="print the command, do not run it")
     provider_args(ssh)
     ssh.set_defaults(provider=None)
+    api_args(ssh)
 
     term = sub.add_parser("terminate", help="terminate a pod by id or name (idempotent, confirmed)")
     term.add_argument("pod_id", nargs="?", help="the pod id")
     term.add_argument("--name", help="terminate the pod with this name instead")
     provider_args(term)
+    api_args(term)
 
     reap = sub.add_parser(
         "reaper",
@@ -72,20 +83,24 @@ def add_parsers(sub: Any) -> None:
     )
     reap.add_argument("--dry-run", action="store_true", help="decide and report, terminate nothing")
     reap.add_argument("--json", action="store_true", help="print the decisions as JSON")
+    api_args(reap)
 
 
 def _pod_rows(provider: Any, pods: list[Any]) -> list[dict[str, Any]]:
     from prefect_runpod.blocks.costs import projected_usd
-    from prefect_runpod.flows.cli.runs import key_path_for, now_utc, read_run
-    from prefect_runpod.flows.reaper import deadman_note, flow_run_id_from_pod_name
+    from prefect_runpod.flows.cli.runs import key_path_for, now_utc, read_runs
+    from prefect_runpod.flows.run.heartbeat import deadman_note
+    from prefect_runpod.flows.run.names import flow_run_id_from_pod_name
 
     now = now_utc()
+    run_ids = {h.pod_id: flow_run_id_from_pod_name(h.name, None) for h in pods}
+    views = read_runs([str(i) for i in run_ids.values() if i is not None])
     rows = []
     for h in pods:
-        run_id = flow_run_id_from_pod_name(h.name, None)
-        view = read_run(str(run_id)) if run_id is not None else None
+        run_id = run_ids[h.pod_id]
+        view = views.get(str(run_id)) if run_id is not None else None
         out = view.output_dir if view is not None else None
-        key = key_path_for(h.provider, out)
+        key = key_path_for(h.provider, out, view.parameters if view is not None else None)
         rows.append(
             {
                 "pod_id": h.pod_id,
@@ -101,7 +116,7 @@ def _pod_rows(provider: Any, pods: list[Any]) -> list[dict[str, Any]]:
                 "usd_so_far": round(projected_usd(h.cost_per_hr, h.created_at, now), 6),
                 "terminate_after": h.terminate_after.isoformat() if h.terminate_after else None,
                 "deadman": deadman_note(h),
-                "ssh_command": h.ssh_command(key or "KEY"),
+                "ssh_command": h.pinned_ssh_command(key or "KEY"),
             }
         )
     return rows
@@ -111,10 +126,10 @@ def run_pods(args: argparse.Namespace) -> int:
     """``prefect-runpod pods``: one row per live pod; exit 0 (also with none)."""
     from prefect_runpod.flows.run.providers import build_provider
 
-    provider, _ = build_provider(provider_params(args), need_ssh_key=False)
-    pods = provider.list(args.name_prefix)
-    with api():
-        rows = _pod_rows(provider, pods)
+    params = provider_params(args)
+    with api():  # saved blocks are read from the API too
+        provider, _ = build_provider(params, need_ssh_key=False)
+        rows = _pod_rows(provider, provider.list(args.name_prefix))
     if args.json:
         print_json(rows)
         return 0
@@ -128,7 +143,6 @@ def run_pods(args: argparse.Namespace) -> int:
         "age",
         "USD so far",
         "ends by",
-        "ssh",
     ]
     print_table(
         f"live {args.provider} pods named {args.name_prefix}-*",
@@ -144,20 +158,35 @@ def run_pods(args: argparse.Namespace) -> int:
                 r["age"],
                 f"{r['usd_so_far']:.4f}",
                 r["terminate_after"] or "no lease",
-                r["ssh_command"],
             ]
             for r in rows
         ],
         empty=f"no live pods named {args.name_prefix}-* at {args.provider}",
     )
+    print_ssh_lines(
+        [(f"pod {r['pod_id']} (run {r['flow_run_id']})", r["ssh_command"]) for r in rows]
+    )
     return 0
 
 
-def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
-    """The live pod ``args.target`` names (a run id or a pod id), the key to reach it,
-    and the provider's name. Raises ``SpecError`` for a target that names nothing live."""
-    from prefect_runpod.blocks.exceptions import SpecError
+def _checked_target(args: argparse.Namespace) -> tuple[str, bool]:
+    """``args.target`` checked for its shape before anything is asked: ``(target, is_run)``.
+    Raises ``SpecError`` for something that is neither a flow run id nor a pod id."""
     from prefect_runpod.blocks.validation import check_flow_run_id, check_pod_id
+
+    target = args.target.strip()
+    if "-" in target:  # a flow run id
+        return check_flow_run_id(target), True
+    check_pod_id(target)
+    return target, False
+
+
+def _resolve_pod(
+    args: argparse.Namespace, target: str, is_run: bool
+) -> tuple[Any, str | None, str]:
+    """The live pod ``target`` names (a run id or a pod id), the key to reach it, and the
+    provider's name. Raises ``SpecError`` for a target that names nothing live."""
+    from prefect_runpod.blocks.exceptions import SpecError
     from prefect_runpod.flows.cli.runs import (
         key_path_for,
         live_pod,
@@ -165,13 +194,12 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
         read_run,
         require_run,
     )
-    from prefect_runpod.flows.reaper import flow_run_id_from_pod_name
+    from prefect_runpod.flows.run.names import flow_run_id_from_pod_name
     from prefect_runpod.flows.run.providers import build_provider
 
     overrides = provider_params(args)
-    target = args.target.strip()
-    if "-" in target:  # a flow run id
-        run_id = check_flow_run_id(target)
+    if is_run:
+        run_id = target
         view = require_run(run_id)
         provider = provider_for_run(view, overrides)
         handle = live_pod(view, provider)
@@ -180,8 +208,8 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
                 f"run {run_id} ({view.state}) has no live pod: it was terminated; "
                 f"`prefect-runpod logs {run_id}` shows its training log"
             )
-        return handle, key_path_for(handle.provider, view.output_dir), provider.provider_name
-    check_pod_id(target)
+        key = key_path_for(handle.provider, view.output_dir, view.parameters)
+        return handle, key, provider.provider_name
     params = {**provider_params(args), "provider": args.provider or DEFAULT_PROVIDER}
     provider, _ = build_provider(params, need_ssh_key=False)
     found = [h for h in provider.list("") if h.pod_id == target]
@@ -194,7 +222,8 @@ def _resolve_pod(args: argparse.Namespace) -> tuple[Any, str | None, str]:
     pod_run = flow_run_id_from_pod_name(handle.name, None)
     pod_view = read_run(str(pod_run)) if pod_run is not None else None
     out = pod_view.output_dir if pod_view is not None else None
-    return handle, key_path_for(handle.provider, out), provider.provider_name
+    run_params = pod_view.parameters if pod_view is not None else None
+    return handle, key_path_for(handle.provider, out, run_params), provider.provider_name
 
 
 def run_ssh(args: argparse.Namespace) -> int:
@@ -202,10 +231,11 @@ def run_ssh(args: argparse.Namespace) -> int:
     terminal; returns its exit status."""
     from prefect_runpod.blocks.console.openssh import ssh_argv
     from prefect_runpod.blocks.exceptions import SpecError
-    from prefect_runpod.blocks.local_pod.registry import default_home
+    from prefect_runpod.blocks.pod_handle import known_hosts_file
 
+    target, is_run = _checked_target(args)
     with api():
-        handle, key, provider_name = _resolve_pod(args)
+        handle, key, provider_name = _resolve_pod(args, target, is_run)
     if handle.ssh is None:
         raise SpecError(f"pod {handle.pod_id}: its SSH endpoint is not known yet; try again")
     if key is None:
@@ -215,26 +245,20 @@ def run_ssh(args: argparse.Namespace) -> int:
             f"{handle.ssh_command('KEY')}"
         )
     # The pinned host key goes in a file of this pod's that outlives the command, so the
-    # line --print shows works when pasted later (while the pod lives).
-    known_hosts = default_home() / "known_hosts" / handle.pod_id
-    known_hosts.parent.mkdir(parents=True, exist_ok=True)
-    argv = ssh_argv(handle, key, known_hosts)
+    # line --print shows works when pasted later (while the pod lives): the same line
+    # `pods`, `status` and the run's own log show.
+    argv = ssh_argv(handle, key, known_hosts_file(handle.pod_id))
     if args.print:
         print(shlex.join(argv))
         return 0
-    print(f"{handle.pod_id} ({provider_name}): {handle.ssh_command(key)}", file=sys.stderr)
+    print(f"{handle.pod_id} ({provider_name}): {shlex.join(argv)}", file=sys.stderr)
     sys.stderr.flush()
     return subprocess.call(argv)
 
 
 def run_terminate(args: argparse.Namespace) -> int:
     """``prefect-runpod terminate``: end a pod, confirmed, and record who ended it."""
-    from prefect_runpod.blocks.provider import EndedBy, PodEnd
     from prefect_runpod.blocks.validation import check_pod_id
-    from prefect_runpod.flows.reaper import flow_run_id_from_pod_name
-    from prefect_runpod.flows.run.cost_record import record_pod_end
-    from prefect_runpod.flows.run.providers import build_provider
-    from prefect_runpod.tasks.terminate import terminate_pod
 
     if not args.pod_id and not args.name:
         print(
@@ -243,23 +267,39 @@ def run_terminate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.pod_id:
         check_pod_id(args.pod_id)
-    provider, _ = build_provider(provider_params(args), need_ssh_key=False)
-    live = provider.list("")
-    matches = [h for h in live if (h.name == args.name if args.name else h.pod_id == args.pod_id)]
-    handle = matches[-1] if matches else None
-    if args.name and handle is None:
-        print(f"no live pod named {args.name}")
-        return 0
-    result = terminate_pod(provider, handle.pod_id if handle else args.pod_id)
-    if result.already_gone:
-        print(
-            f"{result.pod_id}: no such pod at {args.provider} (already terminated, or the id "
-            "is mistyped); nothing bills under this id — `prefect-runpod pods` lists live pods"
-        )
-        return 0
-    print(f"{result.pod_id} terminated (confirmed {result.confirmed_at.isoformat()})")
-    run_id = flow_run_id_from_pod_name(handle.name, None) if handle else None
-    if run_id is not None and handle is not None:
+    params = provider_params(args)
+    from prefect_runpod.blocks.provider import EndedBy, PodEnd
+    from prefect_runpod.blocks.secret_mask import error_text
+    from prefect_runpod.flows.run.cost_record import record_pod_end
+    from prefect_runpod.flows.run.names import flow_run_id_from_pod_name
+    from prefect_runpod.flows.run.providers import build_provider
+    from prefect_runpod.tasks.terminate import terminate_pod
+
+    with contextlib.ExitStack() as opened:
+        # Ending a pod never waits for a Prefect server unless a saved block must be read
+        # first; the end is recorded in the API afterwards.
+        opened.enter_context(api_for_blocks(params))
+        provider, _ = build_provider(params, need_ssh_key=False)
+        live = provider.list("")
+        matches = [
+            h for h in live if (h.name == args.name if args.name else h.pod_id == args.pod_id)
+        ]
+        handle = matches[-1] if matches else None
+        if args.name and handle is None:
+            print(f"no live pod named {args.name}")
+            return 0
+        result = terminate_pod(provider, handle.pod_id if handle else args.pod_id)
+        if result.already_gone:
+            print(
+                f"{result.pod_id}: no such pod at {args.provider} (already terminated, or the "
+                "id is mistyped); nothing bills under this id — `prefect-runpod pods` lists "
+                "live pods"
+            )
+            return 0
+        print(f"{result.pod_id} terminated (confirmed {result.confirmed_at.isoformat()})")
+        run_id = flow_run_id_from_pod_name(handle.name, None) if handle else None
+        if run_id is None or handle is None:
+            return 0
         end = PodEnd(
             pod_id=result.pod_id,
             ended_by=EndedBy.CLI,
@@ -267,18 +307,23 @@ def run_terminate(args: argparse.Namespace) -> int:
             ended_at=result.confirmed_at,
             layer="prefect-runpod terminate",
         )
-        with api():
+        record = None
+        try:
+            if not names_saved_block(params):
+                opened.enter_context(api())
             record = record_pod_end(
                 str(run_id), end, recorded_by="cli", handle=handle, provider=provider
             )
-        if record is None:  # the pod is gone; only the bookkeeping failed (logged)
+        except Exception as exc:  # the pod is gone; only the bookkeeping failed
+            print(f"run {run_id}: {error_text(exc)}", file=sys.stderr)
+        if record is None:
             print(
                 f"run {run_id}: cost not recorded; `prefect-runpod cost {run_id} --reconcile` "
                 "records it once the Prefect API answers",
                 file=sys.stderr,
             )
-        if record is not None:
-            print(f"run {run_id}: cost recorded, {record.usd:.6f} USD ({record.state_line()})")
+    if record is not None:
+        print(f"run {run_id}: cost recorded, {record.usd:.6f} USD ({record.state_line()})")
     return 0
 
 
@@ -287,11 +332,12 @@ def run_reaper(args: argparse.Namespace) -> int:
     (or JSON); exit 1 when a terminate was not confirmed."""
     from prefect_runpod.blocks.exceptions import TerminateError
     from prefect_runpod.blocks.validation import check_number
-    from prefect_runpod.flows.reaper import reaper
 
     params = provider_params(args)
     check_number("ttl_seconds", args.ttl_seconds, optional=True)
-    quiet_console_tracebacks()
+    from prefect_runpod.flows.reaper import reaper
+
+    quiet_console_tracebacks("quiet")  # the table is the answer; the flow run is in the API
     failed: TerminateError | None = None
     with api():
         state = reaper(

@@ -3,8 +3,9 @@ source of truth for runs) and the pod's provider: the run's state and current st
 ``finetune-costs`` record, its live pod, the SSH key and command a person uses to get in,
 and the run's page in the Prefect UI.
 
-Plain functions over the Prefect client; ``status``, ``logs``, ``ssh`` and ``pods`` call
-them, nothing here prints.
+Plain functions over Prefect's async client, one client and few requests per look-up
+(the runs, then their task runs and cost records together, whatever their number);
+``status``, ``logs``, ``ssh``, ``pods`` and ``cost`` call them, nothing here prints.
 """
 
 from __future__ import annotations
@@ -13,25 +14,27 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import Capability, PodProvider
-from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.validation.parameters import DEFAULT_NAME_PREFIX, DEFAULT_PROVIDER
-from prefect_runpod.flows.run.cost_record import CostRecord, latest_record
-from prefect_runpod.flows.run.report import flow_run_url
+from prefect_runpod.flows.run.names import FINISHED_STATE_TYPES, POD_KEY_FILE, pod_name_for
+
+if TYPE_CHECKING:  # imported where used: a look-up loads only what it needs
+    from prefect_runpod.blocks.pod_handle import PodHandle
+    from prefect_runpod.blocks.provider import PodProvider
+    from prefect_runpod.flows.run.cost_record import CostRecord
 
 __all__ = [
     "FLOW_NAME",
     "RunView",
-    "flow_run_url",
     "key_path_for",
     "live_pod",
     "provider_for_run",
     "read_run",
+    "read_runs",
     "recent_runs",
+    "require_run",
 ]
 
 FLOW_NAME = "runpod-finetune"
@@ -66,8 +69,6 @@ class RunView:
     @property
     def live(self) -> bool:
         """True while the run is not finished (Prefect's view)."""
-        from prefect_runpod.flows.reaper import FINISHED_STATE_TYPES
-
         return self.state_type not in FINISHED_STATE_TYPES
 
     @property
@@ -87,38 +88,107 @@ class RunView:
         return str(self.parameters.get("provider") or DEFAULT_PROVIDER)
 
 
-def _stage_of(client: Any, flow_run_id: str) -> str:
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.sorting import TaskRunSort
+_PAGE = 200
+"""The most rows one Prefect API read returns (the server's default limit)."""
 
-    tasks = client.read_task_runs(
-        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
-        sort=TaskRunSort.EXPECTED_START_TIME_DESC,
-        limit=50,
+
+def _run_sync(coro: Any) -> Any:
+    """Run one coroutine of Prefect's async client to its end (one event loop, one HTTP
+    client for every request of a look-up)."""
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+async def _views(client: Any, runs: list[Any]) -> list[RunView]:
+    """The views of ``runs``: their task runs (for the stage) and their ``finetune-costs``
+    records read in two requests sent together, whatever the number of runs."""
+    import asyncio
+
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterId,
     )
-    for task in tasks:
+    from prefect.client.schemas.sorting import ArtifactSort, TaskRunSort
+
+    from prefect_runpod.flows.run.cost_record import COST_ARTIFACT_KEY
+
+    if not runs:
+        return []
+
+    async def task_runs(ids: list[UUID]) -> list[Any]:
+        found: list[Any] = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)),
+            sort=TaskRunSort.EXPECTED_START_TIME_DESC,
+            limit=_PAGE,
+        )
+        return found
+
+    async def cost_tables(ids: list[UUID]) -> list[Any]:
+        found: list[Any] = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[COST_ARTIFACT_KEY]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=ids),
+            ),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=_PAGE,
+        )
+        return found
+
+    ids = [run.id for run in runs]
+    tasks, tables = await asyncio.gather(task_runs(ids), cost_tables(ids))
+    for rows, read in ((tasks, task_runs), (tables, cost_tables)):
+        if len(rows) < _PAGE:
+            continue
+        seen = {row.flow_run_id for row in rows}  # a full page may have left runs out
+        for more in await asyncio.gather(*(read([i]) for i in ids if i not in seen)):
+            rows.extend(more)
+    return [_view(run, tasks, tables) for run in runs]
+
+
+def _stage_of(flow_run_id: Any, tasks: list[Any]) -> str:
+    """The stage under way (a running stage task), else the last one that ran."""
+    mine = [t for t in tasks if t.flow_run_id == flow_run_id]  # newest first
+    for task in mine:
         if task.state is not None and task.state.type.value == "RUNNING":
-            return str(task.name).split("-")[0]
-    return str(tasks[0].name).rsplit("-", 1)[0] if tasks else "-"
+            return str(task.name).rsplit("-", 1)[0]
+    return str(mine[0].name).rsplit("-", 1)[0] if mine else "-"
 
 
-def _view(client: Any, run: Any, with_record: bool = True) -> RunView:
-    state = run.state
-    record = None
-    if with_record:
+def _record_of(flow_run_id: Any, tables: list[Any]) -> CostRecord | None:
+    """The run's latest ``finetune-costs`` record among ``tables`` (newest first)."""
+    import json
+
+    from prefect_runpod.flows.run.cost_record import CostRecord
+
+    for table in tables:
+        if table.flow_run_id != flow_run_id:
+            continue
+        data = table.data
+        rows: Any = json.loads(data) if isinstance(data, str) else data
         try:
-            record = latest_record(str(run.id))
-        except Exception:  # the record is beside the run, never in its way
-            record = None
+            return CostRecord.from_rows(list(rows or []))
+        except (ValueError, TypeError):
+            return None  # the record is beside the run, never in its way
+    return None
+
+
+def _view(run: Any, tasks: list[Any], tables: list[Any]) -> RunView:
+    from prefect_runpod.flows.run.names import flow_run_url
+
+    state = run.state
     return RunView(
         flow_run_id=str(run.id),
         flow_run_name=str(run.name),
         state=state.name if state else "Unknown",
         state_type=state.type.value if state else "UNKNOWN",
-        stage=_stage_of(client, str(run.id)),
+        stage=_stage_of(run.id, tasks),
         started_at=run.start_time,
         parameters=dict(run.parameters or {}),
-        record=record,
+        record=_record_of(run.id, tables),
         url=flow_run_url(str(run.id)),
     )
 
@@ -141,19 +211,32 @@ def require_run(flow_run_id: str) -> RunView:
 
 def read_run(flow_run_id: str) -> RunView | None:
     """The run with that id, or None when the Prefect API does not know it."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
+    return read_runs([flow_run_id]).get(flow_run_id)
 
-    with get_client(sync_client=True) as client:
-        try:
-            run = client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
-        except ObjectNotFound:
-            return None
-        return _view(client, run)
+
+def read_runs(flow_run_ids: list[str]) -> dict[str, RunView]:
+    """The runs with those ids that the Prefect API knows, by id (three requests in all:
+    the runs, then their task runs and cost records together)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    wanted = sorted({UUID(i) for i in flow_run_ids})
+    if not wanted:
+        return {}
+
+    async def read() -> dict[str, RunView]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=wanted)), limit=_PAGE
+            )
+            return {view.flow_run_id: view for view in await _views(client, list(runs))}
+
+    result: dict[str, RunView] = _run_sync(read())
+    return result
 
 
 def recent_runs(limit: int = 20, since: datetime | None = None) -> list[RunView]:
-    """The latest fine-tune runs, newest first.
+    """The latest fine-tune runs, newest first (three requests in all).
 
     Args:
         limit: at most this many.
@@ -172,14 +255,19 @@ def recent_runs(limit: int = 20, since: datetime | None = None) -> list[RunView]
     if since is not None:
         after = FlowRunFilterExpectedStartTime(after_=since)  # type: ignore[arg-type]
         run_filter = FlowRunFilter(expected_start_time=after)
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW_NAME])),
-            flow_run_filter=run_filter,
-            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-            limit=max(1, limit),
-        )
-        return [_view(client, run) for run in runs]
+
+    async def read() -> list[RunView]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW_NAME])),
+                flow_run_filter=run_filter,
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+                limit=max(1, min(limit, _PAGE)),
+            )
+            return await _views(client, list(runs))
+
+    views: list[RunView] = _run_sync(read())
+    return views
 
 
 def provider_for_run(view: RunView, overrides: dict[str, Any] | None = None) -> PodProvider:
@@ -200,25 +288,33 @@ def provider_for_run(view: RunView, overrides: dict[str, Any] | None = None) -> 
 
 def live_pod(view: RunView, provider: PodProvider) -> PodHandle | None:
     """The run's pod while it lives (found by its name), else None."""
-    from prefect_runpod.flows.finetune import pod_name_for
-
     name = (view.record.pod_name if view.record else "") or pod_name_for(
         str(view.parameters.get("name_prefix") or DEFAULT_NAME_PREFIX), view.flow_run_id
     )
     return provider.find(name)
 
 
-def key_path_for(provider_name: str, output_dir: str | None) -> str | None:
-    """The private key a person uses to get into a run's pod, when it is on this machine:
-    the user's own key where the provider reaches pods with it (``Capability.USER_KEY``:
-    RunPod's ``RUNPOD_SSH_KEY_PATH``, default ``~/.ssh/id_ed25519_runpod``), else the
-    run's key kept beside its outputs (``<output_dir>/pod-ssh-key``, the local pod)."""
-    if provider_supports(provider_name, Capability.USER_KEY):
-        path = os.path.expanduser(provider_class(provider_name).user_key_path())
-        return path if os.path.isfile(path) else None
-    if output_dir and (Path(output_dir) / "pod-ssh-key").is_file():
-        return str(Path(output_dir) / "pod-ssh-key")
-    return None
+def key_path_for(
+    provider_name: str, output_dir: str | None, parameters: dict[str, Any] | None = None
+) -> str | None:
+    """The private key file in use for a run's pod, when it is on this machine: the key
+    the run kept beside its outputs (``<output_dir>/pod-ssh-key``: a local pod's per-run
+    key, or a saved RunPodSSHKey block's), else for RunPod the user's key file
+    (``flows.run.providers.ssh_key_file``: ``RUNPOD_SSH_KEY_PATH``, expanded) unless the
+    run's ``parameters`` name a saved key block.
+
+    Args:
+        provider_name: ``local`` or ``runpod``.
+        output_dir: the run's output dir, when known.
+        parameters: the run's parameters, when known (a pod found by id has none).
+    """
+    from prefect_runpod.flows.run.providers import ssh_key_file
+
+    kept = Path(output_dir) / POD_KEY_FILE if output_dir else None
+    if kept is not None and kept.is_file():
+        return str(kept)
+    path = ssh_key_file({**(parameters or {}), "provider": provider_name})
+    return path if path is not None and os.path.isfile(path) else None
 
 
 def now_utc() -> datetime:

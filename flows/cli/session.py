@@ -1,6 +1,13 @@
-"""The ``prefect-runpod`` process around a command: a temporary Prefect server of its own
-when no API is configured, and SIGTERM / Ctrl-C turned into an orderly end.
+"""The ``prefect-runpod`` process around a command: the Prefect API it talks to, and
+SIGTERM / Ctrl-C turned into an orderly end.
 
+- **Which API.** ``prefect_api`` opens, for a command that needs one, the configured API
+  (``PREFECT_API_URL`` in the environment or the active Prefect profile: always first,
+  nothing is started), else the local server prefect-runpod keeps in the background
+  (``flows.cli.local_server``: started on first use, reused after), else — with
+  ``--ephemeral`` or ``PREFECT_RUNPOD_EPHEMERAL=1`` — a temporary server for the command
+  alone. Whichever it is, the process's queued logs and events are sent before the block
+  ends, so nothing waits at exit.
 - **The temporary server.** Without ``PREFECT_API_URL`` Prefect would start its
   temporary server as a child in the CLI's own process group: a Ctrl-C in the terminal
   (or a signal to the group) then kills the server first, and the run can no longer
@@ -17,22 +24,31 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
-from unittest import mock
 
 __all__ = [
+    "EPHEMERAL_VAR",
     "EXIT_SIGINT",
     "EXIT_SIGTERM",
     "Terminated",
+    "api_mode",
     "drain_prefect_workers",
     "orderly_signals",
+    "prefect_api",
     "temporary_server",
 ]
+
+EPHEMERAL_VAR = "PREFECT_RUNPOD_EPHEMERAL"
+"""Set to ``1`` (or ``true``) for a temporary server per command instead of the local
+server prefect-runpod keeps (the same as ``--ephemeral``)."""
+_modes: list[tuple[bool, bool]] = [(False, False)]
+"""``(ephemeral, check_api)`` of the innermost ``api_mode`` block."""
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
 """The exit status after a SIGTERM (143), as a shell reports a process it ended."""
@@ -67,8 +83,9 @@ def orderly_signals() -> Iterator[None]:
 
 def drain_prefect_workers() -> None:
     """Send this process's queued logs and events to the API while it is still there
-    (else they retry against a stopped server at exit, for minutes), as Prefect's own
-    test harness does."""
+    (else they retry against a stopped server at exit, for minutes, or keep the process
+    waiting), as Prefect's own test harness does. Only workers that started are drained:
+    none is started here (a look-up that logged nothing returns at once)."""
     import inspect
 
     from prefect.events.worker import EventsWorker
@@ -76,17 +93,97 @@ def drain_prefect_workers() -> None:
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     async def drain() -> None:
-        try:
-            logs: Any = APILogWorker.instance().drain()
-            if inspect.isawaitable(logs):
-                await logs
-        except RuntimeError:
-            pass  # never started
-        events: Any = EventsWorker.drain_all()
-        if inspect.isawaitable(events):
-            await events
+        for service in (APILogWorker, EventsWorker):
+            drained: Any = service.drain_all()
+            if inspect.isawaitable(drained):
+                await drained
 
     run_coro_as_sync(drain())
+
+
+@contextlib.contextmanager
+def api_mode(*, ephemeral: bool, check_api: bool = False) -> Iterator[None]:
+    """Within the block, ``prefect_api`` starts a temporary server (``ephemeral``, or
+    ``PREFECT_RUNPOD_EPHEMERAL`` set) instead of using the local server, and with
+    ``check_api`` holds a configured API to its health check before using it."""
+    wanted = ephemeral or os.environ.get(EPHEMERAL_VAR, "").strip().lower() in ("1", "true", "yes")
+    _modes.append((wanted, check_api))
+    try:
+        yield
+    finally:
+        _modes.pop()
+
+
+def _temporary_server_settings() -> dict[Any, Any]:
+    """What prefect-runpod changes in Prefect's defaults for a temporary server: a start
+    deadline long enough for a busy small machine (Prefect's 20 s is not), and no
+    telemetry. (The local server gets its own settings in its environment.)"""
+    from prefect.settings import get_current_settings
+
+    defaults: dict[Any, Any] = {}
+    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
+        timeout = max(get_current_settings().server.ephemeral.startup_timeout_seconds, 120)
+        defaults["server.ephemeral.startup_timeout_seconds"] = timeout
+    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
+        defaults["server.analytics_enabled"] = False
+    return defaults
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[str]:
+    """The Prefect API for a command that needs one, opened only once its input passed:
+    the configured one, else the local server (started on first use), else with
+    ``--ephemeral`` a temporary one (see the module's docstring).
+
+    Yields:
+        The API URL (set as ``PREFECT_API_URL`` in Prefect's settings within the block).
+
+    Raises:
+        SecretShapeError: ``PREFECT_API_KEY`` holds whitespace or a control character.
+        SpecError: Prefect's home cannot be made, or (with ``check_api``) the configured
+            API is malformed or does not answer.
+        ServerStartError: the local server did not start (its log is named).
+        RuntimeError: the temporary server did not answer in time.
+    """
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    from prefect_runpod.blocks.secret_mask import check_prefect_api_key
+    from prefect_runpod.flows.cli.arguments import make_prefect_home
+
+    settings = get_current_settings()
+    make_prefect_home(settings.home)  # a profile may name another home than the environment
+    check_prefect_api_key()  # before anything talks to the API with it
+    ephemeral, check_api = _modes[-1]
+    configured = settings.api.url
+    if configured:  # nothing to start; no settings copied (that costs a look-up 0.1-0.2 s)
+        if check_api:
+            from prefect_runpod.flows.run.inputs import check_prefect_api
+
+            check_prefect_api()
+        with _drained():
+            yield str(configured)
+        return
+    if ephemeral:
+        with temporary_settings(updates=_temporary_server_settings()):
+            timeout = get_current_settings().server.ephemeral.startup_timeout_seconds
+            with temporary_server(timeout) as url:
+                assert url is not None
+                yield url
+        return
+    from prefect_runpod.flows.cli.local_server import ensure_server
+
+    record = ensure_server(say=lambda line: print(line, file=sys.stderr, flush=True))
+    with temporary_settings(updates={PREFECT_API_URL: record.api_url}), _drained():
+        yield record.api_url
+
+
+@contextlib.contextmanager
+def _drained() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            drain_prefect_workers()
 
 
 @contextlib.contextmanager
@@ -100,12 +197,15 @@ def temporary_server(startup_timeout_seconds: float) -> Iterator[str | None]:
     Raises:
         RuntimeError: the server did not answer within ``startup_timeout_seconds``.
     """
-    from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     if get_current_settings().api.url:
         yield None
         return
+    from unittest import mock
+
+    from prefect.server.api.server import SubprocessASGIServer
+
     server = SubprocessASGIServer()
     # Prefect starts the server with subprocess.Popen; give the child its own session so
     # that a signal to the CLI's process group does not end it before the run does.

@@ -11,7 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect_runpod.flows.cli.common import age_text, api, print_json, print_table
+from prefect_runpod.flows.cli.common import (
+    age_text,
+    api,
+    api_args,
+    print_json,
+    print_ssh_lines,
+    print_table,
+)
 
 __all__ = ["add_parsers", "run_logs", "run_status", "status_row"]
 
@@ -29,6 +36,7 @@ def add_parsers(sub: Any) -> None:
     status.add_argument("run", nargs="?", metavar="RUN", help="a flow run id")
     status.add_argument("--limit", type=int, default=10, help="recent runs to list (default 10)")
     status.add_argument("--json", action="store_true", help="print the runs as JSON")
+    api_args(status)
 
     logs = sub.add_parser(
         "logs",
@@ -49,6 +57,7 @@ def add_parsers(sub: Any) -> None:
         help="with --follow: stop following after this long (default: the run's pod "
         "lifetime, which the pod cannot outlive)",
     )
+    api_args(logs)
 
 
 def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
@@ -77,7 +86,8 @@ def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
     out = view.output_dir
     ssh = None
     if handle is not None:
-        ssh = handle.ssh_command(key_path_for(handle.provider, out) or "KEY")
+        key = key_path_for(handle.provider, out, view.parameters)
+        ssh = handle.pinned_ssh_command(key or "KEY")
     return {
         "flow_run_id": view.flow_run_id,
         "flow_run_name": view.flow_run_name,
@@ -115,16 +125,18 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows[0] if run_id is not None else rows)
         return 0
+    ways_in = [(f"pod {r['pod_id']} of run {r['flow_run_id']}", r["ssh_command"]) for r in rows]
     if run_id is not None:
         print_table(
             f"run {run_id}",
             ["field", "value"],
-            [[k, v] for k, v in rows[0].items()],
+            [[k, v] for k, v in rows[0].items() if k != "ssh_command"],
         )
+        print_ssh_lines(ways_in)
         return 0
     print_table(
         "fine-tune runs (newest first)",
-        ["run", "state", "stage", "pod", "GPU", "age", "USD so far", "ssh", "page"],
+        ["run", "state", "stage", "pod", "GPU", "age", "USD so far", "page"],
         [
             [
                 f"{r['flow_run_id']} ({r['flow_run_name']})",
@@ -134,13 +146,13 @@ def run_status(args: argparse.Namespace) -> int:
                 r["gpu_type"],
                 r["age"],
                 "-" if r["usd_so_far"] is None else f"{r['usd_so_far']:.4f}",
-                r["ssh_command"],
                 r["url"],
             ]
             for r in rows
         ],
         empty="no fine-tune runs in the Prefect API yet: `prefect-runpod finetune` starts one",
     )
+    print_ssh_lines(ways_in)
     return 0
 
 
@@ -200,7 +212,7 @@ def _from_pod(view: Any, handle: Any, key_path: str, args: argparse.Namespace) -
 
 
 def _local_copy(view: Any) -> Path | None:
-    from prefect_runpod.flows.finetune import TRAIN_LOG
+    from prefect_runpod.flows.run.names import TRAIN_LOG
 
     copy = Path(view.output_dir) / TRAIN_LOG if view.output_dir else None
     return copy if copy is not None and copy.is_file() else None
@@ -271,7 +283,7 @@ def run_logs(args: argparse.Namespace) -> int:
         handle = None
         if view.live and view.record is not None and view.record.pod_id:
             handle = live_pod(view, provider_for_run(view))
-        key = key_path_for(handle.provider, out) if handle is not None else None
+        key = key_path_for(handle.provider, out, view.parameters) if handle is not None else None
         if handle is not None and key is not None:
             return _from_pod(view, handle, key, args)
         if _rest_from_copy(view, 0):

@@ -446,7 +446,9 @@ def record_pod_end(
 ) -> CostRecord | None:
     """Record who ended a run's pod, when, and whether it was confirmed, where the run's
     record picks it up: a new ``finetune-costs`` version (and ``run-report.json`` when
-    reachable). For hooks, the reaper and the CLI, which may run in another process.
+    reachable). For hooks, the reaper and the CLI, which may run in another process. A
+    confirmed end also deletes the pod's key kept beside the run's outputs
+    (``flows.run.names.forget_pod_access``).
 
     Args:
         flow_run_id: the pod's run (from its name ``<prefix>-<flow_run_id>``).
@@ -480,6 +482,10 @@ def record_pod_end(
     record.recorded_by = recorded_by
     record.recorded_at = datetime.now(UTC)
     record.settle()
+    if record.end is not None and record.end.confirmed:
+        from prefect_runpod.flows.run.names import forget_pod_access
+
+        forget_pod_access(record.output_dir, record.pod_id)  # the pod is confirmed gone
     fetch_provider_bill(provider, record)
     try:
         publish_record(record)

@@ -35,6 +35,7 @@ from prefect_runpod.flows.run.cost_record import (
     publish_record,
 )
 from prefect_runpod.flows.run.ledger import run_stage
+from prefect_runpod.flows.run.names import forget_pod_access
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState
 from prefect_runpod.tasks.terminate import terminate
@@ -177,6 +178,7 @@ def end_run(
                 with run_stage(report, "terminate", on_stage, attempt=attempt):
                     result = terminate(provider, report.pod_id, terminate_timeout_seconds)
                 report.pod_end = flow_end(result, lost)
+                forget_pod_access(report.output_dir, report.pod_id)  # confirmed gone
             except BaseException as exc:  # never mask the run's own error
                 _log.error("%s: terminate failed: %s", report.pod_id, exc)
                 command = end_command(report.provider, report.pod_id)

@@ -5,6 +5,9 @@ A daemon thread touches ``<run_dir>/heartbeat`` on the pod every few seconds thr
 its own console, through every stage (a 45-minute download must not look like a dead
 flow). When the process dies — SIGKILL, a lost host — the touches stop, the file goes
 stale and the pod-side watchdog removes the pod.
+
+``deadman_note`` reads the other side back: what the pod's own dead-man switch recorded
+doing, for ``pods`` and the reaper.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
+from pathlib import Path
 
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.exceptions import RunPodFlowError
 from prefect_runpod.blocks.pod_handle import PodHandle
 
-__all__ = ["HeartbeatKeeper", "heartbeat_interval_seconds"]
+__all__ = ["HeartbeatKeeper", "deadman_attempts", "deadman_note", "heartbeat_interval_seconds"]
 
 _log = logging.getLogger(__name__)
 
@@ -82,3 +86,31 @@ class HeartbeatKeeper:
                     )
         finally:
             console.close()
+
+
+def deadman_attempts(pod: PodHandle) -> list[dict] | None:
+    """What the pod's dead-man switch recorded (``deadman.jsonl`` in each run directory),
+    when it can be read from here: a local pod's workspace is on this disk. None for a
+    pod elsewhere (RunPod: the file is on the pod, ``<workdir>/prefect-runpod/*/``)."""
+    from prefect_runpod.blocks.provider import Capability
+    from prefect_runpod.blocks.provider_registry import provider_supports
+
+    if not provider_supports(pod.provider, Capability.ON_THIS_MACHINE):
+        return None
+    from prefect_runpod.blocks.local_pod.registry import read_deadman_attempts
+
+    return read_deadman_attempts(Path(pod.workdir))
+
+
+def deadman_note(pod: PodHandle) -> str:
+    """One line on the pod's dead-man switch: its last attempt and outcome, ``quiet``
+    when it has not acted, or where to read it when it cannot be read from here."""
+    attempts = deadman_attempts(pod)
+    if attempts is None:
+        return f"on the pod: {pod.workdir}/prefect-runpod/*/deadman.jsonl"
+    if not attempts:
+        return "quiet (has not acted)"
+    last = attempts[-1]
+    ok = "ok" if last.get("ok") else "failed"
+    outcome = f"; {last['outcome']}" if last.get("outcome") else ""
+    return f"{last.get('layer', '?')} {ok} at {last.get('at', '?')}{outcome}"

@@ -33,7 +33,7 @@ from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.huggingface import HFAccess, resolve_hf_access
 from prefect_runpod.blocks.keys import KeyPair
 from prefect_runpod.blocks.provider import PodProvider
-from prefect_runpod.blocks.secret_mask import check_secret
+from prefect_runpod.blocks.secret_mask import check_prefect_api_key, check_secret
 from prefect_runpod.blocks.validation import label, load_block
 from prefect_runpod.flows.run.providers import PlannedPod, build_provider, planned_pod
 from prefect_runpod.tasks.preflight import (
@@ -89,22 +89,6 @@ def settings_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
     accepted = set(defaults())
     return {k: val for k, val in params.items() if k in accepted}
-
-
-def check_prefect_api_key() -> None:
-    """``PREFECT_API_KEY`` (Prefect's setting ``api.key``), registered for masking and
-    checked for its shape. A trailing newline is refused rather than stripped: Prefect's
-    own client sends the key as it is set.
-
-    Raises:
-        SecretShapeError: the key holds whitespace or a control character.
-    """
-    from prefect.settings import get_current_settings
-
-    key = get_current_settings().api.key
-    if key is not None and key.get_secret_value():
-        fix = "remove it where it is set (the environment or the Prefect profile)"
-        check_secret(key.get_secret_value(), "PREFECT_API_KEY", strip_newline=False, fix=fix)
 
 
 def check_prefect_api() -> None:
@@ -200,12 +184,18 @@ class Check:
     error: SpecError | None = None
 
 
+class _Stop(Exception):
+    """A check failed and the caller wants only the first failure."""
+
+
 def check_run(
     params: Mapping[str, Any],
     *,
     demo_bundle: Path,
     run_name: str,
     settings: RunSettings | None = None,
+    first_failure: bool = False,
+    before_blocks: Callable[[], Any] | None = None,
 ) -> tuple[PreparedRun | None, list[Check]]:
     """Every check of ``prepare_run``, each one recorded, none stopping the others that do
     not depend on it (the provider is built even when the bundle is bad, so ``plan``
@@ -213,11 +203,31 @@ def check_run(
 
     Args:
         params / demo_bundle / run_name / settings: as for ``prepare_run``.
+        first_failure: stop at the first check that fails (``prepare_run``).
+        before_blocks: called once before the first check that reads saved blocks (the
+            CLI opens the Prefect API there, so input that fails first starts nothing).
 
     Returns:
         The ``PreparedRun`` when every check passed (else None), and the checks in order.
     """
     checks: list[Check] = []
+    try:
+        return _checked(
+            params, demo_bundle, run_name, checks, settings, first_failure, before_blocks
+        )
+    except _Stop:
+        return None, checks
+
+
+def _checked(
+    params: Mapping[str, Any],
+    demo_bundle: Path,
+    run_name: str,
+    checks: list[Check],
+    settings: RunSettings | None,
+    first_failure: bool,
+    before_blocks: Callable[[], Any] | None,
+) -> tuple[PreparedRun | None, list[Check]]:
     check_prefect_api_key()  # Prefect has used it already; here it is registered
 
     def step(name: str, fn: Callable[[], Any], describe: Callable[[Any], str]) -> Any:
@@ -225,6 +235,8 @@ def check_run(
             value = fn()
         except SpecError as exc:
             checks.append(Check(name, False, str(exc), exc))
+            if first_failure:
+                raise _Stop from None
             return None
         checks.append(Check(name, True, describe(value)))
         return value
@@ -240,6 +252,8 @@ def check_run(
             "to upload, none that looks like a secret"
         ),
     )
+    if before_blocks is not None:
+        before_blocks()
     built = step(
         "blocks and provider",
         lambda: build_provider(dict(params)),
@@ -277,7 +291,7 @@ def check_run(
     step(
         "transfer method",
         lambda: check_transfer_before_renting(
-            settings.transfer_method, plan.handle, plan.description, s3
+            settings.transfer_method, plan.handle, plan.description, s3, plan.gateway_only
         ),
         lambda method: f"{method} (asked {settings.transfer_method!r}) with {plan.description}",
     )
@@ -302,6 +316,7 @@ def prepare_run(
     demo_bundle: Path,
     run_name: str,
     settings: RunSettings | None = None,
+    before_blocks: Callable[[], Any] | None = None,
 ) -> PreparedRun:
     """Check a fine-tune run's parameters against everything known before renting.
 
@@ -313,6 +328,7 @@ def prepare_run(
         run_name: the pod's name to be (``<prefix>-<flow_run_id>``), for the plan.
         settings: the ``RunSettings`` ``validate_settings`` made of these parameters
             already (the CLI's argument phase), so the bundle is not read twice.
+        before_blocks: see ``check_run``.
 
     Returns:
         The ``PreparedRun``.
@@ -321,7 +337,12 @@ def prepare_run(
         SpecError: the first problem found (see the module docstring); nothing was rented.
     """
     prepared, checks = check_run(
-        params, demo_bundle=demo_bundle, run_name=run_name, settings=settings
+        params,
+        demo_bundle=demo_bundle,
+        run_name=run_name,
+        settings=settings,
+        first_failure=True,
+        before_blocks=before_blocks,
     )
     for check in checks:
         if check.error is not None:

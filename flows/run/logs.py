@@ -10,10 +10,11 @@ one terminal line, metrics in the ``train-metrics`` table.
   DEBUG record, its end one INFO record.
 - ``QuietTaskEngine`` drops the task engine's own ``Finished in state Completed()``
   record (the stage line says it, with the seconds); any other end keeps its record.
-- ``ConsoleFilter`` decides what a terminal shows: ``quiet`` (warnings and errors),
-  ``normal`` (INFO records except the training log's lines) or ``verbose`` (everything,
-  the training log too). The ``prefect-runpod`` CLI installs it (``--quiet``,
-  ``--verbose``); the Prefect API always gets the records.
+- ``ConsoleFilter`` decides what a terminal shows: ``quiet`` (warnings and errors, and
+  the line that says how to get into the pod), ``normal`` (INFO records except the
+  training log's lines) or ``verbose`` (everything, the training log too). The
+  ``prefect-runpod`` CLI installs it (``--quiet``, ``--verbose``); the Prefect API always
+  gets the records.
 """
 
 from __future__ import annotations
@@ -24,7 +25,18 @@ from typing import Any, Literal
 
 from prefect_runpod.tasks.models import StageState
 
-__all__ = ["ConsoleFilter", "QuietTaskEngine", "Verbosity", "install_quiet_engine", "stage_logger"]
+__all__ = [
+    "WAY_IN",
+    "ConsoleFilter",
+    "QuietTaskEngine",
+    "Verbosity",
+    "install_quiet_engine",
+    "stage_logger",
+]
+
+WAY_IN = {"way_in": True}
+"""The ``extra`` of the record that says how to get into the pod (``ssh …``): a terminal
+shows it at every verbosity."""
 
 Verbosity = Literal["quiet", "normal", "verbose"]
 
@@ -56,7 +68,7 @@ class ConsoleFilter(logging.Filter):
         if self.verbosity == "verbose":
             return True
         if self.verbosity == "quiet":
-            return record.levelno >= logging.WARNING
+            return record.levelno >= logging.WARNING or getattr(record, "way_in", False)
         return not getattr(record, "train_log", False) or record.levelno >= logging.WARNING
 
 

@@ -41,6 +41,8 @@ from prefect_runpod.flows.run.end import end_run, lease_text, record_cost, write
 from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.run.inputs import PreparedRun
 from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
+from prefect_runpod.flows.run.logs import WAY_IN
+from prefect_runpod.flows.run.names import POD_KEY_FILE, TRAIN_LOG
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
 
@@ -48,9 +50,6 @@ __all__ = ["READY_TIMEOUT_SECONDS", "TRAIN_LOG", "PodSession"]
 
 READY_TIMEOUT_SECONDS = 600.0
 """RunPod can take minutes to pull a large image (dstack allows 20 min); the local pod ~1 s."""
-
-TRAIN_LOG = "train.log"
-"""The training log as the run followed it, kept in the output dir whatever is downloaded."""
 
 
 class PodSession:
@@ -207,8 +206,8 @@ class PodSession:
             self.reconnect = ReconnectPolicy(
                 budget_seconds=settings.reconnect_budget_seconds, status=self.watch.ask
             )
-            self.attempt.ssh_command = handle.ssh_command(
-                self.key_path or _save_local_key(self.key, self.out)
+            self.attempt.ssh_command = handle.pinned_ssh_command(
+                self.key_path or _save_pod_key(self.key, self.out)
             )
             write_report(self.report)  # the report on disk names the way in while the pod is up
             self.run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{self.report.flow_run_id}"
@@ -223,7 +222,12 @@ class PodSession:
                     heartbeat_interval_seconds(self.deadman.heartbeat_stale_seconds),
                 ).start()
             )
-            logger.info("pod %s is up; get in with: %s", handle.pod_id, self.attempt.ssh_command)
+            logger.info(
+                "pod %s is up; get in with: %s",
+                handle.pod_id,
+                self.attempt.ssh_command,
+                extra=WAY_IN,
+            )
             # The pod's end of the transfer, now that it runs: before env, hf_auth or upload.
             check_upload_method(
                 handle, self.key, settings.transfer_method, s3=self.run.s3, reconnect=self.reconnect
@@ -452,12 +456,14 @@ def _declared_outputs(bundle: Any) -> dict[str, str]:
     return expected
 
 
-def _save_local_key(key: SecretStr, out: Path) -> str:
-    """Keep a pod's throwaway per-run key (mode 0600) beside the outputs so the printed
-    ``ssh`` command works (a provider that reaches pods with the user's own key,
-    ``Capability.USER_KEY``, names that key instead)."""
+def _save_pod_key(key: SecretStr, out: Path) -> str:
+    """Keep the pod's private key (mode 0600) beside the outputs while the pod lives, so
+    the printed ``ssh`` command works: a local pod's throwaway per-run key, or the key of a
+    saved RunPodSSHKey block (a provider that reaches pods with the user's own key file,
+    ``Capability.USER_KEY``, names that file instead). It is deleted once the pod is
+    confirmed gone (``flows.run.names.forget_pod_access``)."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "pod-ssh-key"
+    path = out / POD_KEY_FILE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(key.get_secret_value())

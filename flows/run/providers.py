@@ -9,16 +9,17 @@ name."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, cast
 
 from prefect_runpod.blocks.keys import KeyPair
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.provider import Capability, PodProvider
 from prefect_runpod.blocks.provider_capabilities import PlannedPod
-from prefect_runpod.blocks.provider_registry import provider_class
+from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
 
-__all__ = ["PlannedPod", "build_provider", "planned_pod"]
+__all__ = ["PlannedPod", "build_provider", "planned_pod", "ssh_key_file"]
 
 
 def build_provider(
@@ -46,6 +47,18 @@ def build_provider(
     """
     kind = provider_class(params.get("provider") or DEFAULT_PROVIDER)
     return cast("tuple[PodProvider, KeyPair]", kind.from_params(params, need_ssh_key=need_ssh_key))
+
+
+def ssh_key_file(params: dict[str, Any]) -> str | None:
+    """The private key file a run's pod is reached with, when the key is a file of the
+    user's: a provider that reaches pods with the user's own key (``Capability.USER_KEY``:
+    RunPod's ``RUNPOD_SSH_KEY_PATH``, default ``~/.ssh/id_ed25519_runpod``; returned
+    expanded, as the path in use) unless a saved ``RunPodSSHKey`` block is named. None
+    when the key lives elsewhere: a saved block, or the local pod's per-run key."""
+    name = params.get("provider") or DEFAULT_PROVIDER
+    if params.get("ssh_key_block") or not provider_supports(name, Capability.USER_KEY):
+        return None
+    return os.path.expanduser(provider_class(name).user_key_path())
 
 
 def planned_pod(provider: PodProvider, name: str) -> PlannedPod:

@@ -211,7 +211,8 @@ def _fmt_bytes(n: int) -> str:
 
 def render_summary(report: RunReport) -> str:
     """A readable, fixed-width summary for the terminal: the error line first when the run
-    failed; stage, state, seconds; the pod; bytes moved; manifest verified; parity
+    failed; stage, state, seconds; the pod (and, while it still lives, the ssh line that
+    gets into it); bytes moved; manifest verified; parity
     verdict; cost (``nothing billed`` when no pod was created); the result last."""
     lines = [f"error        {report.error}", ""] if report.error else []
     lines.append(f"{'stage':<12} {'state':<10} {'seconds':>8}  note")
@@ -221,6 +222,8 @@ def render_summary(report: RunReport) -> str:
     lines.append("")
     lines.append(f"pod          {report.pod_id or '-'} ({report.provider}, {report.pod_name})")
     lines.append(f"terminated   {report.end_line()}")
+    if report.pod_id and report.ssh_command and not report.terminated:
+        lines.append(f"get in with  {report.ssh_command}")  # the pod still lives
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
     lines.append(f"bytes moved  {_fmt_bytes(moved)} between this machine and the pod")
     moves = [(n, t) for n, t in (("upload", report.upload), ("download", report.download)) if t]
@@ -284,14 +287,3 @@ def render_summary(report: RunReport) -> str:
     )
     lines.append(f"result       {'PASSED' if report.passed else 'FAILED'}")
     return redact("\n".join(lines))
-
-
-def flow_run_url(flow_run_id: str) -> str | None:
-    """The run's page in the Prefect UI (``<PREFECT_UI_URL>/runs/flow-run/<id>``), or None
-    when no UI address is configured (Prefect's own ``url_for``)."""
-    from prefect.utilities.urls import url_for
-
-    try:
-        return url_for("flow-run", obj_id=flow_run_id)
-    except Exception:  # no UI configured, or an API URL it cannot derive one from
-        return None

@@ -13,7 +13,7 @@ from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.blocks.runpod.blocks import RunPodCredentials, RunPodPodSpec
 from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
 from prefect_runpod.flows.run.inputs import prepare_run
-from prefect_runpod.flows.run.providers import planned_pod
+from prefect_runpod.flows.run.providers import planned_pod, ssh_key_file
 from prefect_runpod.tasks.bundle_files import BundleFiles
 from prefect_runpod.tasks.preflight import (
     check_pod_disk,
@@ -58,6 +58,44 @@ def test_a_runpod_spec_without_22_tcp_cannot_do_sftp():
     for plan in (hidden, no_ip):
         with pytest.raises(SpecError, match="no direct-TCP SSH endpoint"):
             check_transfer_before_renting("sftp", plan.handle, plan.description)
+
+
+def test_plan_predicts_what_the_run_decides_for_each_pod_runpod_may_give():
+    """``plan`` said ``sftp`` for RunPod's default spec, whose run then used ``pty``: the
+    direct endpoint appears only when the host grants a public IP, which shows once the pod
+    runs. The prediction now comes from the run's own choice (``pick_method``) on both."""
+    from prefect_runpod.blocks.transfer.dispatch import pick_method
+
+    exposed = planned_pod(_runpod(), "prft-x")
+    assert exposed.gateway_only is not None and exposed.gateway_only.direct_ssh is None
+    direct = pick_method(exposed.handle)  # rsync (sftp on a machine without rsync)
+    assert direct in ("rsync", "sftp") and pick_method(exposed.gateway_only) == "pty"
+
+    def said(method: str, plan) -> str:
+        return check_transfer_before_renting(
+            method, plan.handle, plan.description, None, plan.gateway_only
+        )
+
+    assert said("auto", exposed) == f"{direct} if the host grants a public IP for 22/tcp, else pty"
+    assert said("sftp", exposed).startswith("sftp if the host grants a public IP for 22/tcp; ")
+    assert said("pty", exposed) == "pty"
+    hidden = planned_pod(_runpod(ports="8888/http"), "prft-x")
+    assert hidden.gateway_only is None and said("auto", hidden) == "pty"
+    local = planned_pod(LocalPodProvider(mode="direct"), "prft-x")
+    assert local.gateway_only is None and said("auto", local) == direct
+
+
+def test_the_key_shown_is_the_one_in_use(monkeypatch, tmp_path):
+    """The way in showed ``-i '~/.ssh/id_ed25519_runpod'`` (quoted, so ``~`` never
+    expanded) even when the run used a saved RunPodSSHKey block. The file in use is named
+    as it is; with a block (or a local pod) the run keeps the key beside its outputs."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RUNPOD_SSH_KEY_PATH", raising=False)
+    assert ssh_key_file({"provider": "runpod"}) == str(tmp_path / ".ssh/id_ed25519_runpod")
+    monkeypatch.setenv("RUNPOD_SSH_KEY_PATH", "~/keys/rp")
+    assert ssh_key_file({"provider": "runpod"}) == str(tmp_path / "keys/rp")
+    assert ssh_key_file({"provider": "runpod", "ssh_key_block": "team-key"}) is None
+    assert ssh_key_file({"provider": "local"}) is None
 
 
 def test_the_disk_the_bundle_lands_on():

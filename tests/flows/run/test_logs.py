@@ -6,8 +6,9 @@ from __future__ import annotations
 import io
 import logging
 
-from prefect_runpod.flows.run.logs import ConsoleFilter, QuietTaskEngine, stage_logger
-from prefect_runpod.flows.run.report import RunReport
+from prefect_runpod.blocks.provider import PodEnd
+from prefect_runpod.flows.run.logs import WAY_IN, ConsoleFilter, QuietTaskEngine, stage_logger
+from prefect_runpod.flows.run.report import RunReport, render_summary
 from prefect_runpod.tasks.models import StageState
 from prefect_runpod.tasks.pod_io import progress_logger
 from prefect_runpod.tasks.train import terminal_progress_bar
@@ -117,6 +118,22 @@ def test_the_console_shows_what_its_verbosity_asks():
         True,
     ]
     assert all(ConsoleFilter("verbose").filter(r) for r in (train, stage, warning))
+
+
+def test_quiet_keeps_the_line_that_says_how_to_get_into_the_pod():
+    """``--quiet`` dropped ``pod … is up; get in with: ssh …`` with every INFO record."""
+    way_in = _record("pod p1 is up; get in with: ssh -tt …", **WAY_IN)
+    assert all(ConsoleFilter(v).filter(way_in) for v in ("quiet", "normal", "verbose"))
+    assert not ConsoleFilter("quiet").filter(_record("stage upload Completed"))
+
+
+def test_the_summary_names_the_way_in_only_while_the_pod_lives():
+    report = RunReport(flow_run_id="r1", pod_name="prft-r1", provider="local")
+    report.pod_id, report.ssh_command = "p1", "ssh -tt -i /runs/r1/pod-ssh-key -p 2222 u@h"
+    assert "get in with  ssh -tt -i /runs/r1/pod-ssh-key -p 2222 u@h" in render_summary(report)
+    report.pod_end = PodEnd(pod_id="p1", confirmed=True)  # the pod is confirmed gone
+    assert report.terminated
+    assert "get in with" not in render_summary(report)
 
 
 def test_only_a_completed_tasks_engine_record_is_left_out():
