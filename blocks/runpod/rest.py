@@ -71,6 +71,7 @@ OBSOLETE_REST_ENV = "RUNPOD_REST_BASE_URL"
 """REST v1's base, retired with v1 on 2026-11-15: read only to warn that it is ignored."""
 
 _TIMEOUT_SECONDS = 30.0
+_IDEMPOTENT = frozenset({"GET", "DELETE"})
 _LOG_IDLE_SECONDS = 60.0
 
 
@@ -165,8 +166,19 @@ class RestApi:
             return response
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call; an idempotent one (GET, DELETE) whose pooled connection the server had
+        closed (``RemoteProtocolError`` before any answer) is sent once more on a fresh
+        connection, as a browser does. Anything else is raised as it came."""
         what = f"{method} /v2{path}"
-        return self._send(lambda: self._http.request(method, path, **kwargs), what)
+        try:
+            return self._send(lambda: self._http.request(method, path, **kwargs), what)
+        except httpx.RemoteProtocolError as exc:
+            if method not in _IDEMPOTENT:
+                raise
+            logger.info(
+                "%s: the connection closed before an answer (%s); asking once more", what, exc
+            )
+            return self._send(lambda: self._http.request(method, path, **kwargs), what)
 
     # -- pods ---------------------------------------------------------------------------
 

@@ -800,6 +800,9 @@ def _handler_for(emu: RunPodEmulator) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(answer.body)
                 return
             self.send_header("Transfer-Encoding", "chunked")
+            # The stream's connection is closed after it (a cut can break it): say so, so a
+            # client never sends its next request on a connection about to close.
+            self.send_header("Connection", "close")
             self.end_headers()
             try:
                 for chunk in answer.stream:

@@ -414,3 +414,45 @@ class TestLogs:
         finally:
             api.terminate_pod(created.id)
             assert api.get_pod(created.id) is None
+
+
+class TestStaleConnections:
+    """A pooled connection the server closed after its last answer (a log stream's, say)
+    fails the next request before any answer (``RemoteProtocolError``): a GET or DELETE
+    is asked once more on a fresh connection; a POST never is (it may have been done)."""
+
+    @staticmethod
+    def _api(answers: list[object]) -> tuple[RestApi, list[str]]:
+        import httpx
+
+        seen: list[str] = []
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            seen.append(f"{request.method} {request.url.path}")
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer  # type: ignore[return-value]
+
+        key = SecretStr(f"rpa_{uuid.uuid4().hex}")
+        return RestApi(
+            key, base_url="http://runpod.test", transport=httpx.MockTransport(handler)
+        ), seen
+
+    def test_an_idempotent_call_is_asked_once_more(self) -> None:
+        import httpx
+
+        closed = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        api, seen = self._api([closed, httpx.Response(200, json={"pods": []})])
+        assert api.list_pods() == []
+        assert seen == ["GET /v2/pods", "GET /v2/pods"]
+
+    def test_a_create_is_never_sent_twice(self) -> None:
+        import httpx
+
+        closed = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        api, seen = self._api([closed])
+        with pytest.raises(httpx.RemoteProtocolError):
+            api.create_pod(PodCreate(**BASE))
+        assert seen == ["POST /v2/pods"]
+        assert classify_exception(closed).action is FailoverAction.RESOLVE  # read, never re-create
