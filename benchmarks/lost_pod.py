@@ -92,12 +92,13 @@ def _runpod(runs: int, root: Path) -> list[dict[str, Any]]:
     key_file = root / "id_ed25519_runpod"
     key_file.write_text(keypair.private_key.get_secret_value())
     key_file.chmod(0o600)
-    emulator = RunPodEmulator(api_key="rpa_" + "b" * 32, home=root / "emulated-pods").start()
+    emulator = RunPodEmulator(
+        api_key="rpa_" + "b" * 32, home=root / "emulated-pods", retire={"graphql"}
+    ).start()
     emulator.pub_key = keypair.public_key
     os.environ.update(
         RUNPOD_API_KEY=emulator.api_key,
         RUNPOD_API_BASE_URL=emulator.base_url,
-        RUNPOD_REST_BASE_URL=emulator.rest_base_url,
         RUNPOD_SSH_KEY_PATH=str(key_file),
         RUNPOD_SSH_GATEWAY_HOST="127.0.0.1",
         RUNPOD_SSH_GATEWAY_PORT=str(emulator.gateway_port),

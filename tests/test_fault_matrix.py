@@ -279,7 +279,7 @@ def _layer_of(lab: FaultLab, report: dict[str, Any], run_id: uuid.UUID) -> str:
     # which records the end once the provider confirmed it — after the pod is gone.
     record = (
         wait_until("the record of who ended the pod", confirmed, 120.0, 0.5)
-        if end.how == "podTerminate"
+        if end.how in ("podTerminate", "DELETE /v2/pods")
         else latest_record(str(run_id))
     )
     by = record.end.ended_by.value if record and record.end else "unknown"

@@ -1,5 +1,5 @@
-"""The same flow on (emulated) RunPod through the real ``runpod`` SDK, the budget cap,
-and the secret sentinel across every place a token could leak."""
+"""The same flow on (emulated) RunPod over REST v2 with GraphQL and v1 retired, the
+budget cap, and the secret sentinel across every place a token could leak."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ from tests.fixtures.leaks import files_holding, proc_cmdlines
 pytestmark = pytest.mark.slow
 
 
-def test_flow_runs_on_emulated_runpod_through_the_sdk(
+def test_flow_runs_on_emulated_runpod_over_rest_v2(
     prefect_server, runpod_emulator, tmp_path, monkeypatch
 ):
-    """Issue 3: nothing but credentials changes; cost comes from RunPod's costPerHr."""
+    """Issue 3: nothing but credentials changes; cost comes from RunPod's ``cost``. Issue
+    23: the demo passes with the emulator's GraphQL and REST v1 answering 410 Gone, every
+    call over REST v2."""
     keypair = generate_keypair("runpod-e2e")
     key_file = tmp_path / "id_ed25519_runpod"
     key_file.write_text(keypair.private_key.get_secret_value())
@@ -48,9 +50,10 @@ def test_flow_runs_on_emulated_runpod_through_the_sdk(
     # As recorded: seconds to the millisecond, USD to 1e-8 from those seconds.
     assert cost["billed_seconds"] == round(cost["billed_seconds"], 3)
     assert cost["usd"] == round(cost["cost_per_hr"] * cost["billed_seconds"] / 3600, 8)
-    ops = [r.get("query", "") for r in runpod_emulator.requests]
-    assert any("podFindAndDeployOnDemand" in q for q in ops)
-    assert any("podTerminate" in q for q in ops)
+    assert runpod_emulator.retired == {"graphql", "v1"}
+    ops = {r.get("operation") for r in runpod_emulator.requests}
+    assert {"createPod", "getPod", "deletePod", "getSshKeys", "listGpuTypes"} <= ops
+    assert all(r.get("path", "").startswith("/v2/") for r in runpod_emulator.requests), ops
     # The fixture's teardown fails the test if the emulator still holds a pod.
 
 

@@ -16,14 +16,15 @@ It then tries, in order, until one ends the pod:
 1. ``runpodctl pod delete $RUNPOD_POD_ID`` (runpodctl 2.x);
 2. ``runpodctl remove pod $RUNPOD_POD_ID`` (the older verb, deprecated in 2.x; an image
    ships whichever runpodctl it was built with);
-3. RunPod's GraphQL ``podTerminate`` with the pod's own ``RUNPOD_API_KEY``, through
-   urllib: with the system's CA store first, then with each CA bundle found on the pod
-   (certifi's, pip's vendored copy), since bare images fail TLS with ``x509: certificate
-   signed by unknown authority`` (runpodctl#149). Verification is never turned off.
+3. RunPod's REST v2 ``DELETE /v2/pods/{id}`` with the pod's own ``RUNPOD_API_KEY``,
+   through urllib (204, or 404 for a pod RunPod no longer knows): with the system's CA
+   store first, then with each CA bundle found on the pod (certifi's, pip's vendored
+   copy), since bare images fail TLS with ``x509: certificate signed by unknown
+   authority`` (runpodctl#149). Verification is never turned off.
 4. Last resort: stop every process of the pod but PID 1 and this one (PID 1 ignores
    signals it has no handler for, and RunPod restarts a container whose PID 1 exits), so
    at least the workload stops; it records ``workload stopped, pod NOT ended`` and keeps
-   trying 1-3: the pod may still be billing until the reaper or RunPod's lease ends it.
+   trying 1-3: the pod may still be billing until the reaper ends it.
 
 A layer that reports success is given ``--settle-seconds`` for the pod to end (this
 process ends with it); still alive after that, the next layer is tried.
@@ -64,7 +65,8 @@ PID_FILE = "watchdog.pid"
 START_FILE = "watchdog.start"
 ATTEMPTS_FILE = "deadman.jsonl"
 
-DEFAULT_API_URL = "https://api.runpod.io/graphql"
+DEFAULT_API_URL = "https://api.runpod.io/v2"
+API_LAYER = "DELETE /v2/pods (pod key)"
 WORKLOAD_STOPPED = "workload stopped, pod NOT ended"
 INIT_PID_VAR = "PREFECT_RUNPOD_POD_INIT_PID"
 """Set inside a local pod: its daemon's pid, the pod's own PID 1."""
@@ -196,8 +198,21 @@ def _tls_failure(exc):
     )
 
 
+def _problem_text(exc):
+    """RunPod's words from an error answer: a problem object's ``title: detail``."""
+    try:
+        data = json.loads(exc.read().decode("utf-8", "replace") or "{}")
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    words = ": ".join(str(data[k]) for k in ("title", "detail") if data.get(k))
+    return words or "no problem object"
+
+
 def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
-    """RunPod's GraphQL ``podTerminate`` for ``pod_id`` with the pod's key, through urllib.
+    """RunPod's REST v2 ``DELETE {url}/pods/{pod_id}`` with the pod's key, through urllib
+    (``url`` is the v2 base, ``https://api.runpod.io/v2``).
 
     Tries the system CA store, then each of ``bundles``; verification stays on. The key
     never appears in ``detail``: one trailing newline is stripped, any other whitespace
@@ -205,7 +220,8 @@ def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
     refuses).
 
     Returns:
-        ``(ok, detail)``; ``ok`` when RunPod accepted it or no longer knows the pod.
+        ``(ok, detail)``; ``ok`` when RunPod accepted it (204) or no longer knows the pod
+        (404).
     """
     if not _POD_ID.fullmatch(pod_id or ""):
         return False, "RUNPOD_POD_ID %r is not a pod id" % (pod_id,)
@@ -218,15 +234,14 @@ def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
             "the pod's RUNPOD_API_KEY holds whitespace or a control character, so it "
             "cannot be sent (the value is not shown)"
         )
-    query = 'mutation { podTerminate(input: {podId: "%s"}) }' % pod_id
-    body = json.dumps({"query": query}).encode()
-    headers = {"Content-Type": "application/json", "Authorization": "Bearer " + api_key}
+    target = "%s/pods/%s" % (url.rstrip("/"), pod_id)
+    headers = {"Accept": "application/json", "Authorization": "Bearer " + api_key}
     stores = [("the system CA store", None)] + [(path, path) for path in bundles]
     problems = []
     for label, cafile in stores:
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        request = urllib.request.Request(target, headers=headers, method="DELETE")
         context = None
-        if url.startswith("https:"):
+        if target.startswith("https:"):
             try:
                 context = ssl.create_default_context(cafile=cafile)
             except (OSError, ssl.SSLError) as exc:
@@ -234,14 +249,21 @@ def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
                 continue
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
-                data = json.loads(answer.read().decode("utf-8", "replace") or "{}")
+                status = answer.status
         except urllib.error.HTTPError as exc:
-            try:
-                data = json.loads(exc.read().decode("utf-8", "replace") or "{}")
-            except ValueError:
-                return False, "HTTP %d from %s" % (exc.code, url)
+            said = _problem_text(exc)
+            if exc.code == 404:
+                return (
+                    True,
+                    "RunPod no longer knows the pod (HTTP 404 %s); TLS verified with %s"
+                    % (
+                        said,
+                        label,
+                    ),
+                )
             if exc.code in (401, 403):
-                return False, "HTTP %d: the pod's key was refused" % exc.code
+                return False, "HTTP %d: the pod's key was refused (%s)" % (exc.code, said)
+            return False, "RunPod answered HTTP %d %s (%s)" % (exc.code, said, label)
         except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
             if _tls_failure(exc):
                 problems.append("%s: x509: %s" % (label, getattr(exc, "reason", exc)))
@@ -252,16 +274,7 @@ def api_terminate(url, api_key, pod_id, bundles, timeout=_API_TIMEOUT_SECONDS):
                 type(exc).__name__,
                 label,
             )
-        errors = data.get("errors") if isinstance(data, dict) else None
-        if errors:
-            message = str((errors[0] or {}).get("message", errors[0]))
-            if "not found" in message.lower():
-                return True, "RunPod no longer knows the pod (%s); TLS verified with %s" % (
-                    message,
-                    label,
-                )
-            return False, "RunPod answered: %s (%s)" % (message, label)
-        return True, "podTerminate accepted; TLS verified with %s" % label
+        return True, "DELETE accepted (HTTP %d); TLS verified with %s" % (status, label)
     return False, "; ".join(problems) or "no answer"
 
 
@@ -370,7 +383,7 @@ class Layers:
                 return True
         key = os.environ.get("RUNPOD_API_KEY", "")
         if self.api_url and self._try(
-            "graphql podTerminate",
+            API_LAYER,
             reason,
             api_terminate,
             self.api_url,
@@ -389,7 +402,7 @@ class Layers:
                 ok=False,
                 outcome=WORKLOAD_STOPPED,
                 detail="%d processes stopped; every way to end the pod failed, it may still "
-                "be billing until the reaper or RunPod's lease ends it" % count,
+                "be billing until the reaper ends it" % count,
             )
             _log(self.run_dir, "%s (%d processes stopped)" % (WORKLOAD_STOPPED, count))
         return False
@@ -506,10 +519,9 @@ def main(argv=None):
     parser.add_argument(
         "--api-url",
         default=None,
-        help="RunPod's GraphQL endpoint (default $RUNPOD_API_BASE_URL/graphql, else %s)"
-        % DEFAULT_API_URL,
+        help="RunPod's REST v2 base (default $RUNPOD_API_BASE_URL/v2, else %s)" % DEFAULT_API_URL,
     )
-    parser.add_argument("--no-api", action="store_true", help="skip the GraphQL layer")
+    parser.add_argument("--no-api", action="store_true", help="skip the REST v2 layer")
     parser.add_argument(
         "--ca-bundle", action="append", default=[], help="one more CA bundle to try"
     )
@@ -547,7 +559,7 @@ def main(argv=None):
     api_url = None
     if not args.no_api and pod_id:
         base = os.environ.get("RUNPOD_API_BASE_URL", "").rstrip("/")
-        api_url = args.api_url or (base + "/graphql" if base else DEFAULT_API_URL)
+        api_url = args.api_url or (base + "/v2" if base else DEFAULT_API_URL)
     layers = Layers(
         run_dir,
         pod_id,

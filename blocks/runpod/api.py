@@ -42,9 +42,9 @@ __all__ = [
 ApiName = Literal["v2", "graphql"]
 API_NAMES: tuple[ApiName, ...] = ("v2", "graphql")
 
-DEFAULT_API: ApiName = "graphql"
-"""The API a ``RunPodCredentials`` block uses when it does not say. GraphQL (the
-``runpod`` SDK) while REST v2 is wired through the flows; REST v2 from then on."""
+DEFAULT_API: ApiName = "v2"
+"""The API a ``RunPodCredentials`` block uses when it does not say: REST v2. GraphQL (the
+``runpod`` SDK) only when a block asks for it, until RunPod retires it (early 2027)."""
 
 PodState = Literal["PROVISIONING", "STARTING", "RUNNING", "EXITED", "ERROR", "TERMINATED"]
 """A pod's status in REST v2's words; the GraphQL backend maps ``desiredStatus`` onto

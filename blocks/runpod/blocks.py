@@ -228,12 +228,23 @@ client = credentials.get_client()
         Raises:
             SpecError: ``api_base_url`` (or ``$RUNPOD_API_BASE_URL``) is not a base URL.
         """
+        import os
+
         from prefect_runpod.blocks.runpod.graphql_api import GraphQLApi
-        from prefect_runpod.blocks.runpod.rest import RestApi
+        from prefect_runpod.blocks.runpod.rest import API_BASE_ENV, RestApi, resolve_base_url
 
         rest = RestApi(self.api_key, base_url=self.api_base_url)
         if self.api_name == "v2":
             return rest
+        if self.api_base_url and self.api_base_url != resolve_base_url(
+            os.environ.get(API_BASE_ENV)
+        ):
+            warnings.warn(
+                f"api_base_url {self.api_base_url} reaches REST v2 only: the runpod SDK's "
+                f"GraphQL reads ${API_BASE_ENV} on every call; set it to the same base",
+                UserWarning,
+                stacklevel=2,
+            )
         return GraphQLApi(self.get_client(), rest)
 
     def fetch_pod_bill(
@@ -282,7 +293,12 @@ provider = spec.get_provider(credentials, ssh_key)
         default=20, ge=1, le=2000, description="Container disk size in GB (lost on terminate)."
     )
     volume_gb: int = Field(
-        default=0, ge=0, le=10000, description="Pod volume size in GB (0 for none)."
+        default=20,
+        ge=0,
+        le=10000,
+        description="Pod volume size in GB, mounted at volume_mount_path (0 for none; RunPod "
+        "asks at least 10). The run's directory lives there, so it survives a container "
+        "restart; REST v2 reports a pod's working directory only as this mount's path.",
     )
     volume_mount_path: str = Field(
         default="/workspace", description="Where the pod volume is mounted in the pod."

@@ -320,8 +320,14 @@ def _classify_httpx(exc: BaseException) -> RunPodErrorClass | None:
 
     name = type(exc).__name__
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        try:
+            host = exc.request.url.netloc.decode() or "the RunPod API"
+        except RuntimeError:  # raised without its request
+            host = "the RunPod API"
         return RunPodErrorClass(
-            ErrorKind.TRANSIENT, FailoverAction.RETRY, f"{name}: cannot reach RunPod ({exc})"
+            ErrorKind.TRANSIENT,
+            FailoverAction.RETRY,
+            f"{name}: cannot reach {host} (network, DNS or proxy: {exc})",
         )
     if isinstance(exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError):
         return RunPodErrorClass(

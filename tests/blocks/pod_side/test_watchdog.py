@@ -258,8 +258,9 @@ def _runpodctl(bin_dir: Path, log: Path, fail_verbs: tuple[str, ...]) -> dict:
 
 
 class _API:
-    """A loopback HTTPS stand-in for RunPod's GraphQL endpoint, its certificate signed by
-    a throwaway CA: a client verifies it only with that CA's bundle."""
+    """A loopback HTTPS stand-in for RunPod's REST v2 ``DELETE /v2/pods/{id}`` (204), its
+    certificate signed by a throwaway CA: a client verifies it only with that CA's
+    bundle. ``url`` is the v2 base the watchdog takes."""
 
     def __init__(self, tmp_path: Path) -> None:
         import threading
@@ -269,18 +270,21 @@ class _API:
 
         self.ca = make_loopback_ca()
         self.calls: list[tuple[str, str]] = []
+        self.answer: tuple[int, dict | None] = (204, None)
+        """What the next DELETE answers: a status and a problem object (or none)."""
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                api.calls.append((self.headers.get("Authorization", ""), json.loads(body)["query"]))
-                out = b'{"data": {"podTerminate": null}}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+            def do_DELETE(self) -> None:
+                api.calls.append((self.headers.get("Authorization", ""), f"DELETE {self.path}"))
+                status, problem = api.answer
+                out = json.dumps(problem).encode() if problem else b""
+                self.send_response(status)
+                if problem:
+                    self.send_header("Content-Type", "application/problem+json")
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
                 self.wfile.write(out)
@@ -290,7 +294,7 @@ class _API:
             self.server.socket, server_side=True
         )
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/graphql"
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/v2"
 
     def close(self) -> None:
         self.server.shutdown()
@@ -353,17 +357,12 @@ class TestLayers:
             "PYTHONPATH": str(site_dir),
         }
         assert _stale(tmp_path, "--api-url", api.url, env=env).returncode == 0
-        assert api.calls == [
-            (
-                f"Bearer {FAKE_POD_KEY}",
-                f'mutation {{ podTerminate(input: {{podId: "{pod_id}"}}) }}',
-            )
-        ]
+        assert api.calls == [(f"Bearer {FAKE_POD_KEY}", f"DELETE /v2/pods/{pod_id}")]
         attempts = _attempts(tmp_path)
         assert [(a["layer"], a["ok"]) for a in attempts] == [
             ("runpodctl pod delete", False),
             ("runpodctl remove pod", False),
-            ("graphql podTerminate", True),
+            ("DELETE /v2/pods (pod key)", True),
         ]
         assert f"TLS verified with {site_dir}/certifi/cacert.pem" in attempts[-1]["detail"]
 
@@ -398,9 +397,9 @@ class TestLayers:
             bystander.wait()
         assert api.calls == []  # TLS never verified, so nothing was sent
         attempts = _attempts(tmp_path)
-        graphql = [a for a in attempts if a["layer"] == "graphql podTerminate"]
-        assert graphql and "x509" in graphql[0]["detail"]
-        assert "the system CA store" in graphql[0]["detail"]
+        api_layer = [a for a in attempts if a["layer"] == "DELETE /v2/pods (pod key)"]
+        assert api_layer and "x509" in api_layer[0]["detail"]
+        assert "the system CA store" in api_layer[0]["detail"]
         stopped = [a for a in attempts if a.get("outcome")]
         assert stopped[0]["outcome"] == "workload stopped, pod NOT ended"
         assert stopped[0]["layer"] == "stop workload"
@@ -443,6 +442,32 @@ def test_the_pods_key_of_the_wrong_shape_is_never_quoted(tmp_path: Path, api: _A
     assert api.calls == []
     ok, detail = module.api_terminate(api.url, FAKE_POD_KEY + "\n", "podtest1", [str(bundle)])
     assert ok, detail
-    assert api.calls == [
-        (f"Bearer {FAKE_POD_KEY}", 'mutation { podTerminate(input: {podId: "podtest1"}) }')
-    ]
+    assert api.calls == [(f"Bearer {FAKE_POD_KEY}", "DELETE /v2/pods/podtest1")]
+
+
+@pytest.mark.parametrize(
+    ("status", "problem", "ok", "said"),
+    [
+        (204, None, True, "DELETE accepted (HTTP 204)"),
+        (404, {"title": "Not Found", "status": 404, "detail": "pod not found"}, True,
+         "RunPod no longer knows the pod (HTTP 404 Not Found: pod not found)"),
+        (401, {"title": "Unauthorized", "status": 401, "detail": "invalid bearer token"}, False,
+         "HTTP 401: the pod's key was refused (Unauthorized: invalid bearer token)"),
+        (500, {"title": "Internal Server Error", "status": 500, "detail": "try later"}, False,
+         "RunPod answered HTTP 500 Internal Server Error: try later"),
+    ],
+)  # fmt: skip
+def test_the_api_layer_reads_runpods_v2_answers(  # type: ignore[no-untyped-def]
+    tmp_path: Path, api: _API, status, problem, ok, said
+) -> None:
+    """``DELETE /v2/pods/{id}``: 204 ends it, 404 means RunPod no longer knows it (gone),
+    anything else is RunPod's problem object in its own words."""
+    spec = importlib.util.spec_from_file_location("pod_side_watchdog", WATCHDOG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(api.ca.ca_pem)
+    api.answer = (status, problem)
+    got, detail = module.api_terminate(api.url, FAKE_POD_KEY, "podtest1", [str(bundle)])
+    assert (got, said in detail) == (ok, True), detail
+    assert FAKE_POD_KEY not in detail

@@ -98,10 +98,6 @@ GRAPHQL_FALLBACK = {"blocks/runpod/graphql_api.py", "blocks/runpod/client.py"}
 """The GraphQL fallback: ``GraphQLApi`` and the ``runpod`` SDK binding it wraps."""
 QUOTES = {"blocks/local_pod/pod_files.py"}
 """Quotes runpodctl's own error text (an x509 failure naming its GraphQL URL), no call."""
-PENDING = {
-    "blocks/pod_side/watchdog.py": "the pod-side dead-man still ends its pod with GraphQL "
-    "podTerminate (its layer 3); it moves to DELETE /v2/pods/{id} with the pod's key",
-}
 
 
 def _product_files() -> list[str]:
@@ -114,14 +110,7 @@ def test_no_product_file_names_rest_v1() -> None:
 
 
 @pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=PENDING[p]))
-        if p in PENDING
-        else p
-        for p in _product_files()
-        if p not in GRAPHQL_FALLBACK | QUOTES
-    ],
+    "path", [p for p in _product_files() if p not in GRAPHQL_FALLBACK | QUOTES]
 )
 def test_the_graphql_endpoint_only_in_the_fallback(path: str) -> None:
     text = (ROOT / path).read_text()

@@ -27,6 +27,13 @@ GPU = "NVIDIA GeForce RTX 3090"
 
 
 @pytest.fixture
+def runpod_api() -> str:
+    """This module drives the emulator's GraphQL through the ``runpod`` SDK: the API the
+    fallback speaks, kept served here (the package default, v2, retires it)."""
+    return "graphql"
+
+
+@pytest.fixture
 def sdk(runpod_emulator: RunPodEmulator) -> Iterator[RunPodEmulator]:
     """The SDK's global key set to the emulator's (and restored)."""
     saved = runpod.api_key

@@ -161,6 +161,11 @@ class TestThroughTheRealSDK:
     ``runpod`` SDK against the emulator."""
 
     @pytest.fixture
+    def runpod_api(self) -> str:
+        """The emulator keeps GraphQL served for these (the SDK's API, the fallback)."""
+        return "graphql"
+
+    @pytest.fixture
     def client(self, runpod_emulator):  # type: ignore[no-untyped-def]
         from pydantic import SecretStr
 

@@ -99,7 +99,7 @@ def test_the_key_shown_is_the_one_in_use(monkeypatch, tmp_path):
 
 
 def test_the_disk_the_bundle_lands_on():
-    container = planned_pod(_runpod(container_disk_gb=20), "prft-x")
+    container = planned_pod(_runpod(container_disk_gb=20, volume_gb=0), "prft-x")
     volume = planned_pod(_runpod(container_disk_gb=20, volume_gb=100), "prft-x")
     elsewhere = planned_pod(
         _runpod(container_disk_gb=20, volume_gb=100, volume_mount_path="/data"), "prft-x"
@@ -187,7 +187,7 @@ def test_prepare_run_on_runpod_without_saved_blocks(tmp_path, monkeypatch):
     run = prepare_run(params, demo_bundle=DEMO_BUNDLE, run_name="prft-x")
     assert run.provider.provider_name == "runpod" and run.hf.source == "none"
     assert run.settings.bundle.root == str(DEMO_BUNDLE.resolve())
-    assert run.upload_line.startswith("upload: ") and "container disk" in run.upload_line
+    assert run.upload_line.startswith("upload: ") and "20 GB volume" in run.upload_line
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SpecError, match="runpodctl is not installed on this machine"):
         prepare_run(
