@@ -10,7 +10,7 @@ __all__ = ["BUILT_IN_TRANSFER_METHODS", "PTY_FRAMING_CHOICES", "REAPER_TTL_GRACE
 
 REAPER_TTL_GRACE_SECONDS = 600.0
 """What the reaper adds to a pod's recorded lifetime for its default TTL (10 min): the
-dead-man and the lease act first, the reaper after them, however fresh the heartbeat."""
+dead-man acts first, the reaper after it, however fresh the heartbeat."""
 
 PTY_FRAMING_CHOICES = ("auto", "raw", "base64")
 """``auto``: raw frames when the probe finds that every byte value survives the path,

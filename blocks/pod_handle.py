@@ -71,9 +71,6 @@ class PodHandle(BaseModel):
         pod_host_id: RunPod's ``machine.podHostId`` (only create/resume return it).
         lifetime_seconds: the dead-man lifetime the pod was created with (recorded on
             the pod, so the reaper's default TTL can follow it), or None when unknown.
-        terminate_after: when the provider itself ends the pod (RunPod's
-            ``terminateAfter``, the local pod's daemon), UTC; None when that layer is
-            absent or unknown.
     """
 
     pod_id: str
@@ -87,7 +84,6 @@ class PodHandle(BaseModel):
     workdir: str = "/workspace"
     pod_host_id: str | None = None
     lifetime_seconds: float | None = None
-    terminate_after: datetime | None = None
 
     def ssh_command(self, key_path: str = "KEY") -> str:
         """The short ``ssh -tt …`` form for messages (``SSHEndpoint.ssh_command``), or a

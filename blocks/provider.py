@@ -129,8 +129,8 @@ class PodStatus(BaseModel):
         observed_at: when the answer came (UTC).
         ended_at: when the pod ended, when the provider knows it (the local pod's record);
             None otherwise (RunPod forgets terminated pods: its billing holds the end).
-        ended_by: who ended it, when the provider knows (``deadman``, ``lease``, ``cli``…).
-        ended_layer: how, when known (``runpodctl pod delete``, ``terminateAfter``…).
+        ended_by: who ended it, when the provider knows (``deadman``, ``guardian``, ``cli``…).
+        ended_layer: how, when known (``runpodctl pod delete``, ``terminate (the guardian)``…).
     """
 
     pod_id: str
@@ -158,8 +158,13 @@ class EndedBy(StrEnum):
     """The pod-side dead-man switch (layer 3)."""
     REAPER = "reaper"
     """The reaper flow (layer 4)."""
+    GUARDIAN = "guardian"
+    """The run's local guardian, after its process died before the dead-man was armed
+    (layer 5)."""
     LEASE = "lease"
-    """The provider's own lease: RunPod's ``terminateAfter``, the local pod's daemon (layer 5)."""
+    """Read from old records only: a provider-side lease (RunPod's ``terminateAfter``, the
+    local pod's former deadline). RunPod never acted on it; no layer of today ends a pod
+    so."""
     CLI = "cli"
     """``prefect-runpod terminate``."""
     OUTSIDE = "outside"
@@ -177,7 +182,7 @@ class PodEnd(BaseModel):
         confirmed: True once the provider confirmed the pod gone (billing ended).
         ended_at: when billing ended (UTC); None while the pod may still be billing.
         layer: how (``terminate (the run's finally)``, ``runpodctl pod delete``,
-            ``podTerminate with the pod's key``, ``terminateAfter``…).
+            ``DELETE /v2/pods with the pod's key``, ``terminate (the guardian)``…).
         cause: the liveness cause when the pod was lost under the run
             (``terminated_outside``, ``exited``, ``host_lost``), else None.
         inferred: True when ``ended_by`` was deduced (no witness left a record).

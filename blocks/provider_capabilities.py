@@ -128,11 +128,16 @@ class ProviderBill:
         usd: the amount, USD.
         billed_seconds: the time it billed, s, when it says (None otherwise).
         note: where the amount came from (``RunPod REST v2, 1 record(s)``).
+        gpu_usd / cpu_usd / disk_usd: the amount's parts, when the bill splits it
+            (RunPod's v2 ``gpuAmount``, ``cpuAmount``, ``diskAmount``), else None.
     """
 
     usd: float
     billed_seconds: float | None
     note: str
+    gpu_usd: float | None = None
+    cpu_usd: float | None = None
+    disk_usd: float | None = None
 
 
 @dataclass(frozen=True)

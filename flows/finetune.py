@@ -43,6 +43,7 @@ from prefect_runpod.blocks.validation.parameters import (
 )
 from prefect_runpod.flows.run.cost_record import record_pod_end
 from prefect_runpod.flows.run.end import end_run, write_report
+from prefect_runpod.flows.run.guardian import start_guardian
 from prefect_runpod.flows.run.inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.run.ledger import run_stage
 from prefect_runpod.flows.run.logs import install_quiet_engine, stage_logger
@@ -206,6 +207,8 @@ def finetune(
                 on_stage,
                 key_path=ssh_key_file(params),  # None: the key is kept beside the outputs
                 parity_warn_only=parity_warn_only,
+                # before the create: ends the pod if this process dies before its dead-man runs
+                guardian=start_guardian(params, report.pod_name, run_id),
             )
             session.bring_up()
             deferred = session.work()

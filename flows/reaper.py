@@ -11,14 +11,14 @@ no live run stands behind:
   ``prefect.flow-run.heartbeat`` event. A SIGKILLed script run stays Running forever on
   a self-hosted server, so the state alone is not proof of life;
 - the pod is older than its TTL, whatever its run says, a fresh heartbeat included: by
-  default the pod's recorded lifetime (the dead-man's, which is also RunPod's
-  ``terminateAfter``) plus ``REAPER_TTL_GRACE_SECONDS``, so the reaper acts after those
-  two layers, never before.
+  default the pod's recorded lifetime (the dead-man's) plus ``REAPER_TTL_GRACE_SECONDS``,
+  so the reaper acts after the dead-man, never before.
 
 The decision is the pure function ``decide_reap``; the flow only gathers facts, asks it,
 terminates, records each end in the run's own ``finetune-costs`` record (who: the
-reaper; with what the pod's dead-man had tried, when that can be read from here), and
-writes a ``reaper-report`` table artifact.
+reaper; with what the pod's dead-man had tried, when that can be read from here), sets a
+run that still said it ran Crashed with the cause (its process was gone, and Prefect
+would show it Running forever), and writes a ``reaper-report`` table artifact.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from prefect_runpod.blocks.validation.parameters import (
     ProviderName,
 )
 from prefect_runpod.flows.run.cost_record import record_pod_end
+from prefect_runpod.flows.run.crashed import mark_crashed
 from prefect_runpod.flows.run.heartbeat import deadman_attempts, deadman_note
 from prefect_runpod.flows.run.names import FINISHED_STATE_TYPES, flow_run_id_from_pod_name
 from prefect_runpod.flows.run.providers import build_provider
@@ -289,6 +290,12 @@ def _act_on(
             handle=pod,
             provider=prov,
         )
+        cause = f"the reaper ended its pod {decision.pod_id}: {decision.reason}"
+        try:
+            if mark_crashed(decision.flow_run_id, cause):
+                logger.warning("run %s marked Crashed: %s", decision.flow_run_id, cause)
+        except Exception as exc:  # the pod is ended and recorded; the state is beside it
+            logger.warning("could not mark run %s Crashed: %s", decision.flow_run_id, exc)
 
 
 @flow(name="runpod-reaper", log_prints=False)

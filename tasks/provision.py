@@ -58,26 +58,9 @@ def provision(
     logger = get_run_logger()
     handle = provider.create(request, name)
     on_created(handle)
-    lease = (
-        f"; the provider ends it by itself at {handle.terminate_after.isoformat()} whatever "
-        "happens here (its lease)"
-        if handle.terminate_after is not None
-        else ""
-    )
     logger.info(
-        "%s: created (%s, %s, %.2f USD/h)%s",
-        handle.pod_id,
-        name,
-        handle.gpu_type,
-        handle.cost_per_hr,
-        lease,
+        "%s: created (%s, %s, %.2f USD/h)", handle.pod_id, name, handle.gpu_type, handle.cost_per_hr
     )
-    if handle.terminate_after is None and request.deadman is not None:
-        logger.warning(
-            "%s: no server-side lease: until its dead-man switch is armed, only the flow, "
-            "its hooks and the reaper can end it",
-            handle.pod_id,
-        )
     try:
         fault_point("wait_ready")
         handle = provider.wait_ready(handle, ready_timeout_seconds)

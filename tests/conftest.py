@@ -50,9 +50,11 @@ def runpod_home() -> Path:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Pods left running = 0: any local pod still registered under this session's pod
-    home is terminated and fails the run, naming it."""
+    """Pods left running = 0, guardians left running = 0: any local pod still registered
+    under this session's pod home is terminated, any run's guardian still waiting there
+    is stopped, and either fails the run, naming it."""
     home = Path(os.environ["PREFECT_RUNPOD_HOME"])
+    _no_guardian_left(session, home)
     if not (home / "registry").is_dir():
         return
     from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
@@ -64,4 +66,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if leftovers:
         names = ", ".join(f"{h.pod_id} ({h.name})" for h in leftovers)
         print(f"\nERROR: tests left {len(leftovers)} local pod(s) running: {names}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _no_guardian_left(session: pytest.Session, home: Path) -> None:
+    import signal
+    import time
+
+    from prefect_runpod.flows.run.guardian import live_guardians
+
+    deadline = time.monotonic() + 30.0  # one told to go a moment ago may still be exiting
+    while (left := live_guardians(home)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for entry in left:
+        os.kill(int(entry["pid"]), signal.SIGKILL)
+    if left:
+        runs = ", ".join(f"{e['pid']} (run {e['flow_run_id']})" for e in left)
+        print(f"\nERROR: tests left {len(left)} guardian(s) running: {runs}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

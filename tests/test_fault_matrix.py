@@ -8,7 +8,8 @@ barrier at the start of the stage (``prefect_runpod.blocks.faults``), never by t
 - ``sigterm`` — SIGTERM to the flow process (served run) → Crashed, the ``finally``;
 - ``sigkill`` — SIGKILL to a flow run as a plain script process (nothing runs after it
   and the run stays Running): the pod-side dead-man switch (``env``: heartbeat stale
-  after 3 s) or the reaper flow (the other stages: run silent for 2 s) ends the pod;
+  after 3 s), the run's guardian (``provision``: no dead-man armed yet) or the reaper
+  flow (the other stages: run silent for 2 s) ends the pod;
 - ``cancel``  — the run of the served deployment paused at the barrier is cancelled
   through the API → Cancelled; the runner's SIGTERM reaches the ``finally``;
 - ``drop``    — paused at the barrier, the RunPod gateway is told to cut the stage's
@@ -26,9 +27,10 @@ and its ``on_crashed`` hook, in the runner's process, finds the pod by name and 
 Issue 14 adds the cells about the truth of a run: the pod terminated from outside
 (``prefect-runpod terminate`` from "another shell" while the run waits at a stage: one
 stage by default, every stage under the full matrix), the terminate API down for good,
-the pod's ``runpodctl`` failing with x509 (the dead-man's GraphQL layer ends it), a
-SIGKILL during ``wait_ready`` (RunPod's ``terminateAfter`` lease ends it), and two runs
-at once on emulated RunPod. Every cell asserts no pod left, the run's final Prefect
+the pod's ``runpodctl`` failing with x509 (the dead-man's REST v2 layer, with the pod's
+own key, ends it), a SIGKILL during ``wait_ready`` (the run's guardian ends it: issue 23;
+RunPod's ``terminateAfter`` never did), and two runs at once on emulated RunPod. Every
+cell speaks REST v2: the emulator's GraphQL answers 410 Gone. Every cell asserts no pod left, the run's final Prefect
 state, and the run's recorded cost (its ``finetune-costs`` record, completed by
 ``prefect-runpod cost --reconcile`` where no layer of the run could write it): its
 billing window sits on the emulator's record of the pod's life, compared on the one
@@ -82,7 +84,7 @@ FULL = os.environ.get("PREFECT_RUNPOD_FULL_MATRIX") == "1"
 # Every stage, every fault and every layer; the full matrix behind the variable.
 SUBSET = {
     ("provision", "raise"),
-    ("provision", "sigkill"),  # reaper: no dead-man is armed yet
+    ("provision", "sigkill"),  # the guardian: no dead-man is armed yet
     ("env", "sigkill"),  # dead-man switch
     ("env", "drop"),
     ("upload", "sigterm"),
@@ -286,7 +288,7 @@ def _layer_of(lab: FaultLab, report: dict[str, Any], run_id: uuid.UUID) -> str:
     if by == "hook":
         wait_until("the hook's 'terminated' log line", lambda: _hook_log(lab, run_id), 120.0, 1.0)
         return "2 hook"
-    return {"flow": "1 finally", "reaper": "4 reaper", "lease": "5 lease"}.get(by, by)
+    return {"flow": "1 finally", "reaper": "4 reaper", "guardian": "5 guardian"}.get(by, by)
 
 
 def _served_cell(lab: FaultLab, stage: str, fault: str, cell: Path) -> Cell:
@@ -389,9 +391,24 @@ def _script_cell(lab: FaultLab, stage: str, cell: Path) -> Cell:
     report = _report(out)
     run_id = uuid.UUID(report["flow_run_id"])
     run = lab.read_run(run_id)
-    # SIGKILL runs no finally and no hook: on a self-hosted server the run stays Running.
-    assert run.state.type.value == "RUNNING", run.state
-    if deadman:
+    # SIGKILL runs no finally and no hook: on a self-hosted server the run stays Running
+    # (killed before its dead-man was armed, its guardian may have marked it Crashed).
+    guarded = stage == "provision"
+    assert run.state.type.value in ({"RUNNING", "CRASHED"} if guarded else {"RUNNING"}), run.state
+    if guarded:  # after create, before the dead-man is armed: the run's guardian ends it
+        _pods_gone(lab, prefix, 60.0)
+        end = lab.emulator.ended[report["pod_id"]]
+        assert end.how == "DELETE /v2/pods", end
+
+        def recorded() -> CostRecord | None:
+            record = latest_record(str(run_id))
+            by = record.end.ended_by.value if record and record.end else None
+            return record if by == "guardian" else None
+
+        wait_until("the guardian's record of the end", recorded, 120.0, 0.5)
+        ended_by = datetime.now(UTC)  # it confirmed the end before it recorded it
+        layer, message = "5 guardian", "run Crashed; the guardian ended the pod, no reaper run"
+    elif deadman:
         _pods_gone(lab, prefix, 150.0)
         end = lab.emulator.ended[report["pod_id"]]
         assert end.how == "removed-from-inside", end
@@ -421,9 +438,11 @@ def _script_cell(lab: FaultLab, stage: str, cell: Path) -> Cell:
         assert "silent" in rows[0]["reason"]
         _pods_gone(lab, prefix, 30.0)
         end = lab.emulator.ended[report["pod_id"]]
-        assert end.how == "podTerminate", end
+        assert end.how == "DELETE /v2/pods", end
         assert latest_record(str(run_id)).end.ended_by.value == "reaper"  # type: ignore[union-attr]
-        layer, message = "4 reaper", f"run left Running; reaper: {rows[0]['reason']}"
+        reaped = lab.read_run(run_id).state  # no longer Running forever: Crashed, with why
+        assert reaped.type.value == "CRASHED" and "the reaper ended its pod" in reaped.message
+        layer, message = "4 reaper", f"run left Running, then Crashed; reaper: {rows[0]['reason']}"
     _cost_matches_ledger(lab, run_id, report["pod_id"], ended_by)
     return Cell(stage, "sigkill", layer, round(end.at - t0, 1), "RUNNING", message[:160], 0)
 
@@ -625,7 +644,7 @@ def test_the_watchdogs_runpodctl_fails(fault_lab: FaultLab, matrix_table):
     t0 = _fired_at(cell / "faults", "train")
     _pods_gone(lab, prefix, 150.0)
     end = lab.emulator.ended[report["pod_id"]]
-    assert end.how == "podTerminate (pod key)", end  # the API layer, from inside the pod
+    assert end.how == "DELETE /v2/pods (pod key)", end  # the API layer, from inside the pod
     run_id = uuid.UUID(report["flow_run_id"])
     assert lab.read_run(run_id).state.type.value == "RUNNING"  # SIGKILL: no one else acted
     # As it was left: no end, and only the cost counted when the pod went on record (to
@@ -639,7 +658,7 @@ def test_the_watchdogs_runpodctl_fails(fault_lab: FaultLab, matrix_table):
     assert healed["terminated"] and healed["cost"]["usd"] == record.usd > left_usd
     assert healed["pod_end"]["ended_by"] == "deadman"
     result = Cell("train", "runpodctl-x509", "3 dead-man (API)", round(end.at - t0, 1),
-                  "RUNNING", "runpodctl x509 both verbs; podTerminate with the pod key",
+                  "RUNNING", "runpodctl x509 both verbs; DELETE /v2/pods with the pod key",
                   len(lab.leftover_pods()))  # fmt: skip
     matrix_table.append(result)
     assert result.pods_left == 0, lab.leftover_pods()
@@ -648,25 +667,34 @@ def test_the_watchdogs_runpodctl_fails(fault_lab: FaultLab, matrix_table):
 @pytest.mark.slow
 @pytest.mark.matrix
 def test_sigkill_during_wait_ready(fault_lab: FaultLab, matrix_table):
-    """The flow dies after create, before its dead-man could be armed: RunPod's lease
-    (terminateAfter = create + the pod lifetime) ends the pod without any of our layers."""
+    """The CLI dies after create, before its dead-man could be armed (issue 23: RunPod's
+    ``terminateAfter``, which the run used to count on here, never fired). The run's
+    guardian ends the pod within 60 s with no reaper run, records the end as its own in
+    the run's cost record (no reconcile needed) and marks the run Crashed."""
     lab = fault_lab
     cell = _cell_dir(lab, "provision", "sigkill-wait_ready")
     prefix = f"fm{uuid.uuid4().hex[:8]}"
-    _, report = _script_run(lab, cell, prefix, "wait_ready:sigkill",
-                            "--pod-lifetime-seconds", "15", "--max-runtime-seconds", "10")  # fmt: skip
-    assert report["lease"].startswith("terminateAfter ")
+    _, report = _script_run(lab, cell, prefix, "wait_ready:sigkill")
     t0 = _fired_at(cell / "faults", "wait_ready")
-    _pods_gone(lab, prefix, 90.0)
+    _pods_gone(lab, prefix, 60.0)  # the issue's bound: pod gone within 60 s of the SIGKILL
     end = lab.emulator.ended[report["pod_id"]]
-    assert end.how == "terminateAfter", end
+    assert end.how == "DELETE /v2/pods", end
     run_id = uuid.UUID(report["flow_run_id"])
-    assert lab.read_run(run_id).state.type.value == "RUNNING"
-    record = _reconcile(run_id)
-    assert record.end.ended_by.value == "lease"  # type: ignore[union-attr]
-    _cost_matches_ledger(lab, run_id, report["pod_id"])
-    result = Cell("provision", "sigkill-wait_ready", "5 lease", round(end.at - t0, 1),
-                  "RUNNING", "terminateAfter ended the pod", len(lab.leftover_pods()))  # fmt: skip
+
+    def recorded() -> CostRecord | None:
+        record = latest_record(str(run_id))
+        return record if record and record.end and record.end.ended_by.value == "guardian" else None
+
+    record = wait_until("the guardian's record of the end", recorded, 120.0, 0.5)
+    ended_by = datetime.now(UTC)  # the guardian confirmed the end before it recorded it
+    assert record.recorded_by == "guardian" and record.end.confirmed
+    crashed = wait_until("the run marked Crashed", lambda: (
+        (s := lab.read_run(run_id).state) and s.type.value == "CRASHED" and s), 120.0, 0.5)  # fmt: skip
+    assert "the guardian ended the run" in crashed.message
+    _cost_matches_ledger(lab, run_id, report["pod_id"], ended_by)
+    result = Cell("provision", "sigkill-wait_ready", "5 guardian", round(end.at - t0, 1),
+                  "CRASHED", "the guardian ended the pod, recorded it, marked the run Crashed",
+                  len(lab.leftover_pods()))  # fmt: skip
     matrix_table.append(result)
     assert result.pods_left == 0, lab.leftover_pods()
 

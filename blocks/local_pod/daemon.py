@@ -10,9 +10,9 @@ Each SSH session runs a pod process bridged to its channel, as RunPod's gateway 
 pod's own sshd would (:mod:`prefect_runpod.blocks.local_pod.sessions`).
 On SIGTERM the daemon ends the pod: it kills every process carrying
 ``RUNPOD_POD_ID=<pod_id>``, removes the pod directory and the registry entry, exits.
-When ``pod.json`` holds ``terminate_after`` the daemon ends the pod by itself at that
-moment: the local pod's lease, like RunPod's ``terminateAfter``, which covers a pod
-whose flow died before its dead-man switch was armed. Before the directory goes, it
+It never ends the pod by itself on a deadline: a RunPod pod does not either, so a pod
+whose flow died before its dead-man switch was armed is ended by the run's guardian
+(docs/architecture.md#termination-layers), here as there. Before the directory goes, it
 leaves a tombstone (``registry.write_tombstone``) saying when and how the pod ended
 (``ending.json``, written by whoever asked: the ``runpodctl`` stand-in, the provider's
 terminate), with the dead-man's recorded attempts.
@@ -30,7 +30,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -75,12 +75,14 @@ class PodConfig:
     image: str = "plain"
     path_first: list[str] = field(default_factory=list)
     lifetime_seconds: float | None = None
-    terminate_after: str | None = None
 
     @classmethod
     def load(cls, path: Path) -> PodConfig:
-        """Read ``pod.json``."""
-        return cls(**json.loads(path.read_text()))
+        """Read ``pod.json`` (keys an older release wrote and this one no longer knows,
+        such as its lease, are ignored)."""
+        data = json.loads(path.read_text())
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class PublicKeyLogins(asyncssh.SSHServer):
@@ -148,10 +150,6 @@ class PodDaemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: None)
-        if self.config.terminate_after:
-            lease = datetime.fromisoformat(self.config.terminate_after.replace("Z", "+00:00"))
-            delay = max(0.0, (lease - datetime.now(UTC)).total_seconds())
-            loop.call_later(delay, self._lease_ends)
         host_key = asyncssh.read_private_key(str(self.paths.host_key))
         server = await asyncssh.listen(
             "127.0.0.1",
@@ -186,7 +184,6 @@ class PodDaemon:
                 gpu_type=self.config.gpu_type,
                 created_at=self.config.created_at,
                 lifetime_seconds=self.config.lifetime_seconds,
-                terminate_after=self.config.terminate_after,
             ),
         )
         log.info(
@@ -201,13 +198,6 @@ class PodDaemon:
 
     async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
         await Session(self, process).run()
-
-    def _lease_ends(self) -> None:
-        log.info("%s: terminate_after %s reached", self.config.pod_id, self.config.terminate_after)
-        self.ending = {"by": "lease", "layer": "terminateAfter"}
-        with contextlib.suppress(OSError):
-            (self.paths.root / ENDING_FILE).unlink()
-        self._stop.set()
 
     def _read_ending(self) -> None:
         with contextlib.suppress(OSError, ValueError):

@@ -97,7 +97,7 @@ def _port_accepts(port: int, *, banner: bool, timeout_seconds: float = 1.0) -> b
 
 _TOMBSTONE_WORDS = {
     "deadman": "by its dead-man switch",
-    "lease": "by its lease",
+    "lease": "by its lease (an older release's local deadline)",
     "terminate": "by a terminate call",
     "pod": "from inside the pod",
     "signal": "by a signal to its daemon",
@@ -400,9 +400,6 @@ class LocalPodProvider(LocalPodCapabilities):
             workdir=record.workdir,
             pod_host_id=record.pod_host_id,
             lifetime_seconds=record.lifetime_seconds,
-            terminate_after=datetime.fromisoformat(record.terminate_after)
-            if record.terminate_after
-            else None,
         )
 
     def _discard(self, pod_id: str, paths: PodPaths) -> None:

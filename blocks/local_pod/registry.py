@@ -27,7 +27,7 @@ import string
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 __all__ = [
@@ -161,8 +161,6 @@ class PodRecord:
         gpu_type: ``cpu``.
         created_at: ISO-8601 UTC time the provider made the id.
         lifetime_seconds: the dead-man lifetime the pod was created with, or None.
-        terminate_after: ISO-8601 UTC time the daemon ends the pod by itself (the local
-            pod's lease, like RunPod's ``terminateAfter``), or None.
     """
 
     pod_id: str
@@ -178,7 +176,6 @@ class PodRecord:
     gpu_type: str
     created_at: str
     lifetime_seconds: float | None = None
-    terminate_after: str | None = None
 
 
 @dataclass
@@ -190,9 +187,9 @@ class PodTombstone:
         pod_id / name / created_at: the pod.
         ended_at: ISO-8601 UTC time the pod ended (billing stops).
         by: ``deadman`` (its watchdog ran ``runpodctl``), ``pod`` (``runpodctl`` run in
-            the pod by someone else), ``lease`` (the daemon's own deadline) or
-            ``terminate`` (a provider's terminate call).
-        layer: how (``runpodctl pod delete``, ``terminateAfter``, ``terminate``).
+            the pod by someone else) or ``terminate`` (a provider's terminate call);
+            ``lease`` in tombstones an older release left (the daemon's former deadline).
+        layer: how (``runpodctl pod delete``, ``terminate``).
         attempts: the dead-man's recorded attempts (``deadman.jsonl`` lines), if any.
     """
 
@@ -284,7 +281,8 @@ def read_record(home: Path, pod_id: str) -> PodRecord | None:
     path = _registry_dir(home) / f"{pod_id}.json"
     try:
         data = json.loads(path.read_text())
-        return PodRecord(**data)
+        known = {f.name for f in fields(PodRecord)}
+        return PodRecord(**{k: v for k, v in data.items() if k in known})
     except (OSError, ValueError, TypeError):
         return None
 

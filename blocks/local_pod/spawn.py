@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -147,7 +147,6 @@ def lay_out_pod(
     pod_host_id = new_pod_host_id(pod_id)
     created = datetime.now(UTC)
     lifetime = request.deadman.lifetime_seconds if request.deadman is not None else None
-    lease = created + timedelta(seconds=lifetime) if lifetime is not None else None
     config = {
         "pod_id": pod_id,
         "name": name,
@@ -163,7 +162,6 @@ def lay_out_pod(
         "image": image.profile,
         "path_first": image.path_first,
         "lifetime_seconds": lifetime,
-        "terminate_after": lease.isoformat() if lease else None,
     }
     _write(paths.config, json.dumps(config, indent=1).encode(), 0o600)
 

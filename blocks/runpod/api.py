@@ -126,8 +126,10 @@ class PodCreate(BaseModel):
             sends ``minCudaVersion``), False for an exact set (``allowedCudaVersions``).
         public_ip: ask for a public IP (GraphQL ``supportPublicIp``; v2 gives one with a
             TCP port).
-        terminate_after: GraphQL's ``terminateAfter`` (UTC); REST v2 has no such field and
-            its backend refuses a create that carries one.
+
+    No create carries a server-side deadline: GraphQL's ``terminateAfter`` was accepted and
+    never acted on (runpodctl dropped its flags on 2026-08-26), and REST v2 has no such
+    field.
     """
 
     name: str
@@ -144,7 +146,6 @@ class PodCreate(BaseModel):
     cuda_versions: list[str] = Field(default_factory=list)
     cuda_floor: bool = False
     public_ip: bool = True
-    terminate_after: datetime | None = None
 
     @model_validator(mode="after")
     def _floor_has_versions(self) -> PodCreate:
@@ -180,9 +181,6 @@ class RunPodApi(Protocol):
 
     name: ApiName
     """``v2`` or ``graphql``: which API answers pod calls."""
-
-    supports_lease: bool
-    """True when a create may carry ``terminateAfter`` (GraphQL only)."""
 
     def create_pod(self, create: PodCreate) -> PodRecord:
         """Create one pod; returns it as soon as RunPod has an id for it."""

@@ -52,7 +52,9 @@ class RunPodBill(BaseModel):
 
     Attributes:
         pod_id: the pod.
-        usd: the total amount.
+        usd: the total amount (v2 ``totalAmount`` summed).
+        gpu_usd / cpu_usd / disk_usd: v2's ``gpuAmount``, ``cpuAmount``, ``diskAmount``
+            summed, or None when a record does not say (an old v1 record).
         billed_seconds: the total time billed, or None when the API does not say.
         records: the records summed.
         api: which API answered.
@@ -61,6 +63,9 @@ class RunPodBill(BaseModel):
 
     pod_id: str
     usd: float
+    gpu_usd: float | None = None
+    cpu_usd: float | None = None
+    disk_usd: float | None = None
     billed_seconds: float | None
     records: list[BillingRecord] = Field(default_factory=list)
     api: Literal["v1", "v2"]
@@ -105,12 +110,20 @@ def parse_v2_records(data: Any, pod_id: str) -> list[BillingRecord]:
 
 
 def summarise(records: list[BillingRecord], pod_id: str, api: Literal["v1", "v2"]) -> RunPodBill:
-    """Sum ``records`` into one ``RunPodBill`` (billed seconds only when every record
-    says them)."""
+    """Sum ``records`` into one ``RunPodBill`` (billed seconds, and each of v2's amounts,
+    only when every record says them)."""
     seconds = [r.billed_seconds for r in records]
+
+    def total(amounts: list[float | None]) -> float | None:
+        known = [a for a in amounts if a is not None]
+        return round(sum(known), 8) if records and len(known) == len(amounts) else None
+
     return RunPodBill(
         pod_id=pod_id,
         usd=round(sum(r.usd for r in records), 8),
+        gpu_usd=total([r.gpu_usd for r in records]),
+        cpu_usd=total([r.cpu_usd for r in records]),
+        disk_usd=total([r.disk_usd for r in records]),
         billed_seconds=None
         if not records or any(s is None for s in seconds)
         else round(sum(s or 0.0 for s in seconds), 3),

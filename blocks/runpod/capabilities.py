@@ -195,6 +195,9 @@ class RunPodCapabilities(Capable):
             usd=bill.usd,
             billed_seconds=bill.billed_seconds,
             note=f"RunPod REST {bill.api}, {len(bill.records)} record(s)",
+            gpu_usd=bill.gpu_usd,
+            cpu_usd=bill.cpu_usd,
+            disk_usd=bill.disk_usd,
         )
 
     def account_checks(self, *, key_only: bool = False) -> list[AccountCheck]:

@@ -105,16 +105,10 @@ class RunPodClient:
 
         return ctl_commands.update_user_settings(pub_key, api_key=self._key())
 
-    def deploy_on_demand(
-        self, *, terminate_after: str | None = None, **fields: Any
-    ) -> dict[str, Any]:
+    def deploy_on_demand(self, **fields: Any) -> dict[str, Any]:
         """``podFindAndDeployOnDemand`` built by the SDK's own mutation builder.
 
         Args:
-            terminate_after: RunPod's ``terminateAfter`` (an ISO-8601 UTC time, as
-                runpodctl 2.x sends it), checked whole by
-                ``validation.check_utc_timestamp`` and inlined into the input: the SDK
-                1.12 does not expose the field and posts inline queries only.
             **fields: keyword arguments of
                 ``runpod.api.mutations.pods.generate_pod_deployment_mutation`` (``name``,
                 ``image_name``, ``gpu_type_id``, ``cloud_type``, ``env`` …), validated
@@ -122,21 +116,10 @@ class RunPodClient:
 
         Returns:
             ``{id imageName env machineId machine { podHostId }}``.
-
-        Raises:
-            SpecError: ``terminate_after`` is not a whole ISO-8601 UTC time.
         """
         from runpod.api.mutations.pods import generate_pod_deployment_mutation
 
-        from prefect_runpod.blocks.validation import check_utc_timestamp
-
         mutation = generate_pod_deployment_mutation(**fields)
-        if terminate_after is not None:
-            stamp = check_utc_timestamp(terminate_after, "terminate_after")
-            head, found, rest = mutation.partition("input: {")
-            if not found:  # the SDK's builder changed shape: never send a half-edited query
-                raise RuntimeError("the runpod SDK's deploy mutation has no 'input: {'")
-            mutation = f'{head}input: {{ terminateAfter: "{stamp}",{rest}'
         answer = self.query(mutation)
         return answer["data"]["podFindAndDeployOnDemand"]
 

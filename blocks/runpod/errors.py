@@ -65,7 +65,6 @@ Pure functions: no network, no Prefect.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
@@ -97,7 +96,6 @@ __all__ = [
     "classify_message",
     "classify_problem",
     "to_provider_error",
-    "undefined_input_field",
 ]
 
 REFUSED_KEY_HEADER = refused_headers(
@@ -137,7 +135,6 @@ _CAPACITY_MARKERS = (
 _HOST_BUSY_MARKERS = ("not enough free gpus on the host",)
 _TRANSIENT_MARKERS = ("something went wrong", "internal server error", "try again later")
 _NOT_FOUND_MARKERS = ("pod not found", "cluster not found")
-_UNDEFINED_FIELD = re.compile(r'Field "(\w+)" is not defined by type "(\w+)"\.?')
 _INVALID_MARKERS = (
     "syntax error",
     "cannot query field",
@@ -336,15 +333,6 @@ def _classify_httpx(exc: BaseException) -> RunPodErrorClass | None:
             f"{name}: RunPod's answer was lost ({exc or 'no answer'})",
         )
     return None
-
-
-def undefined_input_field(message: str) -> tuple[str, str] | None:
-    """``(field, input type)`` when RunPod answered that a field is not defined on an
-    input type (``Field "terminateAfter" is not defined by type
-    "PodFindAndDeployOnDemandInput".``), else None. The one answer on which a create
-    may be sent again without an optional field."""
-    match = _UNDEFINED_FIELD.search(message or "")
-    return (match.group(1), match.group(2)) if match else None
 
 
 def classify_exception(exc: BaseException) -> RunPodErrorClass:

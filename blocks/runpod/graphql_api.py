@@ -26,7 +26,7 @@ from prefect_runpod.blocks.runpod.catalog import GpuAvailability
 from prefect_runpod.blocks.runpod.client import RunPodClient, graphql_escape
 from prefect_runpod.blocks.runpod.errors import ErrorKind, classify_exception
 from prefect_runpod.blocks.runpod.rest import RestApi
-from prefect_runpod.blocks.validation import check_pod_id, utc_timestamp
+from prefect_runpod.blocks.validation import check_pod_id
 
 __all__ = ["GraphQLApi", "record_from_graphql"]
 
@@ -98,7 +98,6 @@ class GraphQLApi:
     """
 
     name: ApiName = "graphql"
-    supports_lease = True
 
     def __init__(self, client: RunPodClient, rest: RestApi) -> None:
         self.client = client
@@ -108,8 +107,7 @@ class GraphQLApi:
         return "GraphQLApi(api_key=SecretStr('**********'))"
 
     def create_pod(self, create: PodCreate) -> PodRecord:
-        """``podFindAndDeployOnDemand`` (the SDK's builder; ``terminateAfter`` inlined
-        when the create carries a lease)."""
+        """``podFindAndDeployOnDemand`` (the SDK's own mutation builder)."""
         created = self.client.deploy_on_demand(
             name=create.name,
             image_name=create.image,
@@ -128,9 +126,6 @@ class GraphQLApi:
             volume_mount_path=create.volume_mount_path,
             env={k: graphql_escape(v) for k, v in create.env.items()},
             allowed_cuda_versions=create.cuda_versions or None,
-            terminate_after=utc_timestamp(create.terminate_after)
-            if create.terminate_after
-            else None,
         )
         host_id = (created.get("machine") or {}).get("podHostId")
         return PodRecord(

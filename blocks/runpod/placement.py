@@ -9,10 +9,10 @@ ours), keyed on RunPod's answers as ``runpod.errors`` classifies them.
   until the pod shows (RunPod lists a new pod late) — never by creating again;
 - ``not enough free GPUs on the host`` → a fresh pod; a refused key or request → stop.
 
-Over GraphQL each create also carries ``terminateAfter`` (create + the dead-man
-lifetime); only RunPod's answer that the field is not defined drops it. REST v2 has no
-such field. ``PodPlacement`` is the create half of the provider (a mixin): the attributes
-it reads are the provider's.
+No create carries a server-side deadline: RunPod never acted on GraphQL's
+``terminateAfter`` and REST v2 has none (docs/architecture.md#termination-layers).
+``PodPlacement`` is the create half of the provider (a mixin): the attributes it reads
+are the provider's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import difflib
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from prefect_runpod.blocks.exceptions import CapacityError, ProviderTransientError, SpecError
@@ -40,7 +39,6 @@ from prefect_runpod.blocks.runpod.errors import (
     FailoverAction,
     classify_exception,
     to_provider_error,
-    undefined_input_field,
 )
 from prefect_runpod.blocks.runpod.lifecycle import status_from_pod
 from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey, normalise_public_key
@@ -55,9 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["PodPlacement", "Retry"]
 
 logger = logging.getLogger("prefect_runpod.runpod")
-
-_LEASE_FIELD = ("terminateAfter", "PodFindAndDeployOnDemandInput")
-"""RunPod's answer naming this field and type is the one that drops the lease."""
 
 
 class Retry(Exception):
@@ -74,7 +69,6 @@ class PodPlacement:
     spec: RunPodPodSpec
     ssh_key: RunPodSSHKey
     attempts: list[str]
-    lease_supported: bool
     poll_interval_seconds: float
     create_resolve_seconds: float
     _api: RunPodApi
@@ -94,7 +88,6 @@ class PodPlacement:
             gpu_type: str | None = None,
             price: float | None = None,
             lifetime: float | None = None,
-            lease: datetime | None = None,
         ) -> PodHandle: ...
         def terminate(
             self, pod_id: str, timeout_seconds: float = DEFAULT_TERMINATE_TIMEOUT_SECONDS
@@ -263,21 +256,10 @@ class PodPlacement:
                     return self._handle(existing)
                 if existing is not None:
                     self.terminate(existing.id)
-            lease = None
-            if lifetime is not None and self.lease_supported:
-                lease = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=lifetime)
             try:
-                record = self._api.create_pod(create.model_copy(update={"terminate_after": lease}))
+                record = self._api.create_pod(create)
             except Exception as exc:
                 classified = classify_exception(exc)
-                if lease is not None and undefined_input_field(classified.message) == _LEASE_FIELD:
-                    self.lease_supported = False  # only this answer drops the lease
-                    self.attempts.append(
-                        f"{label}: terminateAfter not accepted by RunPod ({classified.message}); "
-                        "creating without it: the server-side lease layer is absent"
-                    )
-                    logger.warning("create %s: %s", name, self.attempts[-1])
-                    return once()
                 self.attempts.append(f"{label}: {classified.kind.value}")
                 logger.info("create %s on %s: %s", name, label, classified.message)
                 if classified.action is FailoverAction.NEXT_OPTION:
@@ -290,16 +272,9 @@ class PodPlacement:
                 raise to_provider_error(
                     classified, what=f"create pod {name}", attempts=self.attempts
                 ) from exc
-            note = f", terminateAfter {lease:%Y-%m-%dT%H:%M:%SZ}" if lease else ""
-            if lease is None and lifetime is not None:
-                note = ", no server-side lease"
-                if self._api.supports_lease:
-                    note += " (terminateAfter not accepted)"
-            self.attempts.append(f"{label}: created {record.id}{note}")
-            logger.info("%s: created %s on %s%s", record.id, name, label, note)
-            return self._handle(
-                record, gpu_type=create.gpu_type_id, price=price, lifetime=lifetime, lease=lease
-            )
+            self.attempts.append(f"{label}: created {record.id}")
+            logger.info("%s: created %s on %s", record.id, name, label)
+            return self._handle(record, gpu_type=create.gpu_type_id, price=price, lifetime=lifetime)
 
         try:
             return self._retrying()(once)

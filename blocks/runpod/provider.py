@@ -140,10 +140,6 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
         self._sleep = sleep
         self._api = api or credentials.get_api()
         self.attempts: list[str] = []
-        self.lease_supported = self._api.supports_lease
-        """False once RunPod answered that ``terminateAfter`` is not defined (or the API
-        has no such field, REST v2): creates go without it, the handles record the
-        layer as absent."""
 
     @property
     def api_name(self) -> str:
@@ -220,7 +216,6 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
         gpu_type: str | None = None,
         price: float | None = None,
         lifetime: float | None = None,
-        lease: datetime | None = None,
     ) -> PodHandle:
         if lifetime is None:
             try:
@@ -240,7 +235,6 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
             pod_host_id=pod.proxy.username if pod.proxy else None,
             workdir=pod.workdir or self.spec.volume_mount_path,
             lifetime_seconds=lifetime,
-            terminate_after=lease,
         )
 
     def find(self, name: str) -> PodHandle | None:

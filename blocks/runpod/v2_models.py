@@ -85,13 +85,10 @@ class CreatePodRequest(_Closed):
 
         Raises:
             SpecError: cloud ``ALL`` (v2 places one cloud per create: the caller fails
-                over), a terminate-after lease (v2 has no such field), or a pod volume
-                under RunPod's 10 GB floor.
+                over), or a pod volume under RunPod's 10 GB floor.
         """
         if create.cloud == "ALL":
             raise SpecError("REST v2 places one cloud per create: SECURE or COMMUNITY")
-        if create.terminate_after is not None:
-            raise SpecError("REST v2 has no terminateAfter: a create cannot carry a lease")
         if 0 < create.volume_gb < MIN_PERSISTENT_GB:
             raise SpecError(
                 f"volume_gb {create.volume_gb}: RunPod's pod volume is at least "

@@ -37,7 +37,6 @@ from prefect_runpod.blocks.validation.names import (
     check_name_prefix,
     check_pod_id,
     check_repo_id,
-    check_utc_timestamp,
     is_env_name,
     utc_timestamp,
 )
@@ -99,7 +98,6 @@ __all__ = [
     "check_requirement",
     "check_table_keys",
     "check_url",
-    "check_utc_timestamp",
     "constrained",
     "control_character",
     "file_name_problem",

@@ -1,6 +1,6 @@
 """Whole-string (``re.fullmatch``) rules for names and ids: the pod-name prefix, saved
 block names, Hugging Face repo ids, environment variable names, concurrency limits, pod
-ids, flow run ids, and the UTC timestamps RunPod's ``terminateAfter`` takes."""
+ids, flow run ids; and the UTC timestamps RunPod's REST v2 takes."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ __all__ = [
     "check_name_prefix",
     "check_pod_id",
     "check_repo_id",
-    "check_utc_timestamp",
     "is_env_name",
     "utc_timestamp",
 ]
@@ -44,7 +43,6 @@ _POD_ID = re.compile(r"[a-z0-9]{1,64}")
 """A pod id as RunPod shapes it (``50qynxzilsxoey``): lowercase letters and digits, no
 hyphen; local pods are given ids of the same shape."""
 _FLOW_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_UTC_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 
 
 def _whole(pattern: re.Pattern[str], value: Any, name: str, problem: str) -> str:
@@ -168,8 +166,8 @@ def check_flow_run_id(run_id: Any, name: str = "run_id") -> str:
 
 
 def utc_timestamp(moment: datetime) -> str:
-    """``2026-04-15T00:00:00Z``: an aware datetime as the ISO-8601 UTC text RunPod's
-    ``terminateAfter`` takes (runpodctl 2.x sends this form), to the second.
+    """``2026-04-15T00:00:00Z``: an aware datetime as the RFC 3339 UTC text RunPod's
+    REST v2 takes (billing's ``startTime`` / ``endTime``), to the second.
 
     Raises:
         ValueError: a naive datetime (its zone would be a guess).
@@ -177,22 +175,6 @@ def utc_timestamp(moment: datetime) -> str:
     if moment.tzinfo is None:
         raise ValueError(f"timestamp {moment.isoformat()} has no timezone; use UTC-aware times")
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def check_utc_timestamp(value: Any, name: str) -> str:
-    """An ISO-8601 UTC timestamp to the second (``2026-04-15T00:00:00Z``), whole string,
-    naming a real moment: safe to inline into GraphQL text.
-
-    Raises:
-        SpecError: otherwise.
-    """
-    problem = "is not an ISO-8601 UTC time like 2026-04-15T00:00:00Z"
-    text = _whole(_UTC_TIMESTAMP, value, name, problem + ".")
-    try:
-        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
-    except ValueError:
-        raise SpecError(f"{label(name)} {text!r} {problem}: no such date.") from None
-    return text
 
 
 def check_limit_name(limit: Any, name: str = "concurrency_limit") -> str:

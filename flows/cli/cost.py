@@ -6,10 +6,13 @@ whose pod was created since ``--since``: ``7d``, ``24h``, ``30m`` or an ISO-8601
 time), each with its pod, GPU, billed seconds, USD and RunPod's amount once known, and
 the totals; with one it shows that run's record. ``--reconcile`` completes a record whose run could not
 (docs/architecture.md#what-a-run-cost): a run SIGKILLed while its pod lived, a pod ended
-by its dead-man or RunPod's lease, RunPod's bill that appeared after the run ended. It
+by its dead-man, RunPod's bill that appeared after the run ended. It
 asks the pod's provider (built from the run's own parameters) whether the pod is gone
-and when, fills in RunPod's bill, writes a new version of the record and rewrites
-``run-report.json`` when it can be reached from here.
+and when, fills in RunPod's bill (REST v2 billing: its GPU, CPU and disk amounts shown
+beside our estimate), writes a new version of the record and rewrites ``run-report.json``
+when it can be reached from here. A local pod has no bill: it says so. A run whose pod
+ended while Prefect still says it runs (its process was killed) is reported with the
+command that marks it Crashed (``--mark-crashed``).
 
 A subcommand module: ``add_parser`` registers it with the CLI, ``run`` carries it out;
 ``reconcile`` is the plain function underneath.
@@ -27,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prefect_runpod.blocks.provider import Capability, EndedBy, PodCause, PodEnd, PodProvider
-from prefect_runpod.blocks.provider_registry import provider_supports
+from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.cost_record import (
     COST_ARTIFACT_KEY,
@@ -38,11 +41,12 @@ from prefect_runpod.flows.run.cost_record import (
     publish_record,
     rewrite_report,
 )
+from prefect_runpod.flows.run.crashed import FINISHED_STATE_TYPES
 
 __all__ = ["add_parser", "parse_since", "reconcile", "run", "totals"]
 
-_LEASE_SLACK = timedelta(seconds=5)
 _WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE}
+"""Who a local pod's tombstone may name (``lease`` only in one an older release left)."""
 
 
 def add_parser(
@@ -72,6 +76,12 @@ def add_parser(
         "--reconcile",
         action="store_true",
         help="complete the record(s): the pod's end from its provider, RunPod's bill",
+    )
+    cost.add_argument(
+        "--mark-crashed",
+        action="store_true",
+        help="with --reconcile: set a run Crashed whose pod ended while Prefect still says "
+        "it runs (its process was killed)",
     )
     cost.add_argument(
         "--limit", type=int, default=20, help="recent runs to list (default 20, at most 1000)"
@@ -114,10 +124,9 @@ def reconcile(record: CostRecord, provider: PodProvider | None, run_state: str) 
 
     A pod the provider no longer knows is ended: at the time its provider recorded (the
     local pod's tombstone), else create + the seconds RunPod billed, else now (an upper
-    bound, said so). Who ended it: the provider's witness (the dead-man, the lease), or —
-    when no one left a record — inferred from the run's state and the lease: a run that
-    died (still Running, or Crashed) had its pod ended by the dead-man, or by RunPod's
-    lease once its time had come.
+    bound, said so). Who ended it: the provider's witness (the dead-man), or — when no one
+    left a record — inferred from the run's state: a run that died (still Running, or
+    Crashed) had its pod ended by the dead-man.
 
     Args:
         record: the run's latest record.
@@ -179,30 +188,19 @@ def _end_from(
     by = _WITNESSES.get(witness or "")
     inferred = by is None
     if by is None:
-        lease_at = _lease_time(record)
-        if lease_at is not None and when >= lease_at - _LEASE_SLACK:
-            by = EndedBy.LEASE
-        elif run_state in ("RUNNING", "CRASHED", "PENDING"):
-            by = EndedBy.DEADMAN
-        else:
-            by = EndedBy.OUTSIDE
+        died = run_state in ("RUNNING", "CRASHED", "PENDING")
+        by = EndedBy.DEADMAN if died else EndedBy.OUTSIDE
         detail += f"; no witness left a record, so inferred from the run ({run_state})"
     return PodEnd(
         pod_id=record.pod_id,
         ended_by=by,
         confirmed=True,
         ended_at=when,
-        layer=layer or ("terminateAfter" if by is EndedBy.LEASE else ""),
+        layer=layer or "",
         cause="terminated_outside",
         inferred=inferred,
         detail=detail,
     )
-
-
-def _lease_time(record: PodAttempt) -> datetime | None:
-    if record.lease.startswith("terminateAfter "):
-        return datetime.strptime(record.lease.split()[1], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    return None
 
 
 def _provider_for(record: CostRecord, args: argparse.Namespace) -> PodProvider | None:
@@ -391,26 +389,90 @@ def _run(args: argparse.Namespace, run_id: str | None) -> int:
         if since is not None:
             records = [r for r in records if r.created_at is not None and r.created_at >= since]
     if args.reconcile:
-        done = []
-        for record in records:
-            if not record.may_still_bill and all(
-                not provider_supports(a.provider, Capability.BILL) or a.provider_usd is not None
-                for a in record.attempts
-                if a.pod_id is not None
-            ):
-                done.append(record)
-                continue
-            completed = reconcile(
-                record, _provider_for(record, args), _run_state(record.flow_run_id)
-            )
-            publish_record(completed)
-            rewritten = rewrite_report(completed)
-            print(
-                f"run {completed.flow_run_id}: {completed.state_line()}"
-                + ("; run-report.json rewritten" if rewritten else ""),
-                file=sys.stderr,
-            )
-            done.append(completed)
-        records = done
+        records = [_reconciled(record, args) for record in records]
     _show(records, args.json)
+    if not args.json:
+        _show_bills(records)
     return 1 if any(r.may_still_bill for r in records) else 0
+
+
+def _reconciled(record: CostRecord, args: argparse.Namespace) -> CostRecord:
+    """One record through ``--reconcile``: completed when it can be, what it means said
+    on stderr (a local pod's missing bill, a stale Running state and its fix)."""
+    state = _run_state(record.flow_run_id)
+    done = not record.may_still_bill and all(
+        not provider_supports(a.provider, Capability.BILL) or a.provider_usd is not None
+        for a in record.attempts
+        if a.pod_id is not None
+    )
+    if not done:
+        record = reconcile(record, _provider_for(record, args), state)
+        publish_record(record)
+        rewritten = rewrite_report(record)
+        print(
+            f"run {record.flow_run_id}: {record.state_line()}"
+            + ("; run-report.json rewritten" if rewritten else ""),
+            file=sys.stderr,
+        )
+    unbilled = sorted(
+        {a.provider for a in record.attempts if not provider_supports(a.provider, Capability.BILL)}
+    )
+    for name in unbilled:
+        print(
+            f"run {record.flow_run_id}: {provider_class(name).display_name} has no bill to "
+            "reconcile (nothing is billed; our figure is its price × the billed seconds)",
+            file=sys.stderr,
+        )
+    if (
+        record.pod_id is not None
+        and not record.may_still_bill
+        and state not in FINISHED_STATE_TYPES
+    ):
+        _stale_running(record, state, mark=getattr(args, "mark_crashed", False))
+    return record
+
+
+def _stale_running(record: CostRecord, state: str, *, mark: bool) -> None:
+    """Say that the run's Prefect state outlived its pod (or fix it with ``mark``)."""
+    from prefect_runpod.flows.run.crashed import mark_crashed
+
+    assert record.end is not None
+    at = record.end.ended_at.isoformat() if record.end.ended_at else "?"
+    cause = (
+        f"the run's pod {record.pod_id} ended at {at} (by {record.end.ended_by.value}) while "
+        f"Prefect still said {state}: its process was killed"
+    )
+    if mark and mark_crashed(record.flow_run_id, cause):
+        print(f"run {record.flow_run_id}: marked Crashed ({cause})", file=sys.stderr)
+        return
+    print(
+        f"run {record.flow_run_id} still says {state} in Prefect, but {cause.split(' while ')[0]}: "
+        f"mark it Crashed with `prefect-runpod cost {record.flow_run_id} --reconcile "
+        "--mark-crashed`",
+        file=sys.stderr,
+    )
+
+
+def _show_bills(records: list[CostRecord]) -> None:
+    """The provider's bill in its parts (RunPod's GPU, CPU and disk amounts), beside our
+    estimate, for each pod that has one."""
+    for r in records:
+        for a in r.attempts:
+            if a.provider_usd is None:
+                continue
+            parts = ", ".join(
+                f"{name} {value:.6f}"
+                for name, value in (
+                    ("GPU", a.provider_gpu_usd),
+                    ("CPU", a.provider_cpu_usd),
+                    ("disk", a.provider_disk_usd),
+                )
+                if value is not None
+            )
+            pod = f" pod {a.pod_id}" if len(r.attempts) > 1 else ""
+            print(
+                f"run {r.flow_run_id}{pod}: RunPod billed {a.provider_usd:.6f} USD"
+                + (f" ({parts})" if parts else "")
+                + f"; ours {a.usd:.6f} USD"
+                + (f", difference {a.difference_usd:+.6f}" if a.difference_usd is not None else "")
+            )

@@ -9,9 +9,11 @@ import contextlib
 import shlex
 import subprocess
 import sys
+from datetime import timedelta
 from typing import Any
 
 from prefect_runpod.blocks.defaults import REAPER_TTL_GRACE_SECONDS
+from prefect_runpod.blocks.provider import reaper_ttl_seconds
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_POD_LIFETIME_SECONDS,
     DEFAULT_PROVIDER,
@@ -41,8 +43,9 @@ def add_parsers(sub: Any) -> None:
         "pods",
         help="list live pods: run, state, GPU, age, cost so far, ssh command",
         description="List the live pods whose names carry the prefix, with the run each "
-        "belongs to and its state in Prefect, GPU, price, age, what it has cost so far, its "
-        "lease and the ssh command that gets you in.",
+        "belongs to and its state in Prefect, GPU, price, age, what it has cost so far, "
+        "when the reaper ends it at the latest (its lifetime plus a grace) and the ssh "
+        "command that gets you in.",
     )
     provider_args(pods)
     pods.add_argument("--json", action="store_true", help="print the pods as JSON")
@@ -114,7 +117,7 @@ def _pod_rows(provider: Any, pods: list[Any]) -> list[dict[str, Any]]:
                 "age_seconds": round((now - h.created_at).total_seconds(), 1),
                 "age": age_text(h.created_at, now),
                 "usd_so_far": round(projected_usd(h.cost_per_hr, h.created_at, now), 6),
-                "terminate_after": h.terminate_after.isoformat() if h.terminate_after else None,
+                "reaped_by": (h.created_at + timedelta(seconds=reaper_ttl_seconds(h))).isoformat(),
                 "deadman": deadman_note(h),
                 "ssh_command": h.pinned_ssh_command(key or "KEY"),
             }
@@ -142,7 +145,8 @@ def run_pods(args: argparse.Namespace) -> int:
         "USD/h",
         "age",
         "USD so far",
-        "ends by",
+        "reaped by",
+        "ssh",
     ]
     print_table(
         f"live {args.provider} pods named {args.name_prefix}-*",
@@ -157,7 +161,8 @@ def run_pods(args: argparse.Namespace) -> int:
                 f"{r['cost_per_hr_usd']:.2f}",
                 r["age"],
                 f"{r['usd_so_far']:.4f}",
-                r["terminate_after"] or "no lease",
+                r["reaped_by"],
+                r["ssh_command"],
             ]
             for r in rows
         ],

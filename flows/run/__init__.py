@@ -12,6 +12,8 @@
 - ``cost_record``  the ``finetune-costs`` record: who ended the pod, when, what it cost
 - ``artifacts``    the run's model links
 - ``end``          the run's end: terminate, record, settle, write the report
+- ``guardian``     the local process that ends the pod if the run dies before the dead-man is armed
+- ``crashed``      a killed run set Crashed with the cause, by whoever ends its pod
 
 See docs/architecture.md#the-runs-bookkeeping and docs/architecture.md#the-runs-attempts.
 """

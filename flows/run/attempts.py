@@ -54,9 +54,10 @@ class PodAttempt(BaseModel):
             still bill).
         provider_usd / provider_billed_seconds: the provider's own bill (RunPod's
             amount), once its billing has the pod's records; the records' ``runpod_usd``.
+        provider_gpu_usd / provider_cpu_usd / provider_disk_usd: the bill's parts when
+            the provider splits it (RunPod's v2 GPU, CPU and disk amounts).
         difference_usd: ``usd - provider_usd``, once that is known.
         billing_note: why the provider's bill is missing, when it is.
-        lease: the provider's own lease as asked at create, ``absent``, or ``-``.
         handle: the pod as the run reached it (endpoints, host keys); the run report's.
         ssh_command: how a person gets into the pod while it runs.
         resumed_from: the checkpoint this attempt resumed training from; None for a
@@ -79,9 +80,11 @@ class PodAttempt(BaseModel):
     usd: float = 0.0
     provider_usd: float | None = None
     provider_billed_seconds: float | None = None
+    provider_gpu_usd: float | None = None
+    provider_cpu_usd: float | None = None
+    provider_disk_usd: float | None = None
     difference_usd: float | None = None
     billing_note: str = ""
-    lease: str = "-"
     handle: PodHandle | None = None
     ssh_command: str | None = None
     resumed_from: str | None = None

@@ -76,8 +76,8 @@ class CostRecord(LastAttemptView):
     ``pod_name``, ``provider``, ``gpu_type``, ``cost_per_hr`` (USD/h), ``created_at``
     (billing starts), ``end`` (``end.confirmed`` False while it may still bill; its
     ``recorded_at`` is the record's), ``billed_seconds`` / ``usd`` (our estimate, create
-    → confirmed end, to now while it may still bill), ``lease``, ``runpod_usd`` /
-    ``runpod_billed_seconds`` (the provider's own bill: RunPod's REST billing),
+    → confirmed end, to now while it may still bill), ``runpod_usd`` /
+    ``runpod_billed_seconds`` (the provider's own bill: RunPod's REST billing, parts too),
     ``difference_usd`` (``usd - runpod_usd``) and ``billing_note`` (why the bill is
     missing, when it is).
     """
@@ -91,9 +91,11 @@ class CostRecord(LastAttemptView):
     end = AttemptField[PodEnd | None]("end", None, shown=_as_recorded)
     billed_seconds = AttemptField[float]("billed_seconds", 0.0)
     usd = AttemptField[float]("usd", 0.0)
-    lease = AttemptField[str]("lease", "-")
     runpod_usd = AttemptField[float | None]("provider_usd", None)
     runpod_billed_seconds = AttemptField[float | None]("provider_billed_seconds", None)
+    runpod_gpu_usd = AttemptField[float | None]("provider_gpu_usd", None)
+    runpod_cpu_usd = AttemptField[float | None]("provider_cpu_usd", None)
+    runpod_disk_usd = AttemptField[float | None]("provider_disk_usd", None)
     difference_usd = AttemptField[float | None]("difference_usd", None)
     billing_note = AttemptField[str]("billing_note", "")
 
@@ -174,6 +176,7 @@ class CostRecord(LastAttemptView):
             "usd": a.usd,
             "runpod_usd": a.provider_usd,
             "runpod_billed_s": a.provider_billed_seconds,
+            **{f"runpod_{p}_usd": getattr(a, f"provider_{p}_usd") for p in ("gpu", "cpu", "disk")},
             "difference_usd": a.difference_usd,
             "billing_note": a.billing_note,
             "max_cost_usd": self.max_cost_usd,
@@ -187,7 +190,6 @@ class CostRecord(LastAttemptView):
             "end_cause": end.cause,
             "end_detail": end.detail,
             "end_recorded_at_utc": _iso(a.end.recorded_at) if a.end else None,
-            "lease": a.lease,
             "resumed_from": a.resumed_from,
             "steps_lost": a.steps_lost,
             "published_bytes": self.published_bytes,
@@ -202,8 +204,8 @@ class CostRecord(LastAttemptView):
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]]) -> CostRecord:
-        """Read a record back from its table (see ``to_rows``); a table written before
-        runs had attempts (one row, no ``attempt`` column) reads as one attempt.
+        """Read a record back from its table (see ``to_rows``): an older one (one row, no
+        ``attempt`` column) as one attempt, its ``lease`` column ignored (``ended_by: lease`` reads).
 
         Raises:
             ValueError: the table is not a cost record (rows with a flow_run_id and the
@@ -280,9 +282,9 @@ def _attempt_of(row: dict[str, Any], recorded_at: datetime) -> PodAttempt:
         usd=float(row.get("usd") or 0.0),
         provider_usd=row.get("runpod_usd"),
         provider_billed_seconds=row.get("runpod_billed_s"),
+        **{f"provider_{p}_usd": row.get(f"runpod_{p}_usd") for p in ("gpu", "cpu", "disk")},
         difference_usd=row.get("difference_usd"),
         billing_note=row.get("billing_note") or "",
-        lease=str(row.get("lease") or "-"),
         resumed_from=row.get("resumed_from"),
         steps_lost=row.get("steps_lost"),
     )
@@ -432,6 +434,8 @@ def _fetch_bill(provider: PodProvider | None, run_id: str, a: PodAttempt) -> Non
         )
         return
     a.provider_usd, a.provider_billed_seconds = bill.usd, bill.billed_seconds
+    a.provider_gpu_usd, a.provider_cpu_usd = bill.gpu_usd, bill.cpu_usd
+    a.provider_disk_usd = bill.disk_usd
     a.billing_note = bill.note
     a.difference_usd = round_usd(a.usd - bill.usd)
 

@@ -26,7 +26,6 @@ from prefect_runpod.blocks.provider import (
     end_command,
 )
 from prefect_runpod.blocks.secret_mask import error_text, redact
-from prefect_runpod.blocks.validation import utc_timestamp
 from prefect_runpod.flows.run.cost_record import (
     CostRecord,
     fetch_provider_bill,
@@ -40,20 +39,14 @@ from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState
 from prefect_runpod.tasks.terminate import terminate
 
-__all__ = ["end_run", "flow_end", "lease_text", "record_cost", "record_of", "write_report"]
+__all__ = ["end_run", "flow_end", "record_cost", "record_of", "write_report"]
 
 _log = logging.getLogger("prefect_runpod.flows")
 
-_WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE}
-"""A local pod's tombstone names these itself; anything else ended it outside the run."""
-
-
-def lease_text(handle: Any, asked: bool) -> str:
-    """How the report and record show the server-side lease of a pod."""
-    if not asked:
-        return "-"
-    after = getattr(handle, "terminate_after", None)
-    return f"terminateAfter {utc_timestamp(after)}" if after else "absent"
+_WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE, "flow": EndedBy.FLOW}
+"""Who ended a pod the run found gone: a local pod's tombstone names the dead-man
+(``lease`` only in one an older release left); ``flow`` is the run's own pod watch,
+which terminated a pod that stayed unreachable; anything else ended it outside the run."""
 
 
 def flow_end(result: TerminateResult, lost: PodStatus | None) -> PodEnd:
@@ -123,6 +116,9 @@ def _merge_with_api(record: CostRecord) -> None:
         if attempt.provider_usd is None and seen.provider_usd is not None:
             attempt.provider_usd = seen.provider_usd
             attempt.provider_billed_seconds = seen.provider_billed_seconds
+            attempt.provider_gpu_usd = seen.provider_gpu_usd
+            attempt.provider_cpu_usd = seen.provider_cpu_usd
+            attempt.provider_disk_usd = seen.provider_disk_usd
 
 
 def record_cost(report: RunReport, provider: PodProvider | None, *, final: bool) -> None:

@@ -37,7 +37,8 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest, PodWatch
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.budget import RunBudget
-from prefect_runpod.flows.run.end import end_run, lease_text, record_cost, write_report
+from prefect_runpod.flows.run.end import end_run, record_cost, write_report
+from prefect_runpod.flows.run.guardian import Guardian
 from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.run.inputs import PreparedRun
 from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
@@ -63,6 +64,8 @@ class PodSession:
         key_path: the key file a person gets in with (the provider's user key), or None
             for the run's own key, saved beside the outputs.
         parity_warn_only: a failing parity gate only warns.
+        guardian: the run's guardian (``flows.run.guardian``), started before the create:
+            told ``armed`` once the pod's dead-man runs, ``gone`` or ``release`` at the end.
 
     Attributes:
         handle / key / tools_dir / run_dir / python / reconnect / watch: what the stages
@@ -78,6 +81,7 @@ class PodSession:
         number: int = 1,
         key_path: str | None = None,
         parity_warn_only: bool = False,
+        guardian: Guardian | None = None,
     ) -> None:
         self.report, self.run, self.settings = report, run, run.settings
         self.provider = run.provider
@@ -103,6 +107,7 @@ class PodSession:
         self.reconnect: ReconnectPolicy | None = None
         self.watch: PodWatch | None = None
         self.keepers: list[HeartbeatKeeper] = []
+        self.guardian = guardian
 
     # -- the three steps ----------------------------------------------------------------
 
@@ -140,7 +145,7 @@ class PodSession:
             keeper.stop()
         if self.watch is not None:
             self.watch.stop()
-        return end_run(
+        unconfirmed = end_run(
             self.report,
             self.provider,
             self.watch,
@@ -149,6 +154,10 @@ class PodSession:
             on_stage=self.on_stage,
             attempt=self.number,
         )
+        if self.guardian is not None:  # its pod's end is confirmed, none was rented, or kept
+            gone = self.report.terminated or self.report.pod_id is None
+            self.guardian.tell("gone" if gone else "release")
+        return unconfirmed
 
     # -- bring up -------------------------------------------------------------------------
 
@@ -163,7 +172,6 @@ class PodSession:
             self.attempt = PodAttempt.of(handle, self.number)
             self.report.attempts.append(self.attempt)
         self.attempt.handle = handle
-        self.attempt.lease = lease_text(handle, asked=True)  # the dead-man is always asked
         self.report.cost.cost_per_hr = handle.cost_per_hr
         if first:
             record_cost(self.report, self.provider, final=False)
@@ -214,6 +222,8 @@ class PodSession:
             self.tools_dir = prepare_pod(
                 handle, self.key, self.run_dir, self.deadman, self.reconnect
             )
+            if self.guardian is not None:  # the dead-man switch runs on the pod now
+                self.guardian.tell("armed")
             self.keepers.append(
                 HeartbeatKeeper(
                     handle,

@@ -59,7 +59,7 @@ class RunReport(LastAttemptView):
         error: the first failure, one line, when the run failed.
 
     Views of the last attempt (``PodAttempt``): ``pod_id``, ``pod`` (its handle),
-    ``pod_end``, ``lease`` and ``ssh_command``; and ``terminated``: True only when the
+    ``pod_end`` and ``ssh_command``; and ``terminated``: True only when the
     provider confirmed every pod of the run gone (the same as its ``finetune-costs``
     record).
     """
@@ -67,7 +67,6 @@ class RunReport(LastAttemptView):
     pod_id = AttemptField[str | None]("pod_id", None)
     pod = AttemptField[PodHandle | None]("handle", None)
     pod_end = AttemptField[PodEnd | None]("end", None)
-    lease = AttemptField[str]("lease", "-")
     ssh_command = AttemptField[str | None]("ssh_command", None)
 
     flow_run_id: str = ""

@@ -21,8 +21,9 @@ Like a real pod, each one gets a pod-scoped ``RUNPOD_API_KEY`` (accepted for tha
 address of this API whose certificate a throwaway CA signed: a CA bundle that trusts it
 sits where pip's ``certifi`` would (``~/.local/lib/python3.X/site-packages/certifi``),
 unless ``faults.pod_ca_bundle`` is off (an image where TLS verification fails).
-A GraphQL create's ``terminateAfter`` is honoured on the emulator's clock (``clock``);
-REST v2 has no such field, so a pod created over v2 never has a lease.
+A GraphQL create's ``terminateAfter`` is accepted and ignored, as RunPod did (it never
+fired: runpodctl removed its flags on 2026-08-26); REST v2 has no such field. No pod
+ends on a deadline here.
 
 Billing: ``emulator.ledger`` (``runpod_billing.Ledger``) bills each pod to the
 millisecond; ``GET /v2/billing/pods`` answers from it. REST v1 (``/v1/...``) answers
@@ -35,7 +36,7 @@ Faults are set through ``emulator.faults`` (Python) or ``POST /admin/faults`` (J
 ``emulator.ended`` records how and when each pod left: ``podTerminate`` (the account's
 key), ``podTerminate (pod key)`` (from inside, with the pod's own key),
 ``removed-from-inside`` (its local pod ended on its own, as ``runpodctl pod delete``
-does), ``terminateAfter`` or ``vanished``; ``emulator.links`` lists the gateway's
+does) or ``vanished``; ``emulator.links`` lists the gateway's
 sessions (bytes relayed, cut or not).
 
 Run standalone: ``python -m tests.emulators.runpod_api --port 8911 --api-key KEY
@@ -80,10 +81,6 @@ __all__ = ["DEFAULT_GPU_TYPES", "Faults", "GatewayLink", "PodEnd", "RunPodEmulat
 
 _SDL = (Path(__file__).with_name("runpod_schema.graphql")).read_text()
 SCHEMA = build_schema(_SDL)
-SCHEMA_WITHOUT_LEASE = build_schema(
-    "\n".join(line for line in _SDL.splitlines() if "terminateAfter" not in line)
-)
-"""What an older RunPod API would answer: ``terminateAfter`` not defined on the input."""
 POD_SCOPED_OPS = frozenset({"pod", "podStop", "podTerminate"})
 """What a pod's own ``RUNPOD_API_KEY`` may ask, and only about its pod."""
 
@@ -132,7 +129,7 @@ class RunPodEmulator:
         self.ended: dict[str, PodEnd] = {}
         self.refused_connections = 0
         self.clock = time.time
-        """The emulator's clock (epoch seconds): ``terminateAfter`` and billing follow it."""
+        """The emulator's clock (epoch seconds): billing follows it."""
         self.ledger = Ledger(clock=lambda: self.clock())
         self._terminating: set[str] = set()
         self.local = LocalPodProvider(home=home, mode=mode, start_timeout_seconds=120.0)  # type: ignore[arg-type]
@@ -178,12 +175,11 @@ class RunPodEmulator:
         return self.gateway.links
 
     def start(self) -> RunPodEmulator:
-        """Serve HTTP, HTTPS, the gateway and the lease clock in background threads."""
+        """Serve HTTP, HTTPS and the gateway in background threads."""
         self.gateway.start()
         for target in (
             lambda: self._http.serve_forever(poll_interval=0.05),
             lambda: self._https.serve_forever(poll_interval=0.05),
-            self._lease_loop,
         ):
             thread = threading.Thread(target=target, daemon=True, name="runpod-emulator")
             thread.start()
@@ -326,19 +322,6 @@ class RunPodEmulator:
                 at = datetime.fromisoformat(tomb.ended_at).timestamp() if tomb else self.clock()
                 self._end(pod_id, "removed-from-inside", at)
 
-    def _lease_loop(self) -> None:
-        """End every pod whose ``terminateAfter`` has passed on the emulator's clock."""
-        while not self._closed.wait(0.2):
-            with self._lock:
-                due = [
-                    p.pod_id
-                    for p in self.pods.values()
-                    if p.terminate_after is not None and self.clock() >= p.terminate_after
-                ]
-                self._terminating.update(due)
-            for pod_id in due:
-                self._end_local(pod_id, "terminateAfter")
-
     # -- the gateway --------------------------------------------------------------------
 
     def _route(self, user: str) -> Route | None:
@@ -407,8 +390,7 @@ class RunPodEmulator:
         except GraphQLError as exc:
             entry["status"] = 400
             return _json(400, {"errors": [_with_code(exc.formatted, "GRAPHQL_PARSE_FAILED")]})
-        schema = SCHEMA_WITHOUT_LEASE if self.faults.lease_field_unknown else SCHEMA
-        errors = validate(schema, document)
+        errors = validate(SCHEMA, document)
         if errors:
             entry["status"] = 400
             return _json(
@@ -434,7 +416,7 @@ class RunPodEmulator:
         if fire_5xx:
             entry["status"] = 502
             return 502, "text/html", b"<html><body><h1>502 Bad Gateway</h1></body></html>"
-        result = execute(schema, document, root_value=Root(self, scope))
+        result = execute(SCHEMA, document, root_value=Root(self, scope))
         payload = result.formatted
         entry["status"] = 200
         if result.errors:
@@ -570,15 +552,6 @@ class RunPodEmulator:
             raise GraphQLError(
                 SOMETHING_WENT_WRONG_MESSAGE, extensions={"code": "INTERNAL_SERVER_ERROR"}
             )
-        lease = None
-        if data.get("terminateAfter") is not None:
-            try:
-                lease = datetime.fromisoformat(data["terminateAfter"].replace("Z", "+00:00"))
-            except ValueError:
-                raise GraphQLError(
-                    f"Invalid terminateAfter: {data['terminateAfter']!r}",
-                    extensions={"code": "BAD_USER_INPUT"},
-                ) from None
         env = {e["key"]: e["value"] for e in data.get("env") or []}
         count = int(data.get("gpuCount") or 1)
         pod = self.spawn(
@@ -594,7 +567,6 @@ class RunPodEmulator:
                 "ports": data.get("ports"),
                 "volumeInGb": float(data.get("volumeInGb") or 0),
             },
-            terminate_after=lease.timestamp() if lease else None,
         )
         with self._lock:
             return self.pod_dict(pod)
@@ -609,7 +581,6 @@ class RunPodEmulator:
         env: dict[str, str],
         spec: dict[str, Any],
         v2: dict[str, Any] | None = None,
-        terminate_after: float | None = None,
     ) -> EmulatedPod:
         """A real local pod behind a new emulated pod (either API's create), billed from
         now; its system log says it pulled the image and started."""
@@ -653,7 +624,6 @@ class RunPodEmulator:
             port=handle.ssh.port,
             workdir=handle.workdir,
             pod_key=pod_key,
-            terminate_after=terminate_after,
             v2=dict(v2 or {}),
             listed_at=time.time() + self.faults.list_delay_seconds,
         )

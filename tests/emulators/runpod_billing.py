@@ -2,7 +2,7 @@
 
 **Billing rule (an assumption, to confirm on a real account).** The emulator bills each
 pod from the moment its create answered to the moment it ended (terminate, the pod
-removed from inside, its lease, a vanished host), to the millisecond, at the pod's
+removed from inside, a vanished host), to the millisecond, at the pod's
 ``costPerHr``, with no minimum and no rounding of the time; the amount is rounded to
 1e-8 USD. It answers one record per pod, in the hour bucket of its create, and only
 once ``lag_seconds`` have passed since the pod ended (or, for a running pod, up to

@@ -71,8 +71,6 @@ class Faults:
             (``runpodctl:x509``: their ``runpodctl`` fails as without CA certificates).
         pod_ca_bundle: pods created from now on find a CA bundle that trusts this API's
             HTTPS address; off, their TLS verification fails (x509) whatever they try.
-        lease_field_unknown: the API's schema has no ``terminateAfter`` (as an older
-            RunPod would answer: the field is not defined on the input type).
         empty_answers: op name (or ``*``) → N answers of HTTP 200 ``{}``: neither
             ``data`` nor ``errors`` (the SDK's helpers then raise ``KeyError``).
 
@@ -109,7 +107,6 @@ class Faults:
     refuse_next_connections: int = 0
     pod_faults: str = ""
     pod_ca_bundle: bool = True
-    lease_field_unknown: bool = False
     empty_answers: dict[str, int] = field(default_factory=dict)
     list_delay_seconds: float = 0.0
     create_answer_lost: int = 0
@@ -150,7 +147,6 @@ class EmulatedPod:
     port: int
     workdir: str
     pod_key: str = ""
-    terminate_after: float | None = None
     status: str = "RUNNING"
     v2: dict[str, Any] = field(default_factory=dict)
     listed_at: float = 0.0
@@ -166,8 +162,9 @@ class PodEnd:
         pod_id: the pod.
         how: ``podTerminate`` (the account's key), ``podTerminate (pod key)`` (the pod's
             own key, from inside), ``removed-from-inside`` (its local pod ended on its
-            own: ``runpodctl pod delete $RUNPOD_POD_ID`` from the pod), ``terminateAfter``
-            (the lease ran out) or ``vanished`` (``vanish``).
+            own: ``runpodctl pod delete $RUNPOD_POD_ID`` from the pod), ``DELETE
+            /v2/pods`` / ``DELETE /v2/pods (pod key)`` (REST v2) or ``vanished``
+            (``vanish``).
         at: when the pod ended (billing stopped), epoch seconds.
     """
 

@@ -21,8 +21,7 @@ What it does as RunPod's v2 OpenAPI schema (2.0.0) and RunPod's observed behavio
   ``tail``, ``since``, ``Last-Event-ID``; each ``id`` the line's RFC 3339 timestamp),
   following new lines while the pod lives and ending the stream after
   ``log_idle_close_seconds`` without one;
-- no ``terminateAfter``: v2 has no such field (an unknown field, 422), so no v2 pod
-  carries a lease.
+- no ``terminateAfter``: v2 has no such field (an unknown field, 422).
 
 Every request and answer is checked against the schema made strict
 (``runpod_contract``): the violations land in ``RunPodEmulator.violations``, which the

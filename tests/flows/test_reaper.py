@@ -71,7 +71,7 @@ def test_decide_reap_table(pod: PodHandle, run: RunSnapshot | None, reap: bool, 
 
 def test_the_default_ttl_is_the_pods_lifetime_plus_a_grace_even_with_a_fresh_heartbeat():
     """Issue 14: the TTL is a hard cap whatever the heartbeat says; by default the pod's
-    recorded lifetime plus REAPER_TTL_GRACE_SECONDS (the dead-man and the lease act
+    recorded lifetime plus REAPER_TTL_GRACE_SECONDS (the dead-man acts
     first); a fresh heartbeat still protects a younger pod."""
     from prefect_runpod.blocks.provider import (
         DEFAULT_POD_LIFETIME_SECONDS,

@@ -1,9 +1,10 @@
 """What a local pod's provider says about a pod now (``LocalPodProvider.status``), the
-tombstone an ended pod leaves, its own lease and the ``runpodctl`` stand-in's verbs and
-faults (issue 14)."""
+tombstone an ended pod leaves, what an older release's lease left behind, and the
+``runpodctl`` stand-in's verbs and faults (issue 14)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -17,7 +18,7 @@ from prefect_runpod.blocks.keys import generate_keypair
 from prefect_runpod.blocks.local_pod.pod_files import X509_ERROR
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.blocks.local_pod.registry import find_marked_pids, read_record
-from prefect_runpod.blocks.provider import DeadmanConfig, PodCause, PodRequest
+from prefect_runpod.blocks.provider import PodCause, PodRequest
 from tests.fixtures.local_pod import PodFixture, connect_paramiko, read_shell_until, start_pod
 
 
@@ -99,27 +100,52 @@ def test_nothing_at_all_is_terminated_outside(local_provider: LocalPodProvider) 
     assert status.cause is PodCause.TERMINATED_OUTSIDE and status.ended_at is None
 
 
-@pytest.mark.slow
-def test_the_daemon_ends_the_pod_at_its_lease(local_provider: LocalPodProvider) -> None:
-    """The local pod's equivalent of RunPod's terminateAfter: created + the dead-man
-    lifetime, kept by the daemon itself, so a pod whose flow dies before the watchdog is
-    armed still ends."""
-    keypair = generate_keypair("lease")
-    request = PodRequest(public_key=keypair.public_key, deadman=DeadmanConfig(lifetime_seconds=2.0))
-    handle = local_provider.create(request, f"test-lease-{os.getpid()}")
-    assert handle.lifetime_seconds == 2.0
-    assert handle.terminate_after is not None
-    try:
-        status = _wait_for(
-            lambda: (
-                local_provider.status(handle.pod_id).gone and local_provider.status(handle.pod_id)
-            ),
-            120.0,
-        )
-        assert status and (status.ended_by, status.ended_layer) == ("lease", "terminateAfter")
-        assert status.ended_at is not None and status.ended_at >= handle.terminate_after
-    finally:
-        local_provider.terminate(handle.pod_id)
+def test_a_pod_keeps_no_deadline_of_its_own(tmp_path: Path) -> None:
+    """RunPod never ends a pod on a deadline (its ``terminateAfter`` never fired), so the
+    local pod does not either: its config and registry entry carry no lease, and those an
+    older release wrote, with one, still load (the key is ignored)."""
+    from dataclasses import fields
+
+    from prefect_runpod.blocks.local_pod.daemon import PodConfig
+    from prefect_runpod.blocks.local_pod.registry import PodRecord
+
+    assert "terminate_after" not in {f.name for f in fields(PodConfig)}
+    assert "terminate_after" not in {f.name for f in fields(PodRecord)}
+    old = {
+        "pod_id": "oldpod00000000", "name": "prft-old", "mode": "gateway",
+        "user": "oldpod00000000-0a1b2c3d", "pod_host_id": "oldpod00000000-0a1b2c3d",
+        "host_key": "ssh-ed25519 AAAA", "public_key": "ssh-ed25519 BBBB",
+        "cost_per_hr": 0.0, "gpu_type": "cpu", "created_at": "2026-11-30T10:00:00+00:00",
+        "lifetime_seconds": 60.0, "terminate_after": "2026-11-30T10:01:00+00:00",
+    }  # fmt: skip
+    (tmp_path / "pod.json").write_text(json.dumps(old))
+    config = PodConfig.load(tmp_path / "pod.json")
+    assert (config.pod_id, config.lifetime_seconds) == ("oldpod00000000", 60.0)
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    entry = {k: v for k, v in old.items() if k != "public_key"}
+    entry.update(pid=os.getpid(), port=1, workdir=str(tmp_path))
+    (registry / "oldpod00000000.json").write_text(json.dumps(entry))
+    record = read_record(tmp_path, "oldpod00000000")
+    assert record is not None and record.lifetime_seconds == 60.0
+
+
+def test_a_tombstone_an_older_lease_left_still_reads(tmp_path: Path) -> None:
+    """An older release's daemon ended pods at their lease and said so (``by: lease``):
+    the status still reads it, naming who."""
+    from prefect_runpod.blocks.local_pod.registry import PodTombstone, write_tombstone
+
+    write_tombstone(
+        tmp_path,
+        PodTombstone(
+            pod_id="oldpod00000001", name="prft-old", created_at="2026-11-30T10:00:00+00:00",
+            ended_at="2026-11-30T10:01:00+00:00", by="lease", layer="terminateAfter",
+        ),
+    )  # fmt: skip
+    status = LocalPodProvider(home=tmp_path).status("oldpod00000001")
+    assert status.cause is PodCause.TERMINATED_OUTSIDE and status.ended_by == "lease"
+    assert "lease" in status.provider_status
+    assert status.ended_at == datetime(2026, 11, 30, 10, 1, tzinfo=UTC)
 
 
 @pytest.mark.slow

@@ -115,3 +115,10 @@ def test_no_product_file_names_rest_v1() -> None:
 def test_the_graphql_endpoint_only_in_the_fallback(path: str) -> None:
     text = (ROOT / path).read_text()
     assert not re.search(r"/graphql\b", text), f"{path} names RunPod's GraphQL endpoint"
+
+
+def test_no_product_file_keeps_a_server_side_deadline() -> None:
+    """RunPod never acted on ``terminateAfter`` and v2 has none: no field, no parameter
+    and no record carries one (docstrings may still say why not)."""
+    hits = [f for f in _product_files() if "terminate_after" in (ROOT / f).read_text()]
+    assert hits == []

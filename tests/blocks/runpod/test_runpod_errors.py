@@ -242,12 +242,3 @@ class TestThroughTheRealSDK:
         exc = self._raised(RunPodClient(SecretStr("k")).get_pods)
         assert isinstance(exc, requests.exceptions.ConnectionError)
         assert classify_exception(exc).action is FailoverAction.RETRY
-
-
-def test_only_the_undefined_field_answer_names_a_field() -> None:
-    from prefect_runpod.blocks.runpod.errors import undefined_input_field
-
-    text = 'Field "terminateAfter" is not defined by type "PodFindAndDeployOnDemandInput".'
-    assert undefined_input_field(text) == ("terminateAfter", "PodFindAndDeployOnDemandInput")
-    assert undefined_input_field(CAPACITY_MESSAGE) is None
-    assert undefined_input_field('Cannot query field "terminateAfter" on type "Pod".') is None

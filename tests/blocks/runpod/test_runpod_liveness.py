@@ -1,7 +1,7 @@
 """What RunPod says about a pod, and what the provider does with it (issue 14): the
-liveness causes, terminate that stops at once when retrying cannot help, the
-``terminateAfter`` lease (GraphQL only: REST v2 has none), and a stopped pod of the run's
-name replaced, never adopted. Against the emulator over both APIs where they behave
+liveness causes, terminate that stops at once when retrying cannot help, no create
+carrying a deadline (RunPod never honoured ``terminateAfter``), and a stopped pod of the
+run's name replaced, never adopted. Against the emulator over both APIs where they behave
 alike (REST v2, and GraphQL through the real ``runpod`` SDK)."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import json
 import re
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -190,87 +189,28 @@ def test_the_cli_refuses_an_id_with_a_newline_before_any_call(
     assert len(runpod_emulator.requests) == before
 
 
-class TestLease:
-    def test_create_inlines_terminate_after_and_the_emulator_honours_it(
-        self, runpod_emulator, runpod_blocks, runpod_provider
-    ) -> None:  # type: ignore[no-untyped-def]
-        provider = runpod_provider()
-        start = datetime.now(UTC)
-        handle = provider.create(_request(runpod_blocks[2], lifetime_seconds=3600), _name())
-        returned = datetime.now(UTC)
-        sent = [
-            r["query"]
-            for r in runpod_emulator.requests
-            if "podFindAndDeployOnDemand" in r.get("query", "")
-        ]
-        stamp = re.search(r'terminateAfter: "([^"]+)"', sent[-1]).group(1)  # type: ignore[union-attr]
-        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp)
-        assert handle.terminate_after is not None and handle.lifetime_seconds == 3600
-        # the lease is the lifetime counted from a moment during the create call (sent,
-        # and so kept, to the second)
-        lease_from = handle.terminate_after - timedelta(seconds=3600)
-        assert start.replace(microsecond=0) <= lease_from <= returned
-        assert provider.list("prft")[0].lifetime_seconds == 3600  # recorded on the pod
-        # the emulator's clock passes the lease: the pod ends by itself
-        runpod_emulator.clock = lambda: time.time() + 7200
-        deadline = time.monotonic() + 120
-        while handle.pod_id not in runpod_emulator.ended:
-            assert time.monotonic() < deadline, "the lease did not end the pod"
-            time.sleep(0.1)
-        assert runpod_emulator.ended[handle.pod_id].how == "terminateAfter"
-        assert provider.terminate(handle.pod_id).already_gone
-
-    def test_a_runpod_without_the_field_gets_a_create_without_it(
-        self, runpod_emulator, runpod_blocks, runpod_provider
-    ) -> None:  # type: ignore[no-untyped-def]
-        runpod_emulator.faults.lease_field_unknown = True
-        provider = runpod_provider()
-        handle = provider.create(_request(runpod_blocks[2], lifetime_seconds=3600), _name())
-        try:
-            assert handle.terminate_after is None and not provider.lease_supported
-            assert any("terminateAfter not accepted" in a for a in provider.attempts)
-            assert any("no server-side lease" in a for a in provider.attempts)
-        finally:
-            provider.terminate(handle.pod_id)
-
-    def test_capacity_failover_keeps_the_lease(
-        self, runpod_emulator, runpod_blocks, runpod_provider
-    ) -> None:  # type: ignore[no-untyped-def]
-        runpod_emulator.faults.capacity_first_n = 1
-        provider = runpod_provider()
-        handle = provider.create(_request(runpod_blocks[2], lifetime_seconds=3600), _name())
-        try:
-            deploys = [
-                r
-                for r in runpod_emulator.requests
-                if "podFindAndDeployOnDemand" in r.get("query", "")
-            ]
-            assert len(deploys) == 2 and all("terminateAfter" in r["query"] for r in deploys)
-            assert handle.terminate_after is not None and provider.lease_supported
-        finally:
-            provider.terminate(handle.pod_id)
-
-
-@pytest.mark.parametrize("runpod_api", ["v2"], indirect=True)
-def test_a_v2_create_carries_no_lease_and_the_emulator_keeps_none(
+@BOTH
+def test_no_create_carries_a_deadline_and_none_ends_a_pod(
     runpod_emulator, runpod_blocks, runpod_provider
 ) -> None:  # type: ignore[no-untyped-def]
-    """REST v2 has no ``terminateAfter``: the body has none, the handle records no lease,
-    and the emulator ends no v2 pod on its own clock."""
+    """RunPod never acted on GraphQL's ``terminateAfter`` and REST v2 has none: neither
+    create sends one, the handle keeps only the dead-man lifetime (for the reaper's TTL),
+    and the emulator's clock passing that lifetime ends nothing."""
     provider = runpod_provider()
     handle = provider.create(_request(runpod_blocks[2], lifetime_seconds=3600), _name())
     try:
-        body = next(
-            r["body"] for r in runpod_emulator.requests if r.get("operation") == "createPod"
-        )
-        assert "terminateAfter" not in json.dumps(body) and not provider.lease_supported
-        assert handle.terminate_after is None and handle.lifetime_seconds == 3600
-        assert provider.attempts == [
-            f"NVIDIA GeForce RTX 3090/SECURE: created {handle.pod_id}, no server-side lease"
+        sent = [
+            json.dumps(r.get("body")) + r.get("query", "")
+            for r in runpod_emulator.requests
+            if r.get("operation") == "createPod" or "podFindAndDeployOnDemand" in r.get("query", "")
         ]
-        assert runpod_emulator.pods[handle.pod_id].terminate_after is None
+        assert len(sent) == 1 and "terminateAfter" not in sent[0]
+        assert handle.lifetime_seconds == 3600 and not hasattr(handle, "terminate_after")
+        assert provider.attempts == [f"NVIDIA GeForce RTX 3090/SECURE: created {handle.pod_id}"]
+        assert provider.list("prft")[0].lifetime_seconds == 3600  # recorded on the pod
         runpod_emulator.clock = lambda: time.time() + 7200
         assert provider.status(handle.pod_id).cause is PodCause.ALIVE
+        assert handle.pod_id not in runpod_emulator.ended
     finally:
         runpod_emulator.clock = time.time
         provider.terminate(handle.pod_id)

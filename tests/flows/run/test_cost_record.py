@@ -43,7 +43,6 @@ def test_a_record_reads_back_whole_from_its_table() -> None:
         runpod_billed_seconds=90.0,
         published_bytes=12_345,
         published_to="hf:demo/tiny-classifier",
-        lease="2026-12-01T18:00:00Z",
         stage_seconds={"train": 41.5},
         recorded_by="reaper",
     )
@@ -63,6 +62,19 @@ def test_a_record_reads_back_whole_from_its_table() -> None:
 def test_a_run_that_did_not_publish_reads_back_without_published_bytes() -> None:
     back = CostRecord.from_rows(_record().to_rows())
     assert back.published_bytes is None and back.published_to == ""
+
+
+def test_a_record_an_older_release_wrote_with_its_lease_still_reads() -> None:
+    """Records written before the lease was dropped carry a ``lease`` column and may say
+    a pod was ended by ``lease``: both still read (the column is ignored)."""
+    end = PodEnd(pod_id="50qynxzilsxoey", ended_by=EndedBy.LEASE, confirmed=True,
+                 ended_at=T0 + timedelta(seconds=60), layer="terminateAfter")  # fmt: skip
+    rows = _record(end=end).to_rows()
+    assert "lease" not in rows[0]
+    rows[0]["lease"] = "terminateAfter 2026-12-01T12:01:00Z"
+    back = CostRecord.from_rows(rows)
+    assert back.end is not None and back.end.ended_by is EndedBy.LEASE
+    assert "lease" not in back.model_dump() and back.state_line().startswith("ended by lease")
 
 
 def test_a_pod_whose_end_is_not_confirmed_bills_until_now_and_says_how_to_end_it() -> None:

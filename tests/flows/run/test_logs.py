@@ -106,7 +106,7 @@ def _record(msg: str, level: int = logging.INFO, **extra: object) -> logging.Log
 def test_the_console_shows_what_its_verbosity_asks():
     train = _record("pod1 | step 1", train_log=True)
     stage = _record("stage upload Completed")
-    warning = _record("no lease", logging.WARNING)
+    warning = _record("the guardian did not start", logging.WARNING)
     assert [ConsoleFilter("normal").filter(r) for r in (train, stage, warning)] == [
         False,
         True,
