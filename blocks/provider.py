@@ -1,6 +1,6 @@
 """The provider protocol every pod backend fills in (docs/architecture.md#pod-providers).
 
-Two implementations: ``RunPodProvider`` (the ``runpod`` SDK, GraphQL) and
+Two implementations: ``RunPodProvider`` (RunPod's REST v2, GraphQL as a fallback) and
 ``LocalPodProvider`` (the embedded default: a loopback SSH server in a scratch
 workspace). Like SkyPilot's provision layer, this module is the contract; each
 backend module only implements it. What a provider offers beyond it is asked for by
@@ -11,8 +11,6 @@ is ``blocks/provider_registry.py``'s.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -46,14 +44,11 @@ __all__ = [
     "PodProvider",
     "PodRequest",
     "PodStatus",
-    "PodWatch",
     "TerminateResult",
     "end_command",
-    "host_lost",
     "lost_error",
     "lost_sentence",
     "reaper_ttl_seconds",
-    "watch_for",
 ]
 
 _log = logging.getLogger("prefect_runpod.liveness")
@@ -315,162 +310,6 @@ def reaper_ttl_seconds(handle: PodHandle, ttl_seconds: float | None = None) -> f
         return ttl_seconds
     lifetime = handle.lifetime_seconds or DEFAULT_POD_LIFETIME_SECONDS
     return lifetime + REAPER_TTL_GRACE_SECONDS
-
-
-_WATCHES: dict[str, PodWatch] = {}
-_WATCHES_LOCK = threading.Lock()
-
-
-def watch_for(pod_id: str | None) -> PodWatch | None:
-    """The running ``PodWatch`` of ``pod_id`` in this process, or None. Consoles ask it
-    before every reconnect attempt, so no stage waits out a reconnect window for a pod
-    that is gone."""
-    if pod_id is None:
-        return None
-    with _WATCHES_LOCK:
-        return _WATCHES.get(pod_id)
-
-
-class PodWatch:
-    """Watches one ready pod: asks ``provider.status`` every ``poll_seconds`` from a
-    daemon thread, and on demand before every reconnect attempt (docs/architecture.md#termination-layers).
-
-    The run's main thread calls ``raise_if_lost`` in its waits (cheap: the thread's
-    last answer) and ``check_now`` before reconnecting (a fresh answer); both raise
-    ``PodGoneError`` with one sentence once the pod is gone. A pod watched while ready
-    that reads back ``starting`` (RunPod: ``runtime`` null again) on two answers in a
-    row has lost its runtime: ``host_lost``.
-
-    Args:
-        provider: the pod's provider.
-        pod_id: the pod.
-        poll_seconds: seconds between two background asks (``pod_poll_seconds``).
-        on_lost: called once, from whichever thread sees the loss first, with the status.
-    """
-
-    def __init__(
-        self,
-        provider: PodProvider,
-        pod_id: str,
-        poll_seconds: float = DEFAULT_POD_POLL_SECONDS,
-        *,
-        on_lost: Callable[[PodStatus], None] | None = None,
-    ) -> None:
-        self.provider = provider
-        self.pod_id = pod_id
-        self.poll_seconds = poll_seconds
-        self.on_lost = on_lost
-        self.lost: PodStatus | None = None
-        self.last: PodStatus | None = None
-        self.polls = 0
-        self._starting_seen = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"podwatch-{pod_id}", daemon=True)
-
-    def start(self) -> PodWatch:
-        """Start the background asks and register for ``watch_for``; returns self."""
-        with _WATCHES_LOCK:
-            _WATCHES[self.pod_id] = self
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_seconds: float = 10.0) -> None:
-        """Stop asking and unregister (bounded wait for the thread)."""
-        self._stop.set()
-        with _WATCHES_LOCK:
-            if _WATCHES.get(self.pod_id) is self:
-                del _WATCHES[self.pod_id]
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout_seconds)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll_seconds):
-            self.ask()
-            if self.lost is not None:
-                return
-
-    def ask(self) -> PodStatus:
-        """Ask the provider now and record what it says (a loss is kept, and reported
-        once to ``on_lost``); never raises: a provider that cannot be asked answers
-        ``unknown``. What a ``ReconnectPolicy`` calls before each retry."""
-        try:
-            status = self.provider.status(self.pod_id)
-        except Exception as exc:  # a provider that cannot be asked: never "gone"
-            status = PodStatus(
-                pod_id=self.pod_id, cause=PodCause.UNKNOWN, provider_status=f"unanswered: {exc}"
-            )
-        with self._lock:
-            self.polls += 1
-            if status.cause is PodCause.STARTING:
-                self._starting_seen += 1
-                if self._starting_seen >= 2:
-                    status = status.model_copy(
-                        update={
-                            "cause": PodCause.HOST_LOST,
-                            "provider_status": f"{status.provider_status}: runtime gone",
-                        }
-                    )
-            else:
-                self._starting_seen = 0
-            self.last = status
-            first = status.gone and self.lost is None
-            if first:
-                self.lost = status
-        if first:
-            _log.warning("%s", lost_sentence(status))
-            if self.on_lost is not None:
-                self.on_lost(status)
-        return status
-
-    def raise_if_lost(self) -> None:
-        """Raise ``PodGoneError`` when an earlier answer found the pod gone; else return."""
-        if self.lost is not None:
-            raise self.error(self.lost)
-
-    def check_now(self) -> PodStatus:
-        """Ask the provider now (before a reconnect attempt).
-
-        Returns:
-            The status, when the pod is not gone.
-
-        Raises:
-            PodGoneError: the pod is gone (this answer or an earlier one).
-        """
-        self.raise_if_lost()
-        status = self.ask()
-        self.raise_if_lost()
-        return status
-
-    def gateway_dead(self, seconds: float) -> PodGoneError:
-        """The error for a pod whose SSH stayed down past the reconnect budget: the
-        provider is asked once more; if it still says the pod runs, that is
-        ``host_lost`` (the caller then terminates it)."""
-        status = self.ask()
-        lost = status if status.gone else host_lost(status, seconds)
-        with self._lock:
-            if self.lost is None:
-                self.lost = lost
-        return self.error(self.lost or lost)
-
-    @staticmethod
-    def error(status: PodStatus) -> PodGoneError:
-        """The ``PodGoneError`` for a gone ``status``."""
-        return lost_error(status)
-
-
-def host_lost(status: PodStatus, seconds: float) -> PodStatus:
-    """``status`` (the provider says the pod runs) seen together with an SSH gateway that
-    did not answer for ``seconds``, past the reconnect budget: the pod lost its host."""
-    return status.model_copy(
-        update={
-            "cause": PodCause.HOST_LOST,
-            "provider_status": (
-                f"the provider says {status.provider_status}, yet its SSH gateway did not "
-                f"answer for {seconds:.0f} s"
-            ),
-        }
-    )
 
 
 def lost_error(status: PodStatus) -> PodGoneError:

@@ -23,7 +23,7 @@ from prefect_runpod.blocks.console.launcher_client import (
 )
 from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
-from prefect_runpod.blocks.provider import watch_for
+from prefect_runpod.blocks.pod_watch import watch_for
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
 

@@ -21,7 +21,7 @@ from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
 from prefect_runpod.blocks.console.terminal_text import last_json_object, strip_ansi
 from prefect_runpod.blocks.exceptions import ConsoleError, TrainingError
-from prefect_runpod.blocks.provider import watch_for
+from prefect_runpod.blocks.pod_watch import watch_for
 
 __all__ = [
     "LogChunk",
@@ -150,10 +150,10 @@ class LogFollower:
         Reconnects after a ``ConsoleError`` (backoff up to 5 s) until
         ``reconnect_budget_seconds`` pass (the command asks only for state, so asking
         again is safe). When this process watches the pod's liveness
-        (``provider.watch_for``), the provider is asked first, after each failure and
+        (``pod_watch.watch_for``), the provider is asked first, after each failure and
         before each reconnect: a pod that is gone stops the wait at once, and one whose
-        SSH stayed down for the whole budget while the provider says it runs has lost
-        its host.
+        SSH stayed down for the whole budget while the provider says it runs is
+        terminated and counted lost (``PodWatch.unreachable``).
 
         Raises:
             PodGoneError: the provider says the pod is gone (terminated outside, exited,
@@ -182,7 +182,7 @@ class LogFollower:
                 first_failure = now if first_failure is None else first_failure
                 if now - first_failure >= self.reconnect_budget_seconds:
                     if watch is not None:
-                        raise watch.gateway_dead(now - first_failure) from exc
+                        raise watch.unreachable(now - first_failure) from exc
                     raise TrainingError(
                         f"pod {self.pod_id}: the console stayed down for "
                         f"{now - first_failure:.0f} s ({exc}); training may still run on the "

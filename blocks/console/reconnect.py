@@ -8,9 +8,9 @@ proxy restarting, a network blip). Every stage waits that out the same way:
   fix (``ConsoleConnectError.retryable``), with exponential backoff (tenacity), for at
   most ``budget_seconds``. Before each retry it asks the provider whether the pod
   still lives (``PodProvider.status``): a pod that is gone ends the wait at once with
-  ``PodGoneError`` (one sentence: terminated outside the run, exited, host lost), and a
-  pod whose SSH stayed down for the whole budget while the provider says it runs has
-  lost its host (``PodGoneError`` too: the run then terminates it).
+  ``PodGoneError`` (one sentence: terminated outside the run, exited, host lost). When
+  the budget runs out, ``unreachable`` (the pod watch's) gives the verdict: a pod the
+  provider says runs is terminated and, once confirmed gone, counted lost.
 - ``resuming(console)`` is a console whose ``run`` runs a command again after the
   connection dropped under it (the console opens a fresh session by itself, under its
   policy). Stages give it only commands that are safe to repeat, so a stage resumes
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from prefect_runpod.blocks.exceptions import ConsoleConnectError, SpecError
-from prefect_runpod.blocks.provider import PodCause, PodStatus, host_lost, lost_error
+from prefect_runpod.blocks.provider import PodStatus, lost_error
 from prefect_runpod.blocks.validation.parameters import DEFAULT_RECONNECT_BUDGET_SECONDS
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ class ReconnectPolicy:
         max_delay_seconds: the longest pause between attempts (s).
         status: the provider's view of the pod (``PodProvider.status`` bound to its
             id), asked before each retry; None: never asked.
+        unreachable: called with the seconds waited once the budget is spent; returns the
+            error to raise (``PodWatch.unreachable``). None: the connect error stands.
         sleep: how to pause; clock: a monotonic clock (tests inject fakes).
 
     Raises:
@@ -68,6 +70,7 @@ class ReconnectPolicy:
     initial_delay_seconds: float = 0.5
     max_delay_seconds: float = 8.0
     status: Callable[[], PodStatus] | None = None
+    unreachable: Callable[[float], BaseException] | None = None
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
@@ -89,8 +92,8 @@ class ReconnectPolicy:
             What ``attempt`` returned.
 
         Raises:
-            PodGoneError: the provider said the pod no longer lives, or that it runs
-                while its SSH stayed down for the whole budget (host lost).
+            PodGoneError: the provider said the pod no longer lives, or ``unreachable``
+                found it running while its SSH stayed down for the whole budget.
             ConsoleConnectError: not retryable, or still failing after ``budget_seconds``
                 (the message says how long it waited).
         """
@@ -137,11 +140,11 @@ class ReconnectPolicy:
             waited = self.clock() - started
             if not exc.retryable or waited < self.initial_delay_seconds:
                 raise
+            if self.unreachable is not None:
+                raise self.unreachable(waited) from exc
             seen: PodStatus | None = self.status() if self.status is not None else None
-            if seen is not None and (seen.gone or seen.cause is PodCause.ALIVE):
-                # gone meanwhile, or the provider says it runs while its SSH stayed down
-                # for the whole budget: its host is lost either way
-                raise lost_error(seen if seen.gone else host_lost(seen, waited)) from exc
+            if seen is not None and seen.gone:
+                raise lost_error(seen) from exc
             raise ConsoleConnectError(
                 f"{exc} (gave up after waiting {waited:.0f} s of a "
                 f"{self.budget_seconds:g} s reconnect budget)",

@@ -233,7 +233,9 @@ class RunPodApi(Protocol):
         source: Literal["container", "system"] | None = None,
         tail: int | None = None,
         last_event_id: str | None = None,
+        idle_seconds: float | None = None,
     ) -> Iterator[LogLine]:
         """The pod's log lines as RunPod streams them; resumes after a dropped stream
-        from the last event id seen."""
+        from the last event id seen; ends when RunPod closes the stream or sends nothing
+        for ``idle_seconds`` (the backend's default when None)."""
         ...

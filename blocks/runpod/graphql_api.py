@@ -209,6 +209,9 @@ class GraphQLApi:
         source: Literal["container", "system"] | None = None,
         tail: int | None = None,
         last_event_id: str | None = None,
+        idle_seconds: float | None = None,
     ) -> Iterator[LogLine]:
         """REST v2's log stream (GraphQL has none)."""
-        return self.rest.pod_logs(pod_id, source=source, tail=tail, last_event_id=last_event_id)
+        return self.rest.pod_logs(
+            pod_id, source=source, tail=tail, last_event_id=last_event_id, idle_seconds=idle_seconds
+        )

@@ -1,5 +1,6 @@
 """Pod lifecycle pieces of the RunPod provider: endpoints from a pod answer, an SSH
-key-exchange probe, and a terminate that returns only once RunPod confirms the pod gone.
+key-exchange probe, a boot failure named from the pod's ``system`` log, and a terminate
+that returns only once RunPod confirms the pod gone.
 
 Terminate mirrors the lesson from dstack's RunPod backend, which marks an instance
 terminated after 15 minutes of failed attempts anyway (a known orphan path): here a
@@ -11,7 +12,9 @@ through ``RunPodApi``, whichever API answers.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -27,7 +30,9 @@ from prefect_runpod.blocks.runpod.errors import ErrorKind, FailoverAction, class
 from prefect_runpod.blocks.validation.parameters import DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
 __all__ = [
+    "BOOT_FAILURES",
     "GONE_STATUSES",
+    "boot_diagnosis",
     "LOST_STATUSES",
     "direct_endpoint",
     "probe_ssh_host_key",
@@ -71,6 +76,56 @@ def status_from_pod(pod_id: str, pod: PodRecord | None) -> PodStatus:
     else:
         cause = PodCause.STARTING
     return PodStatus(pod_id=pod_id, cause=cause, provider_status=f"RunPod: {pod.said()}")
+
+
+BOOT_FAILURES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(
+            r"pull access denied|manifest (unknown|for \S+ not found)|ErrImagePull|"
+            r"ImagePullBackOff|back-off pulling image|error pulling image|failed to pull|"
+            r"toomanyrequests|unauthorized: authentication required",
+            re.IGNORECASE,
+        ),
+        "the image could not be pulled: check image_name (and the registry's credentials)",
+    ),
+    (re.compile(r"no space left on device", re.IGNORECASE), "the pod ran out of disk"),
+    (
+        re.compile(r"\bssh\b.*\b(not started|failed|error)|no ssh public key", re.IGNORECASE),
+        "SSH did not start: the account needs an SSH public key before the create "
+        "(RunPodSSHKey.add_to_account, or RunPod's console)",
+    ),
+    (
+        re.compile(r"crash ?loop|back-off restarting|exited with (code|status) [1-9]", re.I),
+        "the container kept exiting: check the image's start command",
+    ),
+)
+"""What a pod's ``system`` log (host side: image pull, start) says went wrong at boot,
+by the text of its lines, first match wins. RunPod does not document these lines: the
+patterns are Docker's and Kubernetes' own words for the same failures."""
+
+
+def boot_diagnosis(api: RunPodApi, pod_id: str, *, lines: int = 200) -> str | None:
+    """Why ``pod_id`` did not boot, in words, from its ``system`` log stream (REST v2
+    ``GET /v2/pods/{id}/logs?source=system``): the first ``BOOT_FAILURES`` match in its
+    last ``lines`` lines, else the last line it logged; None when the stream says nothing
+    or cannot be read (the diagnosis is a courtesy: it never stands in the error's way).
+    Read it before the pod is terminated (RunPod forgets an ended pod's logs)."""
+    try:
+        events = list(
+            itertools.islice(
+                api.pod_logs(pod_id, source="system", tail=lines, idle_seconds=2.0), lines
+            )
+        )
+    except Exception as exc:
+        logger.info("%s: its system log could not be read (%s)", pod_id, exc)
+        return None
+    for pattern, what in BOOT_FAILURES:
+        for event in reversed(events):
+            if pattern.search(event.line):
+                return f"its system log says {what} ({event.line.strip()[:200]!r})"
+    if events:
+        return f"its system log's last line: {events[-1].line.strip()[:200]!r}"
+    return None
 
 
 def direct_endpoint(pod: PodRecord) -> SSHEndpoint | None:

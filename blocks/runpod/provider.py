@@ -67,12 +67,14 @@ from prefect_runpod.blocks.runpod.errors import (
 )
 from prefect_runpod.blocks.runpod.lifecycle import (
     GONE_STATUSES,
+    boot_diagnosis,
     direct_endpoint,
     probe_ssh_host_key,
     status_from_pod,
     terminate_until_gone,
 )
 from prefect_runpod.blocks.runpod.placement import PodPlacement, Retry
+from prefect_runpod.blocks.runpod.poller import poller_for
 from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
 from prefect_runpod.blocks.validation.parameters import DEFAULT_TERMINATE_TIMEOUT_SECONDS
 
@@ -145,6 +147,11 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
     def api_name(self) -> str:
         """Which RunPod API answers this provider's pod calls (``v2``, ``graphql``)."""
         return self._api.name
+
+    @property
+    def api(self) -> RunPodApi:
+        """The RunPod client this provider holds (one connection pool for the run)."""
+        return self._api
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -279,6 +286,8 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
 
         Raises:
             PodTimeoutError: not ready within ``timeout_seconds``; the pod was terminated.
+                The message names what its ``system`` log says went wrong (an image that
+                could not be pulled, SSH that never started: ``lifecycle.boot_diagnosis``).
             PodGoneError: the pod vanished, stopped or lost its host while starting; it
                 was terminated (one sentence: what RunPod said).
             ConsoleConnectError: the gateway's host key differs from the pinned one.
@@ -291,6 +300,11 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
             pod = self._call("read pod", self._api.get_pod, handle.pod_id, pod_id=handle.pod_id)
             seen = status_from_pod(handle.pod_id, pod)
             if seen.gone:  # terminated outside, exited or lost while starting: one sentence
+                why = boot_diagnosis(self._api, handle.pod_id)
+                if why is not None:
+                    seen = seen.model_copy(
+                        update={"provider_status": f"{seen.provider_status}; {why}"}
+                    )
                 self._abort(handle, lost_error(seen))
             assert pod is not None
             last = pod.said()
@@ -300,12 +314,13 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
                 last += " ssh=not answering"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                why = boot_diagnosis(self._api, handle.pod_id)
+                advice = why or "raise the ready timeout for large images, or pick another GPU type"
                 self._abort(
                     handle,
                     PodTimeoutError(
                         f"pod {handle.pod_id} ({handle.name}) not ready after {timeout_seconds:.0f} s "
-                        f"({last}); it was terminated. Raise the ready timeout for large images, "
-                        "or pick another GPU type.",
+                        f"({last}); {advice}. It was terminated.",
                         pod_id=handle.pod_id,
                         last_status=last,
                         elapsed_seconds=time.monotonic() - start,
@@ -387,6 +402,13 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
                 )
             pod = None
         return status_from_pod(pod_id, pod)
+
+    def shared_status(self, pod_id: str, max_age_seconds: float) -> PodStatus:
+        """What the account's pod list, read at most once per ``max_age_seconds`` for every
+        pod watched in this process (``poller.poller_for``), says about ``pod_id``: what
+        ``PodWatch`` asks, so ten watched pods cost one ``GET /v2/pods`` per interval, not
+        ten. Never raises (``unknown`` when RunPod cannot be asked)."""
+        return poller_for(self._api).status(validate_pod_id(pod_id), max_age_seconds)
 
     # -- terminate --------------------------------------------------------------------
 

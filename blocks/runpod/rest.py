@@ -116,7 +116,6 @@ class RestApi:
     """
 
     name: ApiName = "v2"
-    supports_lease = False
 
     def __init__(
         self,
@@ -270,14 +269,14 @@ class RestApi:
         source: Literal["container", "system"] | None = None,
         tail: int | None = None,
         last_event_id: str | None = None,
+        idle_seconds: float | None = None,
         max_resumes: int = 3,
-        idle_seconds: float = _LOG_IDLE_SECONDS,
     ) -> Iterator[LogLine]:
         """``GET /v2/pods/{id}/logs`` as Server-Sent Events (httpx-sse), one ``LogLine``
         per event. A stream that drops is resumed with ``Last-Event-ID`` (the last id
         seen: RunPod's resume cursor), up to ``max_resumes`` times in a row without a
         new line; the iteration ends when RunPod closes the stream or sends nothing for
-        ``idle_seconds``.
+        ``idle_seconds`` (60 s when None).
 
         Raises:
             RunPodAPIError: RunPod refused the stream (404 for an unknown pod …).
@@ -286,7 +285,8 @@ class RestApi:
 
         check_pod_id(pod_id)
         cursor, resumes = last_event_id, 0
-        timeout = httpx.Timeout(self._http.timeout.connect, read=idle_seconds)
+        idle = _LOG_IDLE_SECONDS if idle_seconds is None else idle_seconds
+        timeout = httpx.Timeout(self._http.timeout.connect, read=idle)
         while True:
             params: dict[str, Any] = {}
             if source:

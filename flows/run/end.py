@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from prefect_runpod.blocks.exceptions import TerminateError
+from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.provider import (
     EndedBy,
     PodEnd,
     PodProvider,
     PodStatus,
-    PodWatch,
     TerminateResult,
     end_command,
 )

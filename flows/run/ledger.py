@@ -17,7 +17,7 @@ from prefect_runpod.blocks.exceptions import (
     TransferError,
 )
 from prefect_runpod.blocks.faults import fault_point
-from prefect_runpod.blocks.provider import PodWatch
+from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.secret_mask import error_text, is_header_error, redact
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState

@@ -34,7 +34,8 @@ from prefect_runpod.blocks.exceptions import (
 )
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest, PodWatch
+from prefect_runpod.blocks.pod_watch import PodWatch
+from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.budget import RunBudget
 from prefect_runpod.flows.run.end import end_run, record_cost, write_report
@@ -212,7 +213,9 @@ class PodSession:
             # stops it at once.
             self.watch = PodWatch(self.provider, handle.pod_id, settings.pod_poll_seconds).start()
             self.reconnect = ReconnectPolicy(
-                budget_seconds=settings.reconnect_budget_seconds, status=self.watch.ask
+                budget_seconds=settings.reconnect_budget_seconds,
+                status=self.watch.ask,
+                unreachable=self.watch.unreachable,
             )
             self.attempt.ssh_command = handle.pinned_ssh_command(
                 self.key_path or _save_pod_key(self.key, self.out)

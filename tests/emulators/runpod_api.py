@@ -77,7 +77,18 @@ from tests.emulators.runpod_state import DEFAULT_GPU_TYPES, EmulatedPod, Faults,
 from tests.emulators.runpod_v2 import HOST_CUDA, Answer, V2Api, log_stamp, problem
 from tests.emulators.tls import make_loopback_ca
 
-__all__ = ["DEFAULT_GPU_TYPES", "Faults", "GatewayLink", "PodEnd", "RunPodEmulator"]
+__all__ = ["BOOT_LOG", "DEFAULT_GPU_TYPES", "Faults", "GatewayLink", "PodEnd", "RunPodEmulator"]
+
+BOOT_LOG = {
+    "": "Pulling image {image}\nImage {image} pulled\nContainer started",
+    "image_pull": "Pulling image {image}\nError response from daemon: pull access denied for "
+    "{image}, repository does not exist or may require 'docker login'\nBack-off pulling "
+    "image {image}",
+    "no_ssh": "Pulling image {image}\nImage {image} pulled\nContainer started\nSSH not "
+    "started: the account has no SSH public key registered",
+}
+"""A pod's ``system`` log lines at boot, by ``Faults.boot_failure`` (the emulator's own
+wording)."""
 
 _SDL = (Path(__file__).with_name("runpod_schema.graphql")).read_text()
 SCHEMA = build_schema(_SDL)
@@ -236,6 +247,9 @@ class RunPodEmulator:
     def vanish(self, pod_id: str) -> None:
         """The pod disappears (its host lost it): the local pod ends, ``pod`` → null."""
         with self._lock:
+            if pod_id in self.pods and self.pods[pod_id].hollow:
+                self._end(pod_id, "vanished", self.clock())
+                return
             known = pod_id in self.pods
             if known:
                 self._terminating.add(pod_id)
@@ -316,7 +330,9 @@ class RunPodEmulator:
     def _reconcile(self) -> None:
         """Drop pods whose local pod ended on its own (``runpodctl pod delete``), and
         record them as removed from inside, at the moment the local pod recorded."""
-        for pod_id in list(self.pods):
+        for pod_id, pod in list(self.pods.items()):
+            if pod.hollow:
+                continue
             if pod_id not in self._terminating and self.local.get(pod_id) is None:
                 tomb = self.local.ended(pod_id)
                 at = datetime.fromisoformat(tomb.ended_at).timestamp() if tomb else self.clock()
@@ -330,6 +346,8 @@ class RunPodEmulator:
         with self._lock:
             self._reconcile()
             for pod in self.pods.values():
+                if pod.boot_failure or pod.hollow:
+                    continue
                 if pod.pod_host_id == user and self.pod_dict(pod)["runtime"]:
                     keys = [k for k in self.pub_key.splitlines() if k.strip()]
                     if pod.env.get("PUBLIC_KEY"):
@@ -494,6 +512,7 @@ class RunPodEmulator:
         """A pod as RunPod's ``Pod`` type answers it."""
         now = time.time()
         booted = now - pod.created >= self.faults.slow_boot_seconds
+        booted = booted and pod.boot_failure != "image_pull"
         runtime = None
         if booted and pod.status == "RUNNING":
             runtime = {
@@ -628,12 +647,38 @@ class RunPodEmulator:
             listed_at=time.time() + self.faults.list_delay_seconds,
         )
         image = full_spec.get("imageName") or "image"
-        for line in (f"Pulling image {image}", f"Image {image} pulled", "Container started"):
+        pod.boot_failure = self.faults.boot_failure
+        for line in BOOT_LOG[pod.boot_failure].format(image=image).splitlines():
             self._log(pod, "system", line)
         with self._lock:
             self.pods[pod.pod_id] = pod
             self.ledger.open(pod.pod_id, gpu_id, pod.cost_per_hr, pod.created)
         return pod
+
+    def hollow_pod(self, name: str, gpu_id: str = "NVIDIA GeForce RTX 3090") -> str:
+        """A running pod with no local pod behind it (no SSH), billed from now: for tests
+        of many pods that only list, read and terminate them. Returns its id."""
+        from prefect_runpod.blocks.local_pod.registry import new_pod_host_id, new_pod_id
+
+        pod_id = new_pod_id()
+        gpu = self.gpu_types[gpu_id]
+        pod = EmulatedPod(
+            pod_id=pod_id,
+            name=name,
+            pod_host_id=new_pod_host_id(pod_id),
+            gpu_type_id=gpu_id,
+            cost_per_hr=gpu["securePrice"],
+            spec={"gpuCount": 1, "imageName": "hollow", "containerDiskInGb": 20},
+            env={},
+            created=self.clock(),
+            port=1,
+            workdir="/workspace",
+            hollow=True,
+        )
+        with self._lock:
+            self.pods[pod_id] = pod
+            self.ledger.open(pod_id, gpu_id, pod.cost_per_hr, pod.created)
+        return pod_id
 
     def _log(self, pod: EmulatedPod, source: str, line: str) -> None:
         last = pod.logs[-1].id if pod.logs else None
@@ -663,6 +708,9 @@ class RunPodEmulator:
         """End a pod now (its local pod too) and record how; billing stops."""
         with self._lock:
             if pod_id not in self.pods:
+                return
+            if self.pods[pod_id].hollow:
+                self._end(pod_id, how, self.clock())
                 return
             self._terminating.add(pod_id)
         try:

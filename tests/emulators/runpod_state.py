@@ -90,6 +90,11 @@ class Faults:
             "at the same moment", by count, never by timing.
         log_cut_after_events: the next log stream is cut (no closing chunk) after this
             many events; spent once it fires.
+        boot_failure: pods created from now on fail to boot: ``image_pull`` (the image
+            cannot be pulled: the pod stays STARTING with no runtime) or ``no_ssh`` (the
+            container runs, but no SSH endpoint ever appears); either way their ``system``
+            log says why, in the emulator's own words (RunPod's exact lines are not
+            documented).
     """
 
     capacity_first_n: int = 0
@@ -112,6 +117,7 @@ class Faults:
     create_answer_lost: int = 0
     ssh_keys_barrier: int = 0
     log_cut_after_events: int = 0
+    boot_failure: str = ""
 
     def take(self, table: dict[str, int], op: str) -> bool:
         """Consume one count for ``op`` (or ``*``); True when a fault fires."""
@@ -152,6 +158,10 @@ class EmulatedPod:
     listed_at: float = 0.0
     logs: list[LogEvent] = field(default_factory=list)
     log_offset: int = 0
+    boot_failure: str = ""
+    hollow: bool = False
+    """A pod with no local pod behind it (``RunPodEmulator.hollow_pod``): listed, read and
+    terminated like any other, never reachable over SSH."""
 
 
 @dataclass

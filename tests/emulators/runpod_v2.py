@@ -242,7 +242,7 @@ class V2Api:
         emu = self.emu
         now = time.time()
         booted = now - pod.created >= emu.faults.slow_boot_seconds
-        status = v2_status(pod, booted)
+        status = v2_status(pod, booted and pod.boot_failure != "image_pull")
         running = status == "RUNNING"
         v2 = pod.v2 or {}
         ports = list(v2.get("ports") or ["22/tcp"])
@@ -254,7 +254,9 @@ class V2Api:
             "command": f"ssh {pod.pod_host_id}@127.0.0.1 -p {gateway}",
         }
         direct = None
-        if running and emu.mode == "direct" and "22/tcp" in ports:
+        if pod.boot_failure == "no_ssh":  # the container runs, its SSH never appears
+            proxy = None
+        elif running and emu.mode == "direct" and "22/tcp" in ports:
             direct = {
                 "host": "127.0.0.1",
                 "port": pod.port,

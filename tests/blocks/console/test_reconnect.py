@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import pytest
 from pydantic import SecretStr
@@ -21,7 +22,8 @@ from prefect_runpod.blocks.console.reconnect import ReconnectPolicy, Resuming, r
 from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.exceptions import ConsoleConnectError, PodGoneError, SpecError
 from prefect_runpod.blocks.local_pod.registry import read_record
-from prefect_runpod.blocks.provider import PodCause, PodRequest, PodStatus
+from prefect_runpod.blocks.pod_watch import PodWatch
+from prefect_runpod.blocks.provider import PodCause, PodRequest, PodStatus, TerminateResult
 from tests.fixtures.fault_matrix import wait_until
 from tests.fixtures.local_pod import PodFixture
 
@@ -58,6 +60,21 @@ def _status(cause: PodCause) -> PodStatus:
     return PodStatus(pod_id="p", cause=cause, provider_status=f"said {cause.value}")
 
 
+@dataclass
+class _RunningProvider:
+    """A provider that says the pod runs, and confirms a terminate."""
+
+    provider_name: str = "fake"
+    terminated: list[str] = field(default_factory=list)
+
+    def status(self, pod_id: str) -> PodStatus:
+        return _status(PodCause.TERMINATED_OUTSIDE if self.terminated else PodCause.ALIVE)
+
+    def terminate(self, pod_id: str, timeout_seconds: float = 120.0) -> TerminateResult:
+        self.terminated.append(pod_id)
+        return TerminateResult(pod_id=pod_id, confirmed_at=datetime.now(UTC))
+
+
 def _refused() -> ConsoleConnectError:
     return ConsoleConnectError("pod p: could not connect (connection refused)", pod_id="p")
 
@@ -91,8 +108,28 @@ class TestReconnectPolicy:
     def test_ssh_down_for_the_whole_budget_while_the_provider_says_it_runs_is_a_lost_host(
         self,
     ) -> None:
-        """Issue 14: the gateway dead past the reconnect budget while the provider says
-        RUNNING → host_lost (the run then terminates the pod)."""
+        """Issues 14 and 23: the gateway dead past the reconnect budget while the provider
+        says RUNNING → unreachable: the watch terminates the pod, and once the provider
+        confirmed it gone the pod is lost (host_lost)."""
+        fake = FakeTime()
+        provider = _RunningProvider()
+        watch = PodWatch(provider, "p", poll_seconds=3600)  # type: ignore[arg-type]
+        policy = ReconnectPolicy(
+            budget_seconds=20.0,
+            status=watch.ask,
+            unreachable=watch.unreachable,
+            sleep=fake.sleep,
+            clock=fake.clock,
+        )
+        with pytest.raises(PodGoneError, match="lost its host") as info:
+            policy.call(_failing(100, _refused), pod_id="p", what="SSH")
+        assert info.value.cause == "host_lost" and provider.terminated == ["p"]
+        assert "did not answer for 20 s" in str(info.value)
+        assert "the run terminated it, confirmed gone" in str(info.value)
+
+    def test_without_a_watch_a_spent_budget_decides_no_loss(self) -> None:
+        """Only the pod watch gives the unreachable verdict (it can terminate and confirm);
+        a policy without one gives up with the connect error."""
         fake = FakeTime()
         policy = ReconnectPolicy(
             budget_seconds=20.0,
@@ -100,10 +137,8 @@ class TestReconnectPolicy:
             sleep=fake.sleep,
             clock=fake.clock,
         )
-        with pytest.raises(PodGoneError, match="lost its host") as info:
+        with pytest.raises(ConsoleConnectError, match=r"gave up after waiting 20 s"):
             policy.call(_failing(100, _refused), pod_id="p", what="SSH")
-        assert info.value.cause == "host_lost"
-        assert "did not answer for 20 s" in str(info.value)
 
     def test_an_unknown_status_keeps_waiting_until_the_budget(self) -> None:
         fake = FakeTime()
@@ -203,7 +238,7 @@ def emulated_pod(runpod_emulator, runpod_provider):  # type: ignore[no-untyped-d
 def test_the_runpod_provider_says_alive_unknown_and_gone(emulated_pod) -> None:  # type: ignore[no-untyped-def]
     emulator, provider, handle, _ = emulated_pod
     assert provider.status(handle.pod_id).cause is PodCause.ALIVE
-    emulator.faults.http_5xx["pod"] = 1
+    emulator.faults.http_5xx["getPod" if emulator.client_api == "v2" else "pod"] = 1
     assert provider.status(handle.pod_id).cause is PodCause.UNKNOWN
     emulator.vanish(handle.pod_id)
     assert provider.status(handle.pod_id).gone

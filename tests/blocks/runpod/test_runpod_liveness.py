@@ -14,7 +14,8 @@ import uuid
 import pytest
 
 from prefect_runpod.blocks.exceptions import PodGoneError, TerminateError
-from prefect_runpod.blocks.provider import DeadmanConfig, PodCause, PodRequest, PodWatch
+from prefect_runpod.blocks.pod_watch import PodWatch
+from prefect_runpod.blocks.provider import DeadmanConfig, PodCause, PodRequest
 from prefect_runpod.blocks.runpod.lifecycle import status_from_pod
 from tests.emulators.runpod_api import RunPodEmulator
 
