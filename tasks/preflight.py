@@ -13,7 +13,7 @@ the CLI checks a run's arguments before Prefect is loaded; the ``preflight`` tas
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
@@ -41,8 +41,12 @@ from prefect_runpod.tasks.bundle_files import IGNORE_FILE, BundleFiles, select_b
 from prefect_runpod.tasks.models import PublishTarget
 from prefect_runpod.tasks.publish_target import check_download_choice, parse_publish_target
 
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.transfer.s3 import S3Target
+
 __all__ = [
     "RunSettings",
+    "check_placement",
     "check_pod_disk",
     "check_transfer_before_renting",
     "transfer_methods",
@@ -360,6 +364,33 @@ def check_transfer_before_renting(
     except SpecError:
         return f"{granted}; without one the run stops before uploading (the pod is ended)"
     return chosen if other == chosen else f"{granted}, else {other}"
+
+
+def check_placement(provider: Any, requirements: list[str], s3: S3Target | None) -> str:
+    """Hold the pod about to be rented against what its provider knows before renting
+    (``RunPodProvider.check_placement``, the RunPod knowledge staying in ``blocks/runpod/``:
+    GPU ids in its catalog, the bundle's CUDA floor against their hosts, a network
+    volume's data centre — ``s3.region_name`` of a target with a mount path — against the
+    data centres asked for). A provider without such a check (the local pod) places its
+    pods itself. Returns one line; raises ``SpecError`` (nothing rented) on a problem, or
+    when RunPod could not be asked."""
+    from prefect_runpod.blocks.exceptions import EnvError, ProviderError
+    from prefect_runpod.tasks.env_plan import cuda_floor_for_requirements
+
+    placement = getattr(provider, "check_placement", None)
+    if placement is None:
+        return f"the {provider.provider_name} provider places its pods itself"
+    try:
+        floor = cuda_floor_for_requirements(requirements)
+        volume = s3.region_name if s3 is not None and s3.volume_mount_path else None
+        return str(placement(floor, volume))
+    except EnvError as exc:
+        raise SpecError(str(exc)) from None
+    except ProviderError as exc:
+        raise SpecError(
+            f"the GPU types could not be checked against RunPod's catalog ({exc}); nothing "
+            "was rented: try again, or `prefect-runpod check --provider runpod`"
+        ) from None
 
 
 def check_pod_disk(upload: BundleFiles, disk_bytes: int | None, description: str) -> str:

@@ -148,8 +148,9 @@ def test_plan_lists_every_failing_precondition_with_its_fix(prefect_server, tmp_
 def test_plan_and_check_on_emulated_runpod(
     prefect_server, runpod_emulator, runpod_blocks, tmp_path, capsys
 ):
-    """Prices from the SDK's GPU query in failover order, availability from REST v2's
-    catalog, the account's SSH key read (never added by plan)."""
+    """Over REST v2 (the emulator's GraphQL retired): prices and availability in failover
+    order from one read of the catalog, the GPU ids checked there before renting, the
+    account's SSH key read (never added by plan); ``check`` says which API answered."""
     creds, spec, key = runpod_blocks
     spec.gpu_type_ids = ["NVIDIA GeForce RTX 3090", "NVIDIA RTX A5000"]
     spec.cloud_type = "ALL"
@@ -179,6 +180,8 @@ def test_plan_and_check_on_emulated_runpod(
     # pod runs (the emulator's does not: the run uses pty). plan said "sftp".
     transfer = next(c for c in data["checks"] if c["name"] == "transfer method")["detail"]
     assert re.match(r"(rsync|sftp) if the host grants a public IP for 22/tcp, else pty", transfer)
+    placed = next(c for c in data["checks"] if c["name"] == "GPU types and placement")
+    assert placed["ok"] and placed["detail"].startswith("2 GPU type(s) known to RunPod")
     assert runpod_emulator.live_pod_ids() == []
     paths = [r.get("path") for r in runpod_emulator.requests]
     assert "/v2/catalog/gpus" in paths
@@ -186,7 +189,9 @@ def test_plan_and_check_on_emulated_runpod(
     check = ["check", "--provider", "runpod", "--runpod-credentials", "cockpit-creds"]
     assert main([*check, "--ssh-key", "cockpit-key"]) == 0
     out = capsys.readouterr().out
-    assert "✔ RunPod API key" in out and "✔ account SSH key" in out and "✔ Prefect API" in out
+    assert "✔ RunPod API key: REST v2 answered for the account" in out
+    assert "✔ account SSH key" in out and "✔ Prefect API" in out
+    assert runpod_emulator.retired == {"graphql", "v1"}
     runpod_emulator.pub_key = ""  # the key is no longer on the account
     key.add_to_account = False
     key.save("cockpit-key", overwrite=True)

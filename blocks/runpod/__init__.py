@@ -10,9 +10,10 @@ error map, the pod lifecycle and the provider that rents pods through it.
 - ``errors``       RunPod's answers (problem objects, SDK errors) -> what happens next
 - ``account_keys`` the account's SSH keys, changed without dropping anyone's
 - ``catalog`` / ``billing``  the GPU catalog and RunPod's own bill (REST v2)
-- ``lifecycle``    endpoints from a pod, the host-key probe, terminate-until-gone
-- ``placement`` / ``provider``  ``RunPodProvider``, filling in the provider protocol
-- ``poller``       one pod-list read per interval shared by several pods' status asks
+- ``lifecycle``    endpoints from a pod, the host-key probe, the boot diagnosis, terminate-until-gone
+- ``placement`` / ``provider``  ``RunPodProvider``, filling in the provider protocol (and the
+  pre-rent placement check: GPU ids, CUDA floor, a network volume's data centre)
+- ``poller``       one pod-list read per interval shared by every pod watched in a process
 
 Names load lazily, so importing this package does not import the SDK.
 """

@@ -59,8 +59,12 @@ class RunPodCapabilities(Capable):
     ssh_key: RunPodSSHKey
 
     if TYPE_CHECKING:
+        from prefect_runpod.blocks.runpod.api import RunPodApi
+        from prefect_runpod.blocks.runpod.catalog import GpuAvailability
 
-        def gpu_prices(self) -> dict[str, float | None]: ...
+        @property
+        def api(self) -> RunPodApi: ...
+        def gpu_offers(self) -> dict[str, GpuAvailability]: ...
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -162,25 +166,23 @@ class RunPodCapabilities(Capable):
         )
 
     def offers(self) -> Offers:
-        """The spec's GPU types in failover order with USD/h (the price query) and
-        availability (REST v2's catalog; a missing catalog is said in ``note``).
+        """The spec's GPU types in failover order with USD/h and availability: one read
+        of REST v2's catalog (over GraphQL the SDK's prices, the catalog's availability
+        beside them; ``gpu_offers``); a catalog that says nothing is said in ``note``.
 
         Raises:
-            SpecError / ProviderError: the price query failed (``gpu_prices``).
+            SpecError: an unknown GPU type id (with the closest ids RunPod knows).
+            ProviderError: RunPod could not be asked.
         """
-        from prefect_runpod.blocks.runpod.catalog import fetch_gpu_availability
-
-        prices = self.gpu_prices()
-        note = None
-        try:
-            catalog = fetch_gpu_availability(self.credentials.api_key)
-        except Exception as exc:  # availability is a hint beside the price, never in its way
-            catalog, note = {}, f"availability unknown: {error_text(exc)}"
-        offers = []
-        for gpu_id, price in prices.items():
-            found = catalog.get(gpu_id)
-            offers.append(Offer(gpu_id, price, found.availability if found else "UNKNOWN"))
-        return Offers(offers, note)
+        cloud, count = self.spec.cloud_type, self.spec.gpu_count
+        offers = [
+            Offer(gpu_id, offer.usd_per_hr(cloud, count), offer.availability)
+            for gpu_id, offer in self.gpu_offers().items()
+        ]
+        unknown = all(o.availability == "UNKNOWN" for o in offers)
+        return Offers(
+            offers, "availability unknown: RunPod's catalog did not say" if unknown else None
+        )
 
     def fetch_bill(self, pod_id: str, start: datetime, end: datetime) -> ProviderBill | None:
         """RunPod's own bill for the pod (REST billing), None while it has no record.
@@ -210,16 +212,19 @@ class RunPodCapabilities(Capable):
         return [*checks, self._account_key_check()]
 
     def _api_key_check(self) -> AccountCheck:
+        """Does RunPod answer for the account? The account's SSH keys read through the
+        client the credentials choose; the line says which API answered."""
+        which = {"v2": "REST v2", "graphql": "GraphQL (the fallback)"}[self.api.name]
         try:
-            self.credentials.get_client().get_user()
-            return AccountCheck("RunPod API key", True, "the API answered for the account")
+            self.api.get_account_keys()
+            return AccountCheck("RunPod API key", True, f"{which} answered for the account")
         except SpecError as exc:  # the key's header was refused: nothing was sent
             return AccountCheck("RunPod API key", False, str(exc))
-        except Exception as exc:  # the SDK's own error classes: say what it said
+        except Exception as exc:  # RunPod's own answer: say what it said
             return AccountCheck(
                 "RunPod API key",
                 False,
-                f"RunPod refused or did not answer ({error_text(exc)}); check the "
+                f"RunPod ({which}) refused or did not answer ({error_text(exc)}); check the "
                 "key at https://www.runpod.io/console/user/settings",
             )
 

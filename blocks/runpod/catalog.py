@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field
 
-__all__ = ["GpuAvailability", "fetch_gpu_availability", "parse_catalog"]
+__all__ = ["GpuAvailability", "parse_catalog"]
 
 CloudType = Literal["SECURE", "COMMUNITY", "ALL"]
 
@@ -134,32 +134,3 @@ def parse_catalog(data: Any) -> dict[str, GpuAvailability]:
             },
         )
     return out
-
-
-def fetch_gpu_availability(
-    api_key: SecretStr, *, base_url: str | None = None
-) -> dict[str, GpuAvailability]:
-    """REST v2's GPU catalog with availability for pods (``RestApi.gpu_catalog``).
-
-    Args:
-        api_key: the account's key (unwrapped at the call).
-        base_url: RunPod's base URL (``rest.resolve_base_url``).
-
-    Returns:
-        GPU type id → ``GpuAvailability``.
-
-    Raises:
-        ProviderAuthError: the key was refused (HTTP 401/403).
-        ProviderTransientError: no answer, a 5xx, or still rate-limited.
-        ProviderError: any other refusal, in RunPod's words.
-    """
-    from prefect_runpod.blocks.runpod.errors import classify_exception, to_provider_error
-    from prefect_runpod.blocks.runpod.rest import RestApi
-
-    api = RestApi(api_key, base_url=base_url)
-    try:
-        return api.gpu_catalog()
-    except Exception as exc:
-        raise to_provider_error(classify_exception(exc), what="RunPod's GPU catalog") from exc
-    finally:
-        api.close()

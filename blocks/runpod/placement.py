@@ -140,6 +140,83 @@ class PodPlacement:
         cloud, count = self.spec.cloud_type, self.spec.gpu_count
         return {gpu: offers[gpu].usd_per_hr(cloud, count) for gpu in self.spec.gpu_type_ids}
 
+    def gpu_offers(self) -> dict[str, GpuAvailability]:
+        """The spec's GPU types in failover order as RunPod's catalog has them (prices per
+        GPU-hour, availability, data centres, CUDA versions): one catalog read over
+        REST v2; over GraphQL the SDK's prices with REST v2's availability beside them
+        when it answers.
+
+        Raises:
+            SpecError: an unknown GPU type id (with the closest ids RunPod knows).
+            ProviderAuthError / ProviderTransientError: as for any call.
+        """
+        offers = self._offers()
+        if self._api.name != "v2":
+            try:
+                catalog = self._api.gpu_catalog()
+            except Exception:  # availability is a hint beside the price
+                catalog = {}
+            for gpu, offer in offers.items():
+                seen = catalog.get(gpu)
+                if seen is not None:
+                    offers[gpu] = offer.model_copy(
+                        update={
+                            "availability": seen.availability,
+                            "data_centers": seen.data_centers,
+                            "cuda_versions": seen.cuda_versions,
+                        }
+                    )
+        return {gpu: offers[gpu] for gpu in self.spec.gpu_type_ids}
+
+    def check_placement(self, cuda_versions: list[str], volume_data_center: str | None) -> str:
+        """Refuse before renting what RunPod would refuse (or answer as if no machine were
+        free) after the create: a GPU id not exactly in the catalog, a CUDA floor no host
+        of any of the spec's GPU types reports (the catalog's ``cudaVersions``), a network
+        volume outside the data centres asked for (a pod and its volume share one).
+
+        Args:
+            cuda_versions: the env plan's CUDA versions (its floor and above), or [].
+            volume_data_center: the data centre of the network volume the run moves files
+                through, or None.
+
+        Returns:
+            What was checked, in one line.
+
+        Raises:
+            SpecError: the first of those problems, with the fix; nothing was created.
+            ProviderAuthError / ProviderTransientError: as for any call.
+        """
+        offers = self.gpu_offers()
+        cuda = merge_cuda_versions(self.spec.allowed_cuda_versions, cuda_versions)
+        floor = bool(cuda) and not self.spec.allowed_cuda_versions
+        want = f"CUDA {_lowest(cuda)} or newer" if floor else f"CUDA {', '.join(cuda)}"
+        misfits = [
+            f"{gpu} (hosts on CUDA {', '.join(sorted(offer.cuda_versions, key=_version))})"
+            for gpu, offer in offers.items()
+            if cuda and offer.cuda_versions and not _fits(list(offer.cuda_versions), cuda, floor)
+        ]
+        if cuda and len(misfits) == len(offers):
+            raise SpecError(
+                f"no GPU type of the pod spec has hosts on {want}, which the bundle's "
+                f"requirements need: {'; '.join(misfits)}. Pick a GPU type whose hosts have "
+                "it (prefect-runpod plan lists them), or relax the requirements — nothing "
+                "was created"
+            )
+        centres = list(self.spec.data_center_ids)
+        if volume_data_center is not None and volume_data_center not in centres:
+            asked = f"data centres {', '.join(centres)}" if centres else "any data centre"
+            raise SpecError(
+                f"the network volume lives in {volume_data_center}, but the pod spec asks "
+                f"for {asked}: a pod reaches its volume only in the same data centre. Put "
+                f"{volume_data_center} in the pod spec's data_center_ids — nothing was created"
+            )
+        line = f"{len(offers)} GPU type(s) known to RunPod"
+        if cuda:
+            line += f"; hosts with {want}" + (f" (not {'; '.join(misfits)})" if misfits else "")
+        if volume_data_center is not None:
+            line += f"; the network volume's data centre {volume_data_center} is asked for"
+        return line
+
     def _offers(self) -> dict[str, GpuAvailability]:
         ids, count = list(self.spec.gpu_type_ids), self.spec.gpu_count
         offers = self._call("look up GPU types", self._api.gpu_offers, ids, count)
@@ -147,17 +224,16 @@ class PodPlacement:
         if missing:
             raise SpecError(
                 f"unknown GPU type id {missing[0]!r} ({self._did_you_mean(missing[0])}); "
-                "fix the pod spec's gpu_type_ids (RunPod answers an inexact id as if no "
-                "machine were free) — nothing was created"
+                "fix gpu_type_ids (--gpu-type, or the pod spec's): RunPod answers an inexact "
+                "id as if no machine were free — nothing was created"
             )
         return offers
 
     def _did_you_mean(self, gpu_id: str) -> str:
         """The catalog's ids holding every word of ``gpu_id`` (``NVIDIA RTX 4090`` →
-        ``NVIDIA GeForce RTX 4090``), else the closest by spelling; REST v2 only."""
+        ``NVIDIA GeForce RTX 4090``), else the closest by spelling (REST v2's catalog,
+        whichever API places pods)."""
         unknown = "RunPod does not know it"
-        if self._api.name != "v2":
-            return unknown
         try:
             known = list(self._api.gpu_catalog())
         except Exception:  # the hint is a courtesy: never in the error's way
@@ -311,3 +387,19 @@ class PodPlacement:
                     pod_id=None,
                 )
             self._sleep(self.poll_interval_seconds)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def _lowest(versions: list[str]) -> str:
+    return min(versions, key=_version)
+
+
+def _fits(hosts: list[str], wanted: list[str], floor: bool) -> bool:
+    """Whether a GPU type with hosts on ``hosts`` CUDA versions meets ``wanted``: any host
+    at or above its lowest (a floor, ``minCudaVersion``), or any host in the set."""
+    if floor:
+        return any(_version(h) >= _version(_lowest(wanted)) for h in hosts)
+    return any(h in wanted for h in hosts)

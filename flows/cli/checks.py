@@ -5,14 +5,16 @@ Both print one line per check, ``✔`` or ``✘`` with the fix, and exit 0 when 
 required check passed, 1 when one failed; argparse's own usage errors exit 2.
 
 - ``check``: the Prefect API, the local tools, the Hugging Face token (``whoami``), and
-  RunPod's key and the account's SSH key (required with ``--provider runpod``; shown
-  with ``-`` otherwise).
+  RunPod's key (the account's SSH keys read through the client the credentials choose:
+  the line says which API answered, REST v2 or the GraphQL fallback) and whether those
+  keys hold ours (required with ``--provider runpod``; shown with ``-`` otherwise).
 - ``plan`` takes ``finetune``'s options and runs the same pre-rent checks the run does
   (``flows.run.inputs.check_run``: inputs, bundle, blocks, provider, token source,
-  transfer method against the pod to rent, disk), the local Hugging Face diagnosis
-  (``tasks.preflight``), the CUDA floor from the bundle's requirements and, on RunPod,
-  the account's SSH key; then the price: the GPU types in failover order with USD/h
-  (the SDK's GPU query) and availability (REST v2's catalog), and an estimate from the
+  transfer method against the pod to rent, disk, the GPU ids and CUDA floor against
+  RunPod's catalog), the local Hugging Face diagnosis (``tasks.preflight``), the CUDA
+  floor from the bundle's requirements and, on RunPod, the account's SSH key; then the
+  price: the GPU types in failover order with USD/h and availability (one read of REST
+  v2's catalog; over GraphQL the SDK's prices beside it), and an estimate from the
   bundle's ``expected_runtime_seconds``.
 """
 
@@ -291,7 +293,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 Item(
                     "CUDA floor",
                     True,
-                    f"hosts with CUDA {', '.join(floor)} (allowedCudaVersions)"
+                    f"hosts with CUDA {min(floor, key=_version)} or newer (minCudaVersion)"
                     if floor
                     else "none: the bundle's requirements need no particular driver",
                 )
@@ -333,3 +335,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if not args.json:
         print("finetune would start" if code == 0 else "finetune would NOT start: fix each ✘")
     return code
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))

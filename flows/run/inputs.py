@@ -10,7 +10,10 @@ deployments, the API and Python callers) share (docs/architecture.md#input-valid
    type listed (``blocks.validation.load_block``), and the provider built from them;
 3. the Hugging Face token's source (``blocks.huggingface.resolve_hf_access``);
 4. the pod about to be rented (``flows.run.providers.planned_pod``): the transfer method
-   against what it will offer and this machine's end, the bundle's bytes against its disk.
+   against what it will offer and this machine's end, the bundle's bytes against its disk;
+5. where it would be placed (``tasks.preflight.check_placement``): on RunPod, the GPU ids
+   against its catalog ("did you mean"), the CUDA floor against their hosts, a network
+   volume's data centre against the data centres asked for.
 
 Every secret read on the way — the RunPod key, the Hugging Face token, the S3 keys,
 ``PREFECT_API_KEY`` — is checked for its shape and registered for masking where it is
@@ -38,6 +41,7 @@ from prefect_runpod.blocks.validation import label, load_block
 from prefect_runpod.flows.run.providers import PlannedPod, build_provider, planned_pod
 from prefect_runpod.tasks.preflight import (
     RunSettings,
+    check_placement,
     check_pod_disk,
     check_transfer_before_renting,
     validate_settings,
@@ -300,6 +304,11 @@ def _checked(
     line = step(
         "pod disk",
         lambda: check_pod_disk(upload, plan.disk_bytes, plan.disk_description),
+        lambda text: text,
+    )
+    step(
+        "GPU types and placement",
+        lambda: check_placement(provider, settings.bundle.requirements, s3),
         lambda text: text,
     )
     if not all(c.ok for c in checks) or hf is None:

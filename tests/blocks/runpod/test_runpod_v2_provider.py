@@ -158,3 +158,30 @@ def test_watches_of_several_pods_share_one_list_read_per_interval(
     finally:
         for handle in handles:
             provider.terminate(handle.pod_id)
+
+
+def test_placement_is_checked_before_renting_against_runpods_catalog(runpod_emulator):  # type: ignore[no-untyped-def]
+    """Issue 23 §4, through preflight's one check (``tasks.preflight.check_placement``):
+    a CUDA floor none of the spec's GPU types has hosts for, and a network volume outside
+    the data centres asked for, are refused; nothing is created, the catalog is read."""
+    from prefect_runpod.blocks.transfer.s3 import S3Target
+    from prefect_runpod.tasks.preflight import check_placement
+
+    def provider(**spec: object) -> RunPodProvider:
+        return RunPodProvider(*blocks_for(runpod_emulator, gpu_type_ids=[R3090, R4090], **spec))
+
+    torch = ["torch>=2.12"]  # CUDA 12.6 or newer; the emulated hosts report 12.8 only
+    volume = S3Target(bucket="vol1", region_name="EU-RO-1", volume_mount_path="/workspace")
+    ok = check_placement(provider(), torch, None)
+    assert ok.startswith("2 GPU type(s) known to RunPod; hosts with CUDA 12.6 or newer"), ok
+    with pytest.raises(SpecError, match=r"no GPU type of the pod spec has hosts on CUDA 13\.0"):
+        check_placement(provider(allowed_cuda_versions=["13.0"]), torch, None)
+    with pytest.raises(
+        SpecError, match="lives in EU-RO-1, but the pod spec asks for data centres US-TX-3"
+    ):
+        check_placement(provider(data_center_ids=["US-TX-3"]), [], volume)
+    with pytest.raises(SpecError, match="asks for any data centre"):
+        check_placement(provider(), [], volume)
+    placed = check_placement(provider(data_center_ids=["EU-RO-1"]), [], volume)
+    assert "the network volume's data centre EU-RO-1 is asked for" in placed
+    assert _creates(runpod_emulator) == 0

@@ -170,13 +170,14 @@ def test_the_cli_passes_the_pty_options_to_the_flow():
     assert (params["pty_framing"], params["pty_streams"]) == ("raw", 2)
 
 
-def test_prepare_run_on_runpod_without_saved_blocks(tmp_path, monkeypatch):
+def test_prepare_run_on_runpod_without_saved_blocks(tmp_path, monkeypatch, runpod_emulator):
     """RunPod, no saved blocks: the key from the environment, the default spec; sftp is
     possible there (22/tcp on a public IP, checked again once the pod runs), runpodctl
-    is not without the binary on this machine."""
+    is not without the binary on this machine; the GPU types are checked against the
+    (emulated) catalog, read and nothing else."""
     key = tmp_path / "id_ed25519_runpod"
     key.write_text(RunPodSSHKey.generate().get_private_key().get_secret_value())
-    monkeypatch.setenv("RUNPOD_API_KEY", "rpa_" + "k" * 24)
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod_emulator.api_key)
     monkeypatch.setenv("RUNPOD_SSH_KEY_PATH", str(key))
     params = {
         "provider": "runpod",
@@ -188,6 +189,7 @@ def test_prepare_run_on_runpod_without_saved_blocks(tmp_path, monkeypatch):
     assert run.provider.provider_name == "runpod" and run.hf.source == "none"
     assert run.settings.bundle.root == str(DEMO_BUNDLE.resolve())
     assert run.upload_line.startswith("upload: ") and "20 GB volume" in run.upload_line
+    assert {r["operation"] for r in runpod_emulator.requests} == {"listGpuTypes"}
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SpecError, match="runpodctl is not installed on this machine"):
         prepare_run(
