@@ -239,7 +239,9 @@ def plan_env(  # noqa: PLR0913 - plain planner inputs
     torch_req = by_name.get("torch")
     torch_spec = torch_req.specifier if torch_req else SpecifierSet()
     base = _pick_python(report, python)
-    notes: list[str] = [f"base python {base.path} ({base.version}, torch {base.torch})"]
+    notes: list[str] = [
+        f"base python {base.path} ({base.version}, torch {base.torch or 'missing'})"
+    ]
 
     target_tf = _target_transformers(by_name.get("transformers"), base.transformers)
     floor = (
@@ -450,7 +452,10 @@ def verify_env(plan: EnvPlan, after: EnvReport) -> EnvPlan:
             "probe, or pick an image whose torch/CUDA fits the bundle."
         )
     plan = plan.model_copy(update={"after": after, "verified": True})
-    plan.notes = [*plan.notes, f"verified {plan.python}: torch {probe.torch if probe else None}"]
+    plan.notes = [
+        *plan.notes,
+        f"verified {plan.python}: torch {(probe.torch if probe else None) or 'missing'}",
+    ]
     return plan
 
 

@@ -31,6 +31,7 @@ from prefect_runpod.tasks.hf_classify import (
     classify_hf_access,
     classify_write_access,
     diagnose_evidence,
+    place_words,
 )
 from prefect_runpod.tasks.models import HFCause, HFDiagnosis
 
@@ -197,10 +198,11 @@ def raise_if_blocking(
     prefix = f"{pod_id}: " if pod_id else ""
     flag = "" if diagnosis.recognised else " (unrecognised answer)"
     finding = (
-        f"will fail on {diagnosis.where}: {diagnosis.cause.value}{flag}, {hub_answer(diagnosis)}"
+        f"will fail on {place_words(diagnosis.where)}: {diagnosis.cause.value}{flag}, "
+        f"{hub_answer(diagnosis)}"
     )
     if diagnosis.cause == HFCause.UNKNOWN and diagnosis.http_status is None:
-        finding = f"cannot be checked on {diagnosis.where}, the Hub gave no answer"
+        finding = f"cannot be checked on {place_words(diagnosis.where)}, the Hub gave no answer"
     raise HFAuthError(
         f"{prefix}Hugging Face {action} {diagnosis.repo_id} {finding}. "
         f"{diagnosis.remediation} {diagnosis.remediation_url or ''}".rstrip(),

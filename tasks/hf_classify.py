@@ -34,6 +34,7 @@ __all__ = [
     "classify_hf_access",
     "classify_write_access",
     "diagnose_evidence",
+    "place_words",
 ]
 
 HF_WEB = "https://huggingface.co"
@@ -66,7 +67,7 @@ def _remedy(
     repo_url = f"{HF_WEB}/{repo_id}" if repo_id else HF_WEB
     if unreachable is not None:
         return (
-            f"Cannot reach {unreachable} from {where}: check the network (DNS, proxy, "
+            f"Cannot reach {unreachable} from {place_words(where)}: check the network (DNS, proxy, "
             "firewall) and the Hub endpoint (--hf-endpoint), then run again.",
             _STATUS_URL,
         )
@@ -384,3 +385,9 @@ def classify_write_access(evidence: Mapping[str, Any]) -> HFDiagnosis:
         remediation=text,
         remediation_url=url,
     )
+
+
+def place_words(where: str) -> str:
+    """Where a check ran, as a sentence says it: ``"local"`` -> "this machine", ``"pod"`` ->
+    "the pod" (any other value as given)."""
+    return {"local": "this machine", "pod": "the pod"}.get(where, where)

@@ -209,7 +209,7 @@ def test_a_read_only_token_is_refused_in_preflight_with_nothing_rented(
     preflight = _stage(report, "preflight")
     assert preflight["state"] == "Failed"
     assert (
-        "publishing to demo/existing will fail on local: no_write_access, HTTP 403"
+        "publishing to demo/existing will fail on this machine: no_write_access, HTTP 403"
         in preflight["reason"]
     )
     assert "settings/tokens/new?tokenType=write" in report["error"]

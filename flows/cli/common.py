@@ -137,8 +137,8 @@ def api_args(p: argparse.ArgumentParser, *, top_level: bool = False) -> None:
         # a subcommand's own default would overwrite the one given before the command
         default=False if top_level else argparse.SUPPRESS,
         help="without PREFECT_API_URL: start a temporary Prefect server for this command "
-        "alone (its runs vanish from the UI with it) instead of using the one prefect-runpod "
-        "keeps in the background",
+        "alone (its UI links stop working when the command ends) instead of using the one "
+        "prefect-runpod keeps in the background",
     )
 
 

@@ -332,3 +332,12 @@ class TestVenvImages:
         )
         with pytest.raises(EnvError, match=r"transformers does not import with .*ModuleNotFound"):
             verify_env(plan, after)
+
+
+def test_a_python_without_torch_reads_as_missing_not_none():
+    """The demo's pod has no torch: the plan's note says so in words (it printed
+    ``torch None``)."""
+    report = EnvReport(pythons=[PythonProbe(path="/usr/bin/python3", version="3.11.7")])
+    plan = plan_env(report, [])
+    assert plan.notes[0] == "base python /usr/bin/python3 (3.11.7, torch missing)"
+    assert not any("None" in note for note in plan.notes)

@@ -53,7 +53,7 @@ def test_a_read_only_token_is_refused_with_the_way_out(publish_hub):
     )
     with pytest.raises(
         HFAuthError,
-        match=r"publishing to demo/existing will fail on local: no_write_access, HTTP 403",
+        match=r"publishing to demo/existing will fail on this machine: no_write_access, HTTP 403",
     ) as info:
         raise_if_blocking(diagnosis, action="publishing to")
     assert WRITE_TOKEN_URL in str(info.value)
