@@ -269,7 +269,10 @@ def _reap(pid: int) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now: probed with SO_REUSEADDR, as the
+    server binds, so connections of a stopped server still in TIME_WAIT do not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

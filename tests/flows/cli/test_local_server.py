@@ -228,3 +228,30 @@ def test_the_leak_check_sees_a_server_of_this_session(tmp_path):
     finally:
         fake.communicate(input=b"", timeout=60)
     assert fake.pid not in prefect_server_pids((str(tmp_path),))
+
+
+def test_a_port_left_in_time_wait_is_free_for_the_next_start() -> None:
+    """After `server stop` the old server's closed connections keep its port in TIME_WAIT
+    for a minute; the next start must take the same port again (the server binds with
+    SO_REUSEADDR), or every link printed earlier points at a dead port."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server's side closes first: its end (our port) enters TIME_WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # what the old probe did
+    with plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
+    assert local_server._port_free(port)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        assert not local_server._port_free(taken.getsockname()[1])  # a listener still refuses
