@@ -39,7 +39,12 @@ __all__ = ["EXIT_FAILED", "EXIT_USAGE", "build_parser", "main"]
 class _CommandParser(argparse.ArgumentParser):
     """A subcommand's parser: it refuses what it does not know itself, so the error shows
     the subcommand's usage (argparse hands unknown arguments up to the top-level parser,
-    which would show its own)."""
+    which would show its own). An abbreviated option is refused, not guessed
+    (``--max-cost 2`` is not ``--max-cost-usd 2``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -73,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="prefect-runpod",
+        allow_abbrev=False,
         description="Run a fine-tune on a RunPod GPU pod (or the embedded local pod) end to "
         "end with Prefect: provision, env, hf_auth, upload, train, eval_parity, publish, "
         "download, checksum, terminate. The pod is always terminated. Without "

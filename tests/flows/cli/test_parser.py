@@ -125,3 +125,13 @@ def test_the_transfer_choices_are_the_registered_methods():
     from prefect_runpod.tasks.preflight import transfer_methods
 
     assert tuple(_option("finetune", "--transfer").choices) == transfer_methods()
+
+
+@pytest.mark.parametrize("argv", [["finetune", "--max-cost", "2"], ["cost", "--lim", "5"]])
+def test_an_abbreviated_option_is_refused_not_guessed(argv, capsys):
+    """argparse took ``--max-cost 2`` as ``--max-cost-usd 2`` and ran the fine-tune: with real
+    money an option is spelt out, or refused by name."""
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(argv)
+    assert stopped.value.code == EXIT_USAGE
+    assert f"unrecognized arguments: {argv[1]}" in capsys.readouterr().err
