@@ -32,6 +32,8 @@ import signal
 import time
 from pathlib import Path
 
+from prefect_runpod.blocks.interrupts import raise_if_stopped
+
 __all__ = [
     "FAULTS_ENV",
     "FAULT_DIR_ENV",
@@ -121,6 +123,7 @@ def _pause(point: str, marker_dir: Path) -> None:
     (marker_dir / f"{point}.reached").write_text(str(os.getpid()))
     deadline = time.monotonic() + float(os.environ.get(_PAUSE_ENV, "300"))
     while time.monotonic() < deadline and not release.exists():
+        raise_if_stopped()  # a Ctrl-C the garbage collector dropped is raised here
         time.sleep(_PAUSE_STEP_SECONDS)  # short steps: signals and cancellation land at once
 
 

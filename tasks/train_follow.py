@@ -23,6 +23,7 @@ from prefect_runpod.blocks.console.launcher_client import (
 )
 from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SECONDS
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
+from prefect_runpod.blocks.interrupts import raise_if_stopped
 from prefect_runpod.blocks.pod_watch import watch_for
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
@@ -221,6 +222,7 @@ def _poll_until_done(
                 break
             if chunk.data and chunk.next_offset < chunk.log_bytes:
                 continue  # more whole lines waiting: read on before sleeping
+            raise_if_stopped()  # a Ctrl-C the garbage collector dropped is raised here
             sleep_in_steps(poll_interval_seconds, sleep)
     except BaseException:
         _kill_quietly(follower, kill_grace_seconds)

@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from prefect_runpod.blocks.interrupts import clear_stop, note_stop
+
 __all__ = [
     "EPHEMERAL_VAR",
     "EXIT_SIGINT",
@@ -62,23 +64,35 @@ class Terminated(BaseException):
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    note_stop(lambda: Terminated(name))  # raised again at a boundary if this one is dropped
+    raise Terminated(name)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    note_stop(KeyboardInterrupt)  # raised again at a boundary if this one is dropped
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def orderly_signals() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``Terminated`` in the main thread (Ctrl-C already
-    raises ``KeyboardInterrupt``); the previous handler comes back afterwards. Outside
-    the main thread (the CLI called from a thread) signals are left as they are."""
+    """Within the block, SIGTERM raises ``Terminated`` and Ctrl-C ``KeyboardInterrupt`` in
+    the main thread, each also noted in ``blocks.interrupts`` so that a waiting loop raises
+    it again should the garbage collector have dropped the first; the previous handlers
+    come back afterwards. Outside the main thread (the CLI called from a thread) signals
+    are left as they are."""
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: Python delivers signals there only
         yield
         return
+    previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        clear_stop()
 
 
 def drain_prefect_workers() -> None:
