@@ -76,7 +76,7 @@ def _remedy(
         return "Access works; nothing to do.", repo_url
     if cause == HFCause.NO_TOKEN:
         return (
-            f"No Hugging Face token is set where the download runs ({where}); create a read "
+            f"No Hugging Face token is set where the download runs ({place_words(where)}); create a read "
             "token and put it in the HuggingFaceCredentials block (it reaches the pod as HF_TOKEN).",
             TOKENS_URL,
         )

@@ -232,3 +232,12 @@ def test_an_unreachable_hub_through_the_real_client_says_cannot_reach():
     diagnosis = diagnose_local("org/m", None, f"http://127.0.0.1:{port}")
     assert f"Cannot reach 127.0.0.1:{port}" in diagnosis.remediation
     assert "answered unexpectedly" not in diagnosis.remediation
+
+
+@pytest.mark.parametrize(("where", "said"), [("local", "this machine"), ("pod", "the pod")])
+def test_the_no_token_remedy_names_the_place_in_words(where, said):
+    """It read "where the download runs (local)"."""
+    from prefect_runpod.tasks.hf_classify import _remedy
+
+    text, _url = _remedy(HFCause.NO_TOKEN, "org/gated", where, None)
+    assert f"where the download runs ({said})" in text
