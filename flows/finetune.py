@@ -28,6 +28,7 @@ from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_DOWNLOAD,
     DEFAULT_HEARTBEAT_STALE_SECONDS,
     DEFAULT_HF_TOKEN_ENV,
+    DEFAULT_MAX_POD_LOSSES,
     DEFAULT_MAX_RUNTIME_SECONDS,
     DEFAULT_NAME_PREFIX,
     DEFAULT_PARITY_TOLERANCE,
@@ -47,9 +48,15 @@ from prefect_runpod.flows.run.guardian import start_guardian
 from prefect_runpod.flows.run.inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.run.ledger import run_stage
 from prefect_runpod.flows.run.logs import install_quiet_engine, stage_logger
-from prefect_runpod.flows.run.names import TRAIN_LOG, flow_run_url, pod_name_for
+from prefect_runpod.flows.run.names import (
+    TRAIN_LOG,
+    attempt_pod_name,
+    flow_run_url,
+    pod_name_for,
+)
 from prefect_runpod.flows.run.pod_session import PodSession
 from prefect_runpod.flows.run.providers import build_provider, ssh_key_file
+from prefect_runpod.flows.run.recovery import AttemptLoop
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.bundle import demo_bundle
 from prefect_runpod.tasks.preflight_access import preflight
@@ -76,11 +83,24 @@ def _terminate_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
     if params.get("keep_pod_on_failure"):
         logger.warning("keep_pod_on_failure is set: the pod is left for inspection")
         return
-    name = pod_name_for(params.get("name_prefix", DEFAULT_NAME_PREFIX), str(flow_run.id))
+    run_name = pod_name_for(params.get("name_prefix", DEFAULT_NAME_PREFIX), str(flow_run.id))
+    attempts = 1 + int(params.get("max_pod_losses") or DEFAULT_MAX_POD_LOSSES)
+    for number in range(1, attempts + 1):  # every pod attempt of the run, by its name
+        _terminate_attempt(flow, flow_run, state, attempt_pod_name(run_name, number), number)
+
+
+def _terminate_attempt(
+    flow: Flow[..., Any], flow_run: FlowRun, state: State[Any], name: str, number: int
+) -> None:
+    """The hook's terminate of the run's pod attempt ``number``, found by ``name``."""
+    logger = flow_run_logger(flow_run, flow)
+    params = dict(flow_run.parameters or {})
     provider = None
     try:
         provider, _ = build_provider(params, need_ssh_key=False)
         handle = provider.find(name)
+        if handle is None and number > 1:
+            return  # the run never got this far: nothing to say
         result = terminate_by_name(provider, name, logger, handle=handle)
         if result is not None and handle is not None:
             record_pod_end(
@@ -160,6 +180,8 @@ def finetune(
     publish: str | None = None,
     publish_public: bool = False,
     download: Literal["all", "eval", "none"] = DEFAULT_DOWNLOAD,
+    max_pod_losses: int = DEFAULT_MAX_POD_LOSSES,
+    recover_outside_terminate: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune a bundle on a pod end to end and always terminate the pod.
 
@@ -190,7 +212,7 @@ def finetune(
     install_quiet_engine()
     secret_mask.install_log_filter()
     on_stage = stage_logger(logger, report)
-    session: PodSession | None = None
+    attempts = AttemptLoop(params)
     deferred: BaseException | None = None
 
     # The concurrency slot (one per live pod) is released only after terminate.
@@ -201,17 +223,25 @@ def finetune(
                 from prefect.concurrency.sync import concurrency
 
                 holds.enter_context(concurrency(concurrency_limit, occupy=1, strict=True))
-            session = PodSession(
-                report,
-                run,
-                on_stage,
-                key_path=ssh_key_file(params),  # None: the key is kept beside the outputs
-                parity_warn_only=parity_warn_only,
-                # before the create: ends the pod if this process dies before its dead-man runs
-                guardian=start_guardian(params, report.pod_name, run_id),
-            )
-            session.bring_up()
-            deferred = session.work()
+
+            def _attempt(number: int, resume: str | None, lost: int | None) -> PodSession:
+                return PodSession(
+                    report,
+                    run,
+                    on_stage,
+                    number=number,
+                    key_path=ssh_key_file(params),  # None: the key is kept beside the outputs
+                    parity_warn_only=parity_warn_only,
+                    # before the create: ends the pod if this process dies before its dead-man
+                    guardian=start_guardian(
+                        params, attempt_pod_name(report.pod_name, number), run_id
+                    ),
+                    resume_from=resume,
+                    steps_lost=lost,
+                )
+
+            # a lost pod is resumed on a new one when the bundle checkpoints (flows.run.recovery)
+            deferred = attempts.run(_attempt)
         except BaseException as exc:
             report.error = report.error or secret_mask.error_text(exc).strip()[:400]
             in_flight: BaseException | None = exc
@@ -222,7 +252,7 @@ def finetune(
         else:
             in_flight = None
         finally:
-            unconfirmed = _bring_back(session, report, params, on_stage)
+            unconfirmed = _bring_back(attempts.session, report, params, on_stage)
             # A pod that may still bill fails the run, whatever happened before: the
             # state names the pod and the command (signals and cancellations keep their
             # own state, which is never Completed either).

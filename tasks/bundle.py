@@ -12,26 +12,52 @@
     requirements = []                                      # pip specifiers; drive the env stage
     model_id = ""                                          # Hugging Face repo, "" for none
     expected_runtime_seconds = 600                         # what `plan` prices; 0: unknown
+    checkpoints = "checkpoints"                            # optional: where the job checkpoints
+    checkpoint_marker = ""                                 # "" : complete by atomic rename
+    keep_checkpoints = 2                                   # verified checkpoints kept locally
 
 ``{python}`` is replaced by the interpreter the env stage chose. Paths are relative to
 the bundle root (the pod-side bundle directory when run there).
+
+A bundle that declares ``checkpoints`` can be resumed on a new pod
+(docs/architecture.md#resuming-from-a-checkpoint): each checkpoint is a folder directly
+under it, named with its step last (``step-4``), and only the job says it is complete —
+by renaming ``step-4.tmp/`` to ``step-4/`` (the default) or, with ``checkpoint_marker``,
+by writing that file inside it last. The train command then carries ``{resume_from}``
+(replaced by the checkpoint's path, shell-quoted, or ``''`` for a fresh start); with
+``resume_from_env = true`` the job reads ``PREFECT_RUNPOD_RESUME_FROM`` instead.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import tomllib
 from pathlib import Path, PurePosixPath
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.validation import pydantic_reason
 
-__all__ = ["BUNDLE_FILE", "JOB_KEYS", "BundleSpec", "demo_bundle", "load_bundle"]
+__all__ = [
+    "BUNDLE_FILE",
+    "JOB_KEYS",
+    "RESUME_ENV",
+    "RESUME_PLACEHOLDER",
+    "BundleSpec",
+    "demo_bundle",
+    "load_bundle",
+]
 
 BUNDLE_FILE = "bundle.toml"
+
+RESUME_PLACEHOLDER = "{resume_from}"
+"""Replaced in ``train`` by the checkpoint to resume from (shell-quoted; ``''`` when none)."""
+
+RESUME_ENV = "PREFECT_RUNPOD_RESUME_FROM"
+"""The job's environment variable naming the checkpoint to resume from ("" when none)."""
 
 
 class BundleSpec(BaseModel):
@@ -48,6 +74,13 @@ class BundleSpec(BaseModel):
         model_id: Hugging Face repo id the job downloads, "" for none.
         expected_runtime_seconds: how long training is expected to take on the pod, in
             seconds (0 when unknown): ``prefect-runpod plan`` prices the run from it.
+        checkpoints: relative folder the job writes its checkpoints in, "" for none (the
+            run cannot resume; nothing below changes what it does).
+        checkpoint_marker: a file name the job writes last inside a complete checkpoint;
+            "" when the job completes one by renaming ``NAME.tmp/`` to ``NAME/``.
+        keep_checkpoints: how many verified checkpoints the run keeps locally (>= 1).
+        resume_from_env: the job reads ``PREFECT_RUNPOD_RESUME_FROM`` rather than a
+            ``{resume_from}`` argument in ``train``.
     """
 
     root: str
@@ -60,6 +93,10 @@ class BundleSpec(BaseModel):
     requirements: list[str] = Field(default_factory=list)
     model_id: str = ""
     expected_runtime_seconds: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    checkpoints: str = ""
+    checkpoint_marker: str = ""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    resume_from_env: bool = False
 
     @field_validator("outputs", "train_eval_jsonl", "standalone_eval_jsonl")
     @classmethod
@@ -68,6 +105,33 @@ class BundleSpec(BaseModel):
         if path.is_absolute() or ".." in path.parts or not value.strip():
             raise ValueError(f"{value!r} must be a relative path inside the bundle")
         return value
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _checkpoint_folder(cls, value: str) -> str:
+        return cls._relative(value) if value else value
+
+    @field_validator("checkpoint_marker")
+    @classmethod
+    def _marker_name(cls, value: str) -> str:
+        if value and (value in (".", "..") or "/" in value or value != value.strip()):
+            raise ValueError(f"checkpoint_marker {value!r} must be a plain file name")
+        return value
+
+    @model_validator(mode="after")
+    def _resume_contract(self) -> BundleSpec:
+        placeholder = RESUME_PLACEHOLDER in self.train
+        if self.checkpoints and not (placeholder or self.resume_from_env):
+            raise ValueError(
+                f"checkpoints = {self.checkpoints!r} needs a way to resume: put "
+                f"{RESUME_PLACEHOLDER} in 'train' or set resume_from_env = true"
+            )
+        if not self.checkpoints and (placeholder or self.checkpoint_marker):
+            raise ValueError(
+                f"'train' uses {RESUME_PLACEHOLDER} or checkpoint_marker is set, but no "
+                'checkpoints folder is declared: add checkpoints = "<folder>"'
+            )
+        return self
 
     @field_validator("train", "eval")
     @classmethod
@@ -90,9 +154,12 @@ class BundleSpec(BaseModel):
             raise ValueError(f"output_format {value!r} must have exactly one capture group")
         return value
 
-    def command(self, template: str, python: str) -> str:
-        """A command template with ``{python}`` replaced by the chosen interpreter."""
-        return template.replace("{python}", python)
+    def command(self, template: str, python: str, resume_from: str = "") -> str:
+        """A command template with ``{python}`` replaced by the chosen interpreter and
+        ``{resume_from}`` by ``resume_from`` shell-quoted (``''`` for a fresh start)."""
+        return template.replace("{python}", python).replace(
+            RESUME_PLACEHOLDER, shlex.quote(resume_from)
+        )
 
 
 JOB_KEYS: frozenset[str] = frozenset(BundleSpec.model_fields) - {"root"}

@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_DOWNLOAD",
     "DEFAULT_HEARTBEAT_STALE_SECONDS",
     "DEFAULT_HF_TOKEN_ENV",
+    "DEFAULT_MAX_POD_LOSSES",
     "DEFAULT_MAX_RUNTIME_SECONDS",
     "DEFAULT_NAME_PREFIX",
     "DEFAULT_PARITY_TOLERANCE",
@@ -78,6 +79,8 @@ DEFAULT_RECONNECT_BUDGET_SECONDS = 120.0
 """How long a stage waits for a pod's SSH to come back, s."""
 DEFAULT_DOWNLOAD: Final = "all"
 """Every output comes back through the gateway."""
+DEFAULT_MAX_POD_LOSSES = 2
+"""How many lost pods a run with checkpoints resumes after before it fails."""
 
 _DAY_SECONDS = 24 * 3600.0
 
@@ -225,6 +228,8 @@ FINETUNE_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("publish", "str | None", None, "ship the outputs from the pod itself, verified there from the destination's own records: ``hf:ORG/REPO[@BRANCH]`` (a Hub model repo, private unless ``publish_public``; the token needs write access) or ``s3[:PREFIX]`` (into the ``s3_target_block`` bucket); without it nothing is published (the stage is Skipped).", "--publish", "publish", metavar="TARGET"),
     Parameter("publish_public", "bool", False, "create the Hub repo public (default private).", "--publish-public", "publish"),
     Parameter("download", 'Literal["all", "eval", "none"]', DEFAULT_DOWNLOAD, "what comes back through the gateway: ``all`` outputs (the default), only the ``eval`` files, or ``none`` (only with ``publish``).", "--download", "publish"),
+    Parameter("max_pod_losses", "int", DEFAULT_MAX_POD_LOSSES, f"for a bundle that declares ``checkpoints``: how many lost pods (EXITED, ERROR, host lost, unreachable and confirmed gone) the run resumes after, each time on a new pod from the last verified checkpoint (default {DEFAULT_MAX_POD_LOSSES}; 0 never resumes); one more loss fails the run with the checkpoint kept.", "--max-pod-losses", "pod life", meaning="how many lost pods a run resumes after", example="2", ge=0, le=100, whole=True),
+    Parameter("recover_outside_terminate", "bool", False, "also resume after a pod ended outside the run (a 404 or TERMINATED no layer of the run caused, e.g. from RunPod's console); a terminate by ``prefect-runpod terminate`` or by the run's caps always ends the run.", "--recover-outside-terminate", "pod life"),
 )  # fmt: skip
 """The fine-tune flow's parameters, in the order of its signature."""
 

@@ -18,6 +18,7 @@ __all__ = [
     "flow_run_url",
     "forget_pod_access",
     "pod_name_for",
+    "attempt_pod_name",
 ]
 
 FINISHED_STATE_TYPES: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CRASHED", "CANCELLED"})
@@ -31,6 +32,7 @@ POD_KEY_FILE = "pod-ssh-key"
 lives so the printed ssh command works, deleted once the pod is confirmed gone."""
 
 _UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_ATTEMPT_RE = re.compile(r"(?<=[0-9a-fA-F])-a[1-9][0-9]*$")
 
 
 def pod_name_for(name_prefix: str, flow_run_id: str) -> str:
@@ -38,10 +40,18 @@ def pod_name_for(name_prefix: str, flow_run_id: str) -> str:
     return f"{name_prefix}-{flow_run_id}"
 
 
+def attempt_pod_name(run_pod_name: str, number: int) -> str:
+    """The name of a run's pod attempt ``number``: the run's pod name for the first,
+    ``<prefix>-<flow_run_id>-a<n>`` for the pods it resumed on."""
+    return run_pod_name if number <= 1 else f"{run_pod_name}-a{number}"
+
+
 def flow_run_id_from_pod_name(name: str, name_prefix: str | None) -> UUID | None:
     """The flow run id in a pod name ``<name_prefix>-<flow_run_id>``, or None when the
     name has another prefix or its rest is not a UUID. With ``name_prefix`` None, any
-    prefix (a pod found by its id, whatever prefix its run used)."""
+    prefix (a pod found by its id, whatever prefix its run used). A pod attempt's
+    ``-a<n>`` suffix (``attempt_pod_name``) names the same flow run."""
+    name = _ATTEMPT_RE.sub("", name)
     if name_prefix is None:
         head, dash, rest = name[:-36], name[-37:-36], name[-36:].lower()
         if not head or dash != "-" or not _UUID_RE.fullmatch(rest):

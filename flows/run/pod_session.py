@@ -19,6 +19,9 @@ itself (``PodAttempt``) in the run's report and cost record.
 from __future__ import annotations
 
 import os
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,20 +41,24 @@ from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.budget import RunBudget
+from prefect_runpod.flows.run.checkpoints import CheckpointRecord, CheckpointStore, CheckpointSync
 from prefect_runpod.flows.run.end import end_run, record_cost, write_report
 from prefect_runpod.flows.run.guardian import Guardian
 from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.run.inputs import PreparedRun
 from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
 from prefect_runpod.flows.run.logs import WAY_IN
-from prefect_runpod.flows.run.names import POD_KEY_FILE, TRAIN_LOG
+from prefect_runpod.flows.run.names import POD_KEY_FILE, TRAIN_LOG, attempt_pod_name
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
 
-__all__ = ["READY_TIMEOUT_SECONDS", "TRAIN_LOG", "PodSession"]
+__all__ = ["CHECKPOINT_POLL_SECONDS", "READY_TIMEOUT_SECONDS", "TRAIN_LOG", "PodSession"]
 
 READY_TIMEOUT_SECONDS = 600.0
 """RunPod can take minutes to pull a large image (dstack allows 20 min); the local pod ~1 s."""
+
+CHECKPOINT_POLL_SECONDS = 2.0
+"""How often the run looks for a checkpoint the job signalled complete, while it trains."""
 
 
 class PodSession:
@@ -67,6 +74,10 @@ class PodSession:
         parity_warn_only: a failing parity gate only warns.
         guardian: the run's guardian (``flows.run.guardian``), started before the create:
             told ``armed`` once the pod's dead-man runs, ``gone`` or ``release`` at the end.
+        resume_from: the name of the run's verified local checkpoint this attempt
+            resumes from (uploaded and verified on the pod first); None to start afresh.
+        steps_lost: the training steps the previous pod took with it (with
+            ``resume_from``).
 
     Attributes:
         handle / key / tools_dir / run_dir / python / reconnect / watch: what the stages
@@ -83,6 +94,8 @@ class PodSession:
         key_path: str | None = None,
         parity_warn_only: bool = False,
         guardian: Guardian | None = None,
+        resume_from: str | None = None,
+        steps_lost: int | None = None,
     ) -> None:
         self.report, self.run, self.settings = report, run, run.settings
         self.provider = run.provider
@@ -109,6 +122,11 @@ class PodSession:
         self.watch: PodWatch | None = None
         self.keepers: list[HeartbeatKeeper] = []
         self.guardian = guardian
+        self.resume_from, self.steps_lost = resume_from, steps_lost
+        self.last_step: int | None = None
+        """The last training step the job reported on this pod."""
+        self.checkpoints = CheckpointStore(self.out, self.settings.bundle.keep_checkpoints)
+        self.brought_back = False
 
     # -- the three steps ----------------------------------------------------------------
 
@@ -140,8 +158,13 @@ class PodSession:
         end and the cost, and write the report (``flows.run.end.end_run``).
 
         Returns:
-            The ``TerminateError`` the run must fail with when the pod may still bill.
+            The ``TerminateError`` the run must fail with when the pod may still bill
+            (None when this attempt was brought back already).
         """
+        if self.brought_back:
+            write_report(self.report)
+            return None
+        self.brought_back = True
         for keeper in self.keepers:
             keeper.stop()
         if self.watch is not None:
@@ -170,7 +193,9 @@ class PodSession:
         ``finetune-costs`` record (it may still be billing) and ``run-report.json``."""
         first = self.attempt is None
         if self.attempt is None:
-            self.attempt = PodAttempt.of(handle, self.number)
+            self.attempt = PodAttempt.of(
+                handle, self.number, resumed_from=self.resume_from, steps_lost=self.steps_lost
+            )
             self.report.attempts.append(self.attempt)
         self.attempt.handle = handle
         self.report.cost.cost_per_hr = handle.cost_per_hr
@@ -196,7 +221,7 @@ class PodSession:
                 handle = provision(
                     self.provider,
                     request,
-                    self.report.pod_name,
+                    attempt_pod_name(self.report.pod_name, self.number),
                     READY_TIMEOUT_SECONDS,
                     self._record,
                     settings.terminate_timeout_seconds,
@@ -303,6 +328,33 @@ class PodSession:
                 follow_links=settings.follow_links,
                 reconnect=self.reconnect,
             )
+            if self.resume_from is not None:
+                self._upload_checkpoint(self.resume_from)
+
+    def _upload_checkpoint(self, name: str) -> None:
+        """Put the verified local checkpoint ``name`` where the job keeps its checkpoints
+        on this pod, verified there (the upload's pod-side manifest)."""
+        from prefect_runpod.tasks.upload import upload
+
+        assert self.handle is not None
+        settings = self.settings
+        sent = upload(
+            self.handle,
+            self.key,
+            self.checkpoints.root / name,
+            f"{self.run_dir}/bundle/{settings.bundle.checkpoints}/{name}",
+            settings.transfer_method,
+            s3=self.run.s3,
+            options=settings.transfer_options(),
+            reconnect=self.reconnect,
+        )
+        get_run_logger().info(
+            "checkpoint %s is on pod %s, verified (%d bytes by %s): training resumes from it",
+            name,
+            self.handle.pod_id,
+            sent.bytes,
+            sent.method,
+        )
 
     # -- work -----------------------------------------------------------------------------
 
@@ -311,23 +363,85 @@ class PodSession:
 
         assert self.handle is not None
         bundle, token = self.settings.bundle, self.run.hf.token
-        with self._stage("train"):
+        show = terminal_progress_bar(pod_id=self.handle.pod_id)
+
+        def _progress(progress: Any) -> None:
+            self.last_step = progress.step
+            show(progress)
+
+        with self._stage("train"), self._checkpoint_sync() as sync:
             self.budget.check()
             self.report.train = train(
                 self.handle,
                 self.key,
                 run_dir=self.run_dir,
-                command=bundle.command(bundle.train, self.python),
+                command=self._train_command(),
                 tools_dir=self.tools_dir,
                 max_runtime_seconds=self.settings.max_runtime_seconds,
                 should_stop=self.budget.reason,
-                on_progress=terminal_progress_bar(pod_id=self.handle.pod_id),
+                on_progress=_progress,
                 # A gated model is downloaded by the job itself: it needs the token in its env.
                 secret_env={"HF_TOKEN": token} if token is not None else None,
                 expected_outputs=_declared_outputs(bundle),
                 reconnect=self.reconnect,
                 local_log_path=str(_fresh_file(self.out / TRAIN_LOG)),
             )
+            if sync is not None:
+                sync.stop(final=True)
+
+    def _train_command(self) -> str:
+        """The bundle's train command, with the checkpoint to resume from (its pod path,
+        relative to the bundle) as ``{resume_from}`` or ``PREFECT_RUNPOD_RESUME_FROM``."""
+        from prefect_runpod.tasks.bundle import RESUME_ENV
+
+        bundle = self.settings.bundle
+        resume = f"{bundle.checkpoints}/{self.resume_from}" if self.resume_from else ""
+        command = bundle.command(bundle.train, self.python, resume)
+        if bundle.checkpoints and bundle.resume_from_env:
+            command = f"export {RESUME_ENV}={shlex.quote(resume)}; {command}"
+        return command
+
+    @contextmanager
+    def _checkpoint_sync(self) -> Iterator[CheckpointSync | None]:
+        """While the job trains, its completed checkpoints are copied off the pod
+        (``flows.run.checkpoints``); nothing runs for a bundle without checkpoints."""
+        bundle = self.settings.bundle
+        if not bundle.checkpoints or self.handle is None:
+            yield None
+            return
+        sync = CheckpointSync(
+            self.handle,
+            self.key,
+            self.checkpoints,
+            pod_folder=f"{self.run_dir}/bundle/{bundle.checkpoints}",
+            manifest_folder=f"{self.run_dir}/checkpoint-manifests",
+            marker=bundle.checkpoint_marker,
+            method=self.settings.transfer_method,
+            options=self.settings.transfer_options(),
+            s3=self.run.s3,
+            attempt=self.number,
+            interval_seconds=CHECKPOINT_POLL_SECONDS,
+            reconnect=self.reconnect,
+            on_copied=self._checkpoint_copied,
+        ).start()
+        try:
+            yield sync
+        finally:
+            sync.stop()
+
+    def _checkpoint_copied(self, record: CheckpointRecord) -> None:
+        self.report.checkpoints.append(record)
+        get_run_logger().info(
+            "checkpoint %s (step %d) verified off pod %s: %d of %d bytes sent, %d copied "
+            "locally; lag %.1f s from the job's signal",
+            record.name,
+            record.step,
+            record.pod_id,
+            record.sent_bytes,
+            record.bytes,
+            record.local_bytes,
+            record.lag_seconds,
+        )
 
     def _eval_parity(self) -> BaseException | None:
         from prefect_runpod.tasks.eval_parity import check_parity_on_pod

@@ -16,6 +16,7 @@ from prefect_runpod.blocks.provider_registry import provider_class, provider_sup
 from prefect_runpod.blocks.secret_mask import redact, redact_data
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
 from prefect_runpod.flows.run.attempts import AttemptField, LastAttemptView, PodAttempt
+from prefect_runpod.flows.run.checkpoints import CheckpointRecord
 from prefect_runpod.tasks.models import (
     STAGES,
     CostReport,
@@ -57,6 +58,8 @@ class RunReport(LastAttemptView):
         download_choice: ``all``, ``eval`` or ``none`` (``--download``).
         output_dir: where the downloaded outputs and this report lie locally.
         error: the first failure, one line, when the run failed.
+        checkpoints: each checkpoint copied off a pod and verified here, in order
+            (``CheckpointRecord``: step, bytes sent, the copy's lag).
 
     Views of the last attempt (``PodAttempt``): ``pod_id``, ``pod`` (its handle),
     ``pod_end`` and ``ssh_command``; and ``terminated``: True only when the
@@ -91,6 +94,7 @@ class RunReport(LastAttemptView):
     download_choice: str = "all"
     output_dir: str | None = None
     error: str | None = None
+    checkpoints: list[CheckpointRecord] = Field(default_factory=list)
 
     @classmethod
     def _run_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -208,6 +212,37 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _attempt_lines(report: RunReport) -> list[str]:
+    """A line per pod attempt when the run had more than one, and the checkpoints the
+    run copied off its pods (how many, the newest, the copy's lag)."""
+    lines = []
+    for a in report.attempts if len(report.attempts) > 1 else []:
+        end = a.end
+        how = (
+            f"ended by {end.ended_by.value}" + (f" ({end.cause})" if end.cause else "")
+            if end is not None and end.ended_by is not None
+            else "not ended yet"
+        )
+        resumed = (
+            f"; resumed from {a.resumed_from}, {a.steps_lost or 0} steps lost"
+            if a.resumed_from
+            else ""
+        )
+        lines.append(
+            f"attempt {a.number:<4} {a.pod_id or '-'} ({a.gpu_type}) {how}, "
+            f"{a.billed_seconds:.1f} s billed, {a.usd:.6f} USD{resumed}"
+        )
+    if report.checkpoints:
+        lags = [c.lag_seconds for c in report.checkpoints]
+        sent = sum(c.sent_bytes for c in report.checkpoints)
+        lines.append(
+            f"checkpoints  {len(lags)} verified off the pod, newest {report.checkpoints[-1].name};"
+            f" copy lag max {max(lags):.1f} s, mean {sum(lags) / len(lags):.1f} s;"
+            f" {_fmt_bytes(sent)} sent"
+        )
+    return lines
+
+
 def render_summary(report: RunReport) -> str:
     """A readable, fixed-width summary for the terminal: the error line first when the run
     failed; stage, state, seconds; the pod (and, while it still lives, the ssh line that
@@ -223,6 +258,7 @@ def render_summary(report: RunReport) -> str:
     lines.append(f"terminated   {report.end_line()}")
     if report.pod_id and report.ssh_command and not report.terminated:
         lines.append(f"get in with  {report.ssh_command}")  # the pod still lives
+    lines.extend(_attempt_lines(report))
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
     lines.append(f"bytes moved  {_fmt_bytes(moved)} between this machine and the pod")
     moves = [(n, t) for n, t in (("upload", report.upload), ("download", report.download)) if t]

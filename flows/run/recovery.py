@@ -1,0 +1,157 @@
+"""Lose a pod, keep the run: the run's pod attempts, one after another
+(docs/architecture.md#resuming-from-a-checkpoint).
+
+``AttemptLoop.run`` brings up a pod attempt and does the work. When the pod is lost
+under it and the loss is recoverable — the pod EXITED, its host was lost (RunPod's
+ERROR, a local pod's daemon dead), or it stayed unreachable and its terminate was
+confirmed; a pod ended outside the run only with ``recover_outside_terminate``; never
+one ended by ``prefect-runpod terminate`` — and the bundle declares checkpoints and one
+has verified here, the lost pod's end and cost are recorded and its end confirmed
+(``PodSession.bring_back``), and only then a new attempt (``<prefix>-<flow_run_id>-a<n>``)
+rents a pod, puts the bundle and the checkpoint on it, and resumes training. At most one
+pod of the run is alive at a time; after ``max_pod_losses`` losses the run fails with
+the last verified checkpoint kept and named.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prefect_runpod.blocks.exceptions import PodGoneError
+from prefect_runpod.blocks.pod_side.checkpoints import step_of
+from prefect_runpod.blocks.provider import PodCause
+from prefect_runpod.blocks.validation.parameters import (
+    DEFAULT_MAX_POD_LOSSES,
+    DEFAULT_TERMINATE_TIMEOUT_SECONDS,
+)
+from prefect_runpod.flows.run.pod_session import PodSession
+
+__all__ = ["RECOVERABLE_CAUSES", "AttemptLoop", "recoverable"]
+
+_log = logging.getLogger("prefect_runpod.flows")
+
+RECOVERABLE_CAUSES = frozenset({PodCause.EXITED.value, PodCause.HOST_LOST.value})
+"""Losses a run resumes after by default (an unreachable pod confirmed gone is
+``host_lost``)."""
+
+_DELIBERATE = frozenset({"cli", "reaper", "deadman"})
+"""Who ended a pod on purpose: the run never resumes after them."""
+
+SessionFactory = Callable[[int, str | None, int | None], PodSession]
+"""``(number, resume_from, steps_lost) -> PodSession``: the flow's way to make an attempt."""
+
+
+def recoverable(cause: str, ended_by: str | None, *, outside_too: bool = False) -> bool:
+    """Whether a run resumes after losing its pod this way. Pure.
+
+    Args:
+        cause: the loss's ``PodCause`` value.
+        ended_by: who the provider says ended it (``cli``, ``deadman``…), or None.
+        outside_too: ``recover_outside_terminate``: a pod ended outside the run counts.
+    """
+    if ended_by in _DELIBERATE:
+        return False
+    if cause in RECOVERABLE_CAUSES:
+        return True
+    return outside_too and cause == PodCause.TERMINATED_OUTSIDE.value
+
+
+class AttemptLoop:
+    """The run's pod attempts (see the module).
+
+    Args:
+        params: the flow's parameters (``max_pod_losses``, ``recover_outside_terminate``,
+            ``terminate_timeout_seconds``).
+
+    Attributes:
+        session: the current attempt (the flow's ``finally`` brings it back).
+        losses: pods lost and resumed after so far.
+    """
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        self.params = params
+        self.session: PodSession | None = None
+        self.losses = 0
+
+    def _number(self, name: str, default: float) -> float:
+        from prefect_runpod.blocks.validation import check_number
+
+        value = self.params.get(name)
+        return default if value is None else float(check_number(name, value))  # type: ignore[arg-type]
+
+    def run(self, make: SessionFactory) -> BaseException | None:
+        """Attempt after attempt until the work is done or a loss is not recovered.
+
+        Returns:
+            The last attempt's deferred error (``PodSession.work``).
+
+        Raises:
+            PodGoneError: a loss that is not recovered (the last verified checkpoint,
+                when there is one, named in the message); whatever a stage raised.
+            TerminateError: the lost pod's end could not be confirmed (nothing more is
+                rented).
+        """
+        number, resume, lost_steps = 1, None, None
+        while True:
+            self.session = make(number, resume, lost_steps)
+            try:
+                self.session.bring_up()
+                return self.session.work()
+            except PodGoneError as exc:
+                resume, lost_steps = self._recover(self.session, exc)
+                number += 1
+
+    def _recover(self, session: PodSession, exc: PodGoneError) -> tuple[str, int]:
+        """End the lost attempt and say what the next resumes from, or raise."""
+        bundle = session.settings.bundle
+        if not bundle.checkpoints:
+            raise exc  # a bundle without checkpoints ends the run, as it always did
+        lost = session.watch.lost if session.watch is not None else None
+        ended_by = lost.ended_by if lost is not None else None
+        outside = bool(self.params.get("recover_outside_terminate"))
+        if not recoverable(exc.cause, ended_by, outside_too=outside):
+            raise exc
+        latest = session.checkpoints.latest()
+        if latest is None:
+            raise PodGoneError(
+                f"{exc}; no checkpoint had verified off the pod yet, so there is nothing "
+                "to resume from: run it again",
+                pod_id=exc.pod_id,
+                cause=exc.cause,
+                seen_at=exc.seen_at,
+            ) from exc
+        limit = int(self._number("max_pod_losses", DEFAULT_MAX_POD_LOSSES))
+        where = session.checkpoints.root / latest
+        if self.losses >= limit:
+            raise PodGoneError(
+                f"{exc}; that is {self.losses + 1} pods lost, over max_pod_losses "
+                f"{limit}: the run stops; its last verified checkpoint, {latest}, is kept "
+                f"in {where}",
+                pod_id=exc.pod_id,
+                cause=exc.cause,
+                seen_at=exc.seen_at,
+            ) from exc
+        step = step_of(latest) or 0
+        steps_lost = max(0, (session.last_step or step) - step)
+        timeout = self._number("terminate_timeout_seconds", DEFAULT_TERMINATE_TIMEOUT_SECONDS)
+        unconfirmed = session.bring_back(
+            keep_pod_on_failure=False, terminate_timeout_seconds=timeout
+        )
+        if unconfirmed is not None:  # never two pods alive: rent nothing
+            raise unconfirmed from exc
+        self.losses += 1
+        _log.warning(
+            "pod %s lost (%s): resuming from checkpoint %s (step %d, %d steps lost) on a "
+            "new pod, attempt %d (loss %d of at most %d)",
+            exc.pod_id,
+            exc.cause,
+            latest,
+            step,
+            steps_lost,
+            session.number + 1,
+            self.losses,
+            limit,
+        )
+        return latest, steps_lost

@@ -1,0 +1,106 @@
+"""Issue 25 end to end on the local pod: lose a pod mid-training, keep the run. The demo
+checkpoints every epoch; its pod's host (the local pod's daemon) is killed once a
+checkpoint has verified off the pod; the run resumes on a second pod from that
+checkpoint and ends with the model an uninterrupted run trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+from prefect_runpod.blocks.local_pod.registry import read_record
+from prefect_runpod.flows.finetune import finetune
+from prefect_runpod.flows.run.cost_record import latest_record
+from prefect_runpod.flows.run.report import RunReport, render_summary
+from tests.fixtures.demo_bundle import copy_demo_bundle, run_script
+from tests.fixtures.fault_matrix import wait_until
+
+pytestmark = pytest.mark.slow
+
+_EPOCHS = ["--epochs", "6", "--sleep-per-epoch-seconds", "1.5"]
+
+
+def _slow_demo(dest: Path) -> Path:
+    """The demo bundle, 6 epochs with a pause after each (time to lose the pod)."""
+    bundle = copy_demo_bundle(dest)
+    spec = (bundle / "bundle.toml").read_text()
+    spec = spec.replace("--out outputs ", f"--out outputs {' '.join(_EPOCHS)} ", 1)
+    assert spec.count("--sleep-per-epoch-seconds") == 1, "the demo's train line changed"
+    (bundle / "bundle.toml").write_text(spec)
+    return bundle
+
+
+def _kill_host_after_a_checkpoint(out: Path, seen: dict) -> None:
+    """From "outside": once a checkpoint verified off the pod, kill its pod's daemon."""
+    wait_until(
+        "a checkpoint to verify off the pod",
+        lambda: any((out / "checkpoints").glob("step-*.manifest.json")),
+        300.0,
+        0.1,
+    )
+    pod_id = json.loads((out / "run-report.json").read_text())["pod_id"]
+    record = read_record(LocalPodProvider().home, pod_id)
+    assert record is not None
+    seen["pod_id"], seen["verified"] = (
+        pod_id,
+        sorted(p.name for p in (out / "checkpoints").glob("step-*.manifest.json")),
+    )
+    os.kill(record.pid, signal.SIGKILL)  # the host is lost
+
+
+def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(prefect_server, tmp_path):
+    bundle = _slow_demo(tmp_path / "bundle")
+    out = tmp_path / "out"
+    seen: dict = {}
+    killer = threading.Thread(target=_kill_host_after_a_checkpoint, args=(out, seen), daemon=True)
+    killer.start()
+    state = finetune(
+        bundle=str(bundle),
+        output_dir=str(out),
+        local_cost_per_hr=0.36,
+        pod_poll_seconds=1.0,
+        return_state=True,
+    )
+    killer.join(timeout=60)
+    report = RunReport.model_validate_json((out / "run-report.json").read_text())
+    assert state.is_completed(), (state.message, report.error)
+
+    # Two pods: the first lost with its host, the second resumed from a verified checkpoint.
+    first, second = report.attempts
+    assert first.pod_id == seen["pod_id"] and first.end is not None
+    assert first.end.cause == "host_lost" and first.end.confirmed
+    assert second.number == 2 and second.pod_name == f"{report.pod_name}-a2"
+    assert f"{second.resumed_from}.manifest.json" in seen["verified"] or second.resumed_from
+    assert second.steps_lost is not None and second.steps_lost >= 0
+    assert second.end is not None and second.end.confirmed
+
+    # The model is byte for byte the one an uninterrupted run with the same seed trains.
+    plain = tmp_path / "plain"
+    done = run_script(bundle, "train.py", "--out", str(plain), *_EPOCHS)
+    assert done.returncode == 0, done.stderr
+    assert (out / "outputs" / "model.json").read_bytes() == (plain / "model.json").read_bytes()
+    assert report.manifest is not None and report.download is not None
+    assert report.download.verified
+
+    # Both pods gone, each one's cost known; the run's cost is their sum.
+    local = LocalPodProvider()
+    assert local.get(first.pod_id) is None and local.get(second.pod_id) is None
+    assert report.terminated
+    assert all(a.billed_seconds > 0 and a.usd > 0 for a in report.attempts)
+    assert report.cost.usd == pytest.approx(first.usd + second.usd, abs=1e-6)
+    record = latest_record(report.flow_run_id)
+    assert record is not None and [a.pod_id for a in record.attempts] == [
+        first.pod_id,
+        second.pod_id,
+    ]
+    # The checkpoints' copies and their lag are recorded and shown.
+    assert report.checkpoints and all(c.lag_seconds >= 0 for c in report.checkpoints)
+    summary = render_summary(report)
+    assert "attempt 2" in summary and f"resumed from {second.resumed_from}" in summary
+    assert "copy lag" in summary
