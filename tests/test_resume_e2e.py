@@ -76,7 +76,7 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(prefec
     assert first.pod_id == seen["pod_id"] and first.end is not None
     assert first.end.cause == "host_lost" and first.end.confirmed
     assert second.number == 2 and second.pod_name == f"{report.pod_name}-a2"
-    assert f"{second.resumed_from}.manifest.json" in seen["verified"] or second.resumed_from
+    assert second.resumed_from is not None and second.resumed_from.startswith("step-")
     assert second.steps_lost is not None and second.steps_lost >= 0
     assert second.end is not None and second.end.confirmed
 
@@ -104,3 +104,33 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(prefec
     summary = render_summary(report)
     assert "attempt 2" in summary and f"resumed from {second.resumed_from}" in summary
     assert "copy lag" in summary
+
+
+def test_a_loss_beyond_max_pod_losses_fails_the_run_naming_the_kept_checkpoint(
+    prefect_server, tmp_path
+):
+    """With ``max_pod_losses=0`` the first loss is one too many: the run fails, rents no
+    second pod, and its error names the last verified checkpoint, kept in the output dir."""
+    bundle = _slow_demo(tmp_path / "bundle")
+    out = tmp_path / "out"
+    seen: dict = {}
+    killer = threading.Thread(target=_kill_host_after_a_checkpoint, args=(out, seen), daemon=True)
+    killer.start()
+    state = finetune(
+        bundle=str(bundle),
+        output_dir=str(out),
+        pod_poll_seconds=1.0,
+        max_pod_losses=0,
+        return_state=True,
+    )
+    killer.join(timeout=60)
+    assert state.is_failed()
+    report = RunReport.model_validate_json((out / "run-report.json").read_text())
+    (only,) = report.attempts
+    assert only.pod_id == seen["pod_id"] and only.end is not None and only.end.confirmed
+    kept = [p.name.removesuffix(".manifest.json") for p in (out / "checkpoints").glob("*.json")]
+    newest = max(kept, key=lambda n: int(n.split("-")[1]))
+    message = state.message or ""
+    assert "over max_pod_losses 0" in message and f"checkpoint, {newest}, is kept" in message
+    assert (out / "checkpoints" / newest / "model.json").is_file()
+    assert LocalPodProvider().get(only.pod_id) is None

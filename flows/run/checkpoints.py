@@ -328,7 +328,7 @@ class CheckpointSync:
             attempt=self.attempt,
             pod_id=self.handle.pod_id,
             bytes=int(found.get("bytes", 0)),
-            sent_bytes=report.sent_bytes,
+            sent_bytes=report.sent_bytes or 0,
             local_bytes=local_bytes,
             signalled_at=signalled,
             verified_at=now,

@@ -19,9 +19,6 @@ itself (``PodAttempt``) in the run's report and cost record.
 from __future__ import annotations
 
 import os
-import shlex
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +38,7 @@ from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.budget import RunBudget
-from prefect_runpod.flows.run.checkpoints import CheckpointRecord, CheckpointStore, CheckpointSync
+from prefect_runpod.flows.run.checkpoints import CheckpointStore
 from prefect_runpod.flows.run.end import end_run, record_cost, write_report
 from prefect_runpod.flows.run.guardian import Guardian
 from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
@@ -50,18 +47,16 @@ from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
 from prefect_runpod.flows.run.logs import WAY_IN
 from prefect_runpod.flows.run.names import POD_KEY_FILE, TRAIN_LOG, attempt_pod_name
 from prefect_runpod.flows.run.report import RunReport
+from prefect_runpod.flows.run.train_steps import TrainSteps
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
 
-__all__ = ["CHECKPOINT_POLL_SECONDS", "READY_TIMEOUT_SECONDS", "TRAIN_LOG", "PodSession"]
+__all__ = ["READY_TIMEOUT_SECONDS", "TRAIN_LOG", "PodSession"]
 
 READY_TIMEOUT_SECONDS = 600.0
 """RunPod can take minutes to pull a large image (dstack allows 20 min); the local pod ~1 s."""
 
-CHECKPOINT_POLL_SECONDS = 2.0
-"""How often the run looks for a checkpoint the job signalled complete, while it trains."""
 
-
-class PodSession:
+class PodSession(TrainSteps):
     """One pod attempt of a run: bring the pod up, do the work, bring it back.
 
     Args:
@@ -331,117 +326,7 @@ class PodSession:
             if self.resume_from is not None:
                 self._upload_checkpoint(self.resume_from)
 
-    def _upload_checkpoint(self, name: str) -> None:
-        """Put the verified local checkpoint ``name`` where the job keeps its checkpoints
-        on this pod, verified there (the upload's pod-side manifest)."""
-        from prefect_runpod.tasks.upload import upload
-
-        assert self.handle is not None
-        settings = self.settings
-        sent = upload(
-            self.handle,
-            self.key,
-            self.checkpoints.root / name,
-            f"{self.run_dir}/bundle/{settings.bundle.checkpoints}/{name}",
-            settings.transfer_method,
-            s3=self.run.s3,
-            options=settings.transfer_options(),
-            reconnect=self.reconnect,
-        )
-        get_run_logger().info(
-            "checkpoint %s is on pod %s, verified (%d bytes by %s): training resumes from it",
-            name,
-            self.handle.pod_id,
-            sent.bytes,
-            sent.method,
-        )
-
     # -- work -----------------------------------------------------------------------------
-
-    def _train(self) -> None:
-        from prefect_runpod.tasks.train import terminal_progress_bar, train
-
-        assert self.handle is not None
-        bundle, token = self.settings.bundle, self.run.hf.token
-        show = terminal_progress_bar(pod_id=self.handle.pod_id)
-
-        def _progress(progress: Any) -> None:
-            self.last_step = progress.step
-            show(progress)
-
-        with self._stage("train"), self._checkpoint_sync() as sync:
-            self.budget.check()
-            self.report.train = train(
-                self.handle,
-                self.key,
-                run_dir=self.run_dir,
-                command=self._train_command(),
-                tools_dir=self.tools_dir,
-                max_runtime_seconds=self.settings.max_runtime_seconds,
-                should_stop=self.budget.reason,
-                on_progress=_progress,
-                # A gated model is downloaded by the job itself: it needs the token in its env.
-                secret_env={"HF_TOKEN": token} if token is not None else None,
-                expected_outputs=_declared_outputs(bundle),
-                reconnect=self.reconnect,
-                local_log_path=str(_fresh_file(self.out / TRAIN_LOG)),
-            )
-            if sync is not None:
-                sync.stop(final=True)
-
-    def _train_command(self) -> str:
-        """The bundle's train command, with the checkpoint to resume from (its pod path,
-        relative to the bundle) as ``{resume_from}`` or ``PREFECT_RUNPOD_RESUME_FROM``."""
-        from prefect_runpod.tasks.bundle import RESUME_ENV
-
-        bundle = self.settings.bundle
-        resume = f"{bundle.checkpoints}/{self.resume_from}" if self.resume_from else ""
-        command = bundle.command(bundle.train, self.python, resume)
-        if bundle.checkpoints and bundle.resume_from_env:
-            command = f"export {RESUME_ENV}={shlex.quote(resume)}; {command}"
-        return command
-
-    @contextmanager
-    def _checkpoint_sync(self) -> Iterator[CheckpointSync | None]:
-        """While the job trains, its completed checkpoints are copied off the pod
-        (``flows.run.checkpoints``); nothing runs for a bundle without checkpoints."""
-        bundle = self.settings.bundle
-        if not bundle.checkpoints or self.handle is None:
-            yield None
-            return
-        sync = CheckpointSync(
-            self.handle,
-            self.key,
-            self.checkpoints,
-            pod_folder=f"{self.run_dir}/bundle/{bundle.checkpoints}",
-            manifest_folder=f"{self.run_dir}/checkpoint-manifests",
-            marker=bundle.checkpoint_marker,
-            method=self.settings.transfer_method,
-            options=self.settings.transfer_options(),
-            s3=self.run.s3,
-            attempt=self.number,
-            interval_seconds=CHECKPOINT_POLL_SECONDS,
-            reconnect=self.reconnect,
-            on_copied=self._checkpoint_copied,
-        ).start()
-        try:
-            yield sync
-        finally:
-            sync.stop()
-
-    def _checkpoint_copied(self, record: CheckpointRecord) -> None:
-        self.report.checkpoints.append(record)
-        get_run_logger().info(
-            "checkpoint %s (step %d) verified off pod %s: %d of %d bytes sent, %d copied "
-            "locally; lag %.1f s from the job's signal",
-            record.name,
-            record.step,
-            record.pod_id,
-            record.sent_bytes,
-            record.bytes,
-            record.local_bytes,
-            record.lag_seconds,
-        )
 
     def _eval_parity(self) -> BaseException | None:
         from prefect_runpod.tasks.eval_parity import check_parity_on_pod
@@ -565,22 +450,6 @@ class PodSession:
             source = report.download.source_manifest if report.download is not None else None
             report.manifest = checksum(outputs, source, self.handle.pod_id, report.publish)
             report.verified = verification_records(outputs, report.manifest, report.publish)
-
-
-def _fresh_file(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("")
-    return path
-
-
-def _declared_outputs(bundle: Any) -> dict[str, str]:
-    """What training must leave in the pod-side bundle, by the ``bundle.toml`` field that
-    declares it: the ``outputs`` folder, and the in-training eval JSONL when the bundle
-    has a standalone eval to compare it with."""
-    expected = {bundle.outputs: "outputs"}
-    if bundle.eval:
-        expected[bundle.train_eval_jsonl] = "train_eval_jsonl"
-    return expected
 
 
 def _save_pod_key(key: SecretStr, out: Path) -> str:

@@ -106,6 +106,11 @@ def test_flow_run_id_from_pod_name():
     assert flow_run_id_from_pod_name(f"other-{RUN_ID}", "prft") is None
     assert flow_run_id_from_pod_name("prft-not-a-uuid", "prft") is None
     assert flow_run_id_from_pod_name(f"prft-{RUN_ID}x", "prft") is None
+    # A run's later pod attempts (issue 25) name the same flow run, whatever the prefix.
+    assert str(flow_run_id_from_pod_name(f"prft-{RUN_ID}-a2", "prft")) == RUN_ID
+    assert str(flow_run_id_from_pod_name(f"my-team-{RUN_ID}-a12", None)) == RUN_ID
+    assert flow_run_id_from_pod_name(f"prft-{RUN_ID}-a0", "prft") is None
+    assert flow_run_id_from_pod_name(f"prft-{RUN_ID}-b2", "prft") is None
 
 
 # --- against a real server and real local pods ---------------------------------------
@@ -155,7 +160,9 @@ def test_reaper_reaps_finished_and_unknown_keeps_live(prefect_api, runpod_home):
         live_id = _make_run(client, None)
     names = {
         "done": f"{prefix}-{done_id}",
+        "done_a2": f"{prefix}-{done_id}-a2",  # the pod a finished run resumed on
         "live": f"{prefix}-{live_id}",
+        "live_a2": f"{prefix}-{live_id}-a2",
         "unknown": f"{prefix}-{uuid.uuid4()}",
     }
     pods = {k: provider.create(request, n) for k, n in names.items()}
@@ -172,8 +179,11 @@ def test_reaper_reaps_finished_and_unknown_keeps_live(prefect_api, runpod_home):
         assert rows[names["done"]]["run_state"] == "Completed"
         assert rows[names["unknown"]]["reap"] and rows[names["unknown"]]["run_state"] == "unknown"
         assert not rows[names["live"]]["reap"] and rows[names["live"]]["run_state"] == "Running"
+        assert rows[names["done_a2"]]["reap"] and rows[names["done_a2"]]["terminated"]
+        assert rows[names["done_a2"]]["run_state"] == "Completed"
+        assert not rows[names["live_a2"]]["reap"]
         left = {p.name for p in provider.list(prefix)}
-        assert left == {names["live"]}
+        assert left == {names["live"], names["live_a2"]}
 
         with get_client(sync_client=True) as client:
             arts = client.read_artifacts(

@@ -1,0 +1,36 @@
+"""Issue 25: which pod losses a run resumes after, and what its later pods are called."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_runpod.flows.run.names import attempt_pod_name, flow_run_id_from_pod_name
+from prefect_runpod.flows.run.recovery import recoverable
+
+RUN_ID = "0b5a2f4e-9c1d-4e7a-8f3b-2d6c9e1a7b40"
+
+
+@pytest.mark.parametrize(
+    ("cause", "ended_by", "outside_too", "resumes"),
+    [
+        ("exited", None, False, True),  # the container stopped
+        ("host_lost", None, False, True),  # ERROR, a dead local pod daemon
+        ("host_lost", "flow", False, True),  # unreachable, terminated by the run, confirmed
+        ("terminated_outside", None, False, False),  # e.g. RunPod's console: ends the run
+        ("terminated_outside", None, True, True),  # ... unless --recover-outside-terminate
+        ("terminated_outside", "cli", True, False),  # `prefect-runpod terminate`: never
+        ("host_lost", "deadman", False, False),  # the pod's dead-man switch: never
+        ("host_lost", "reaper", True, False),
+        ("unknown", None, True, False),  # the provider could not be asked: no loss
+    ],
+)
+def test_which_losses_a_run_resumes_after(cause, ended_by, outside_too, resumes):
+    assert recoverable(cause, ended_by, outside_too=outside_too) is resumes
+
+
+def test_later_attempts_are_named_after_the_run_and_found_by_it():
+    first = f"prft-{RUN_ID}"
+    assert attempt_pod_name(first, 1) == first
+    assert attempt_pod_name(first, 2) == f"{first}-a2"
+    for number in (1, 2, 3):
+        assert str(flow_run_id_from_pod_name(attempt_pod_name(first, number), "prft")) == RUN_ID
