@@ -15,6 +15,7 @@ import pytest
 
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.blocks.local_pod.registry import read_record
+from prefect_runpod.flows.cli import main
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.flows.run.cost_record import latest_record
 from prefect_runpod.flows.run.report import RunReport, render_summary
@@ -54,7 +55,9 @@ def _kill_host_after_a_checkpoint(out: Path, seen: dict) -> None:
     os.kill(record.pid, signal.SIGKILL)  # the host is lost
 
 
-def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(prefect_server, tmp_path):
+def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(
+    prefect_server, tmp_path, capsys
+):
     bundle = _slow_demo(tmp_path / "bundle")
     out = tmp_path / "out"
     seen: dict = {}
@@ -104,6 +107,15 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(prefec
     summary = render_summary(report)
     assert "attempt 2" in summary and f"resumed from {second.resumed_from}" in summary
     assert "copy lag" in summary
+    # `status` shows both pods of the run.
+    capsys.readouterr()
+    assert main(["status", report.flow_run_id, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (
+        row["attempts"].startswith(f"1: {first.pod_id} ")
+        and f"; 2: {second.pod_id} " in (row["attempts"])
+    )
+    assert f"resumed from {second.resumed_from}" in row["attempts"]
 
 
 def test_a_loss_beyond_max_pod_losses_fails_the_run_naming_the_kept_checkpoint(

@@ -105,10 +105,19 @@ def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
         "age": age_text(view.started_at, now),
         "usd_so_far": usd,
         "pod_end": record.state_line() if record else "no pod was created",
+        "attempts": _attempts_text(record),
         "ssh_command": ssh,
         "url": view.url,
         "output_dir": out,
     }
+
+
+def _attempts_text(record: Any) -> str:
+    """Each pod attempt of the run (``flows.run.attempts.attempt_line``), ``; ``-joined."""
+    from prefect_runpod.flows.run.attempts import attempt_line
+
+    attempts = record.attempts if record is not None else []
+    return "; ".join(f"{a.number}: {attempt_line(a)}" for a in attempts) or "-"
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import EndedBy, PodEnd
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
 
-__all__ = ["AttemptField", "LastAttemptView", "PodAttempt"]
+__all__ = ["AttemptField", "LastAttemptView", "PodAttempt", "attempt_line"]
 
 T = TypeVar("T")
 
@@ -136,6 +136,25 @@ class PodAttempt(BaseModel):
         self.billed_seconds, self.usd = bill.billed_seconds, bill.usd
         if self.provider_usd is not None:
             self.difference_usd = round_usd(self.usd - self.provider_usd)
+
+
+def attempt_line(a: PodAttempt) -> str:
+    """One pod attempt in words: pod, GPU, who ended it and why, billed seconds and
+    USD, and the checkpoint it resumed from with the steps lost, e.g. ``abc (cpu) ended
+    by flow (host_lost), 9.8 s billed, 0.000980 USD``."""
+    end = a.end
+    how = (
+        f"ended by {end.ended_by.value}" + (f" ({end.cause})" if end.cause else "")
+        if end is not None and end.ended_by is not None
+        else "not ended yet"
+    )
+    resumed = (
+        f"; resumed from {a.resumed_from}, {a.steps_lost or 0} steps lost" if a.resumed_from else ""
+    )
+    return (
+        f"{a.pod_id or '-'} ({a.gpu_type}) {how}, {a.billed_seconds:.1f} s billed, "
+        f"{a.usd:.6f} USD{resumed}"
+    )
 
 
 def _plain(value: Any, mode: str) -> Any:

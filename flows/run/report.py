@@ -15,7 +15,12 @@ from prefect_runpod.blocks.provider import Capability, PodEnd, end_command
 from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.secret_mask import redact, redact_data
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
-from prefect_runpod.flows.run.attempts import AttemptField, LastAttemptView, PodAttempt
+from prefect_runpod.flows.run.attempts import (
+    AttemptField,
+    LastAttemptView,
+    PodAttempt,
+    attempt_line,
+)
 from prefect_runpod.flows.run.checkpoints import CheckpointRecord
 from prefect_runpod.tasks.models import (
     STAGES,
@@ -217,21 +222,7 @@ def _attempt_lines(report: RunReport) -> list[str]:
     run copied off its pods (how many, the newest, the copy's lag)."""
     lines = []
     for a in report.attempts if len(report.attempts) > 1 else []:
-        end = a.end
-        how = (
-            f"ended by {end.ended_by.value}" + (f" ({end.cause})" if end.cause else "")
-            if end is not None and end.ended_by is not None
-            else "not ended yet"
-        )
-        resumed = (
-            f"; resumed from {a.resumed_from}, {a.steps_lost or 0} steps lost"
-            if a.resumed_from
-            else ""
-        )
-        lines.append(
-            f"attempt {a.number:<4} {a.pod_id or '-'} ({a.gpu_type}) {how}, "
-            f"{a.billed_seconds:.1f} s billed, {a.usd:.6f} USD{resumed}"
-        )
+        lines.append(f"attempt {a.number:<4} {attempt_line(a)}")
     if report.checkpoints:
         lags = [c.lag_seconds for c in report.checkpoints]
         sent = sum(c.sent_bytes for c in report.checkpoints)
