@@ -37,6 +37,34 @@ def _slow_demo(dest: Path) -> Path:
     return bundle
 
 
+def _pod_events(flow_run_id: str) -> dict[str, str]:
+    """The run's ``prefect-runpod.pod.*`` events: name → resource id (the server stores
+    events a little after they are sent: asked again until both are there)."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+
+    async def read() -> dict[str, str]:
+        found: dict[str, str] = {}
+        async with get_client() as client:
+            for _ in range(180):
+                page = await client.read_events(
+                    filter=EventFilter(
+                        event=EventNameFilter(prefix=["prefect-runpod.pod."]),
+                        related=EventRelatedFilter(id=[f"prefect.flow-run.{flow_run_id}"]),
+                    ),
+                    limit=50,
+                )
+                found = {e.event: e.resource.id for e in page.events}
+                if len(found) >= 2:
+                    break
+                await asyncio.sleep(1.0)
+        return found
+
+    return asyncio.run(read())
+
+
 def _kill_host_after_a_checkpoint(out: Path, seen: dict) -> None:
     """From "outside": once a checkpoint verified off the pod, kill its pod's daemon."""
     wait_until(
@@ -116,6 +144,10 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(
         and f"; 2: {second.pod_id} " in (row["attempts"])
     )
     assert f"resumed from {second.resumed_from}" in row["attempts"]
+    # Prefect events for the lost pod and the one the run resumed on, related to the run.
+    events = _pod_events(report.flow_run_id)
+    assert events.get("prefect-runpod.pod.lost") == f"prefect-runpod.pod.{first.pod_id}"
+    assert events.get("prefect-runpod.pod.recovered") == f"prefect-runpod.pod.{second.pod_id}"
 
 
 def test_a_loss_beyond_max_pod_losses_fails_the_run_naming_the_kept_checkpoint(

@@ -70,6 +70,7 @@ def test_a_pod_terminated_from_outside_while_training_stops_the_run_in_one_sente
     # The pod's end: confirmed, by the CLI, billed until then — not until the run gave up.
     assert report.terminated and report.pod_end is not None and report.pod_end.confirmed
     assert report.pod_end.ended_by.value == "cli"
+    assert len(report.attempts) == 1  # a pod ended by our own terminate is never resumed
     assert report.pod_end.ended_at <= train.ended_at
     bill = settle(0.22, report.pod.created_at, report.pod_end.ended_at)
     assert (report.cost.billed_seconds, report.cost.usd) == (bill.billed_seconds, bill.usd)

@@ -19,7 +19,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from prefect_runpod.blocks.exceptions import PodGoneError
+from prefect_runpod.blocks.exceptions import PodGoneError, SpecError
+from prefect_runpod.blocks.pod_side import manifest as tree_manifest
 from prefect_runpod.blocks.pod_side.checkpoints import step_of
 from prefect_runpod.blocks.provider import PodCause
 from prefect_runpod.blocks.validation.parameters import (
@@ -28,7 +29,21 @@ from prefect_runpod.blocks.validation.parameters import (
 )
 from prefect_runpod.flows.run.pod_session import PodSession
 
-__all__ = ["RECOVERABLE_CAUSES", "AttemptLoop", "recoverable"]
+__all__ = [
+    "POD_LOST_EVENT",
+    "POD_RECOVERED_EVENT",
+    "RECOVERABLE_CAUSES",
+    "AttemptLoop",
+    "changed_bundle_files",
+    "pod_event",
+    "recoverable",
+]
+
+POD_LOST_EVENT = "prefect-runpod.pod.lost"
+"""The Prefect event of a pod lost under a run (resource ``prefect-runpod.pod.<id>``)."""
+
+POD_RECOVERED_EVENT = "prefect-runpod.pod.recovered"
+"""The Prefect event of a new pod the run resumed on, once it is up with the checkpoint."""
 
 _log = logging.getLogger("prefect_runpod.flows")
 
@@ -56,6 +71,64 @@ def recoverable(cause: str, ended_by: str | None, *, outside_too: bool = False) 
     if cause in RECOVERABLE_CAUSES:
         return True
     return outside_too and cause == PodCause.TERMINATED_OUTSIDE.value
+
+
+def pod_event(
+    event: str, pod_id: str, pod_name: str, flow_run_id: str, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """The arguments of ``prefect.events.emit_event`` for a pod of a run: the pod as the
+    resource (``prefect-runpod.pod.<id>``), the flow run related to it. Pure."""
+    return {
+        "event": event,
+        "resource": {
+            "prefect.resource.id": f"prefect-runpod.pod.{pod_id}",
+            "prefect.resource.name": pod_name,
+        },
+        "related": [
+            {
+                "prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
+                "prefect.resource.role": "flow-run",
+            }
+        ],
+        "payload": payload,
+    }
+
+
+def _emit(event: str, attempt: Any, flow_run_id: str, payload: dict[str, Any]) -> None:
+    """Emit a pod event for automations; an event that cannot be sent only logs."""
+    try:
+        from prefect.events import emit_event
+
+        emit_event(**pod_event(event, attempt.pod_id, attempt.pod_name, flow_run_id, payload))
+    except Exception as exc:  # never let an event end the run
+        _log.warning("could not emit %s for pod %s: %s", event, attempt.pod_id, exc)
+
+
+def changed_bundle_files(
+    uploaded: Any, root: str, files: list[str] | None, *, follow_links: bool = False
+) -> list[str]:
+    """The bundle files that differ now from what the run's first upload sent.
+
+    Args:
+        uploaded: the first upload's source ``Manifest`` (None: nothing to compare).
+        root: the local bundle folder.
+        files: the files the run uploads (preflight's selection), None for all.
+        follow_links: read links that leave the bundle through, as the upload did.
+
+    Returns:
+        Relative paths changed, added or removed, sorted; empty when nothing changed.
+    """
+    if uploaded is None:
+        return []
+    now = tree_manifest.compute_manifest(
+        root, paths=files, select=files is not None, follow_links=follow_links
+    )
+    before = {e.path: (e.kind, e.sha256, e.target) for e in uploaded.entries}
+    after = {
+        e["path"]: (e.get("kind", "file"), e.get("sha256", ""), e.get("target"))
+        for e in now.get("entries", [])
+    }
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
 
 
 class AttemptLoop:
@@ -98,10 +171,20 @@ class AttemptLoop:
             self.session = make(number, resume, lost_steps)
             try:
                 self.session.bring_up()
+                if number > 1:
+                    self._said(POD_RECOVERED_EVENT, self.session, resumed_from=resume)
                 return self.session.work()
             except PodGoneError as exc:
+                self._said(POD_LOST_EVENT, self.session, cause=exc.cause)
                 resume, lost_steps = self._recover(self.session, exc)
                 number += 1
+
+    @staticmethod
+    def _said(event: str, session: PodSession, **payload: Any) -> None:
+        attempt = session.attempt
+        if attempt is not None and attempt.pod_id:
+            payload["attempt"] = attempt.number
+            _emit(event, attempt, session.report.flow_run_id, payload)
 
     def _recover(self, session: PodSession, exc: PodGoneError) -> tuple[str, int]:
         """End the lost attempt and say what the next resumes from, or raise."""
@@ -141,6 +224,7 @@ class AttemptLoop:
         )
         if unconfirmed is not None:  # never two pods alive: rent nothing
             raise unconfirmed from exc
+        self._same_bundle(session, exc)
         self.losses += 1
         _log.warning(
             "pod %s lost (%s): resuming from checkpoint %s (step %d, %d steps lost) on a "
@@ -155,3 +239,23 @@ class AttemptLoop:
             limit,
         )
         return latest, steps_lost
+
+    def _same_bundle(self, session: PodSession, exc: PodGoneError) -> None:
+        """Refuse to resume with a bundle that changed since the run's first upload:
+        the checkpoint was trained by the code that upload carried."""
+        settings, upload = session.settings, session.report.upload
+        changed = changed_bundle_files(
+            upload.source_manifest if upload is not None else None,
+            settings.bundle.root,
+            settings.upload.files if settings.upload else None,
+            follow_links=settings.follow_links,
+        )
+        if changed:
+            shown = ", ".join(changed[:5]) + (
+                f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+            )
+            raise SpecError(
+                f"{exc}; the run does not resume: the bundle in {settings.bundle.root} changed "
+                f"since the run uploaded it ({shown}); put those files back as they were, or "
+                "start a new run"
+            ) from exc

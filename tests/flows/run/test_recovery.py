@@ -34,3 +34,24 @@ def test_later_attempts_are_named_after_the_run_and_found_by_it():
     assert attempt_pod_name(first, 2) == f"{first}-a2"
     for number in (1, 2, 3):
         assert str(flow_run_id_from_pod_name(attempt_pod_name(first, number), "prft")) == RUN_ID
+
+
+def test_a_bundle_changed_since_the_first_upload_is_named_file_by_file(tmp_path):
+    """A later attempt resumes only with the code that trained the checkpoint."""
+    from prefect_runpod.blocks.pod_side import manifest as tree_manifest
+    from prefect_runpod.blocks.transfer.models import Manifest
+    from prefect_runpod.flows.run.recovery import changed_bundle_files
+
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text("{}\n")
+    files = ["data/a.jsonl", "train.py"]
+    uploaded = Manifest.model_validate(
+        tree_manifest.compute_manifest(str(tmp_path), paths=files, select=True)
+    )
+    assert changed_bundle_files(uploaded, str(tmp_path), files) == []
+    assert changed_bundle_files(None, str(tmp_path), files) == []
+    (tmp_path / "train.py").write_text("print(2)\n")
+    assert changed_bundle_files(uploaded, str(tmp_path), files) == ["train.py"]
+    (tmp_path / "data" / "a.jsonl").unlink()
+    assert changed_bundle_files(uploaded, str(tmp_path), files) == ["data/a.jsonl", "train.py"]
