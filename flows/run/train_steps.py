@@ -19,10 +19,18 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.flows.run.checkpoints import CheckpointRecord, CheckpointStore, CheckpointSync
 from prefect_runpod.flows.run.names import TRAIN_LOG
 
-__all__ = ["CHECKPOINT_POLL_SECONDS", "TrainSteps"]
+__all__ = ["CHECKPOINT_POLL_SECONDS", "TrainSteps", "runtime_left"]
 
 CHECKPOINT_POLL_SECONDS = 2.0
 """How often the run looks for a checkpoint the job signalled complete, while it trains."""
+
+
+def runtime_left(max_runtime_seconds: float, earlier_stages: list[Any]) -> float:
+    """The runtime cap left for this attempt's training, in seconds: the run's cap less
+    what the earlier pods' train stages ran (the cap counts every pod). Never below 1 s,
+    so a spent cap stops the job at once through the train stage's own path. Pure."""
+    spent = sum(s.seconds for s in earlier_stages if s.name == "train")
+    return max(1.0, max_runtime_seconds - spent)
 
 
 class TrainSteps:
@@ -65,7 +73,9 @@ class TrainSteps:
                 run_dir=self.run_dir,
                 command=self._train_command(),
                 tools_dir=self.tools_dir,
-                max_runtime_seconds=self.settings.max_runtime_seconds,
+                max_runtime_seconds=runtime_left(
+                    self.settings.max_runtime_seconds, self.report.earlier_stages
+                ),
                 should_stop=self.budget.reason,
                 on_progress=_progress,
                 # A gated model is downloaded by the job itself: it needs the token in its env.

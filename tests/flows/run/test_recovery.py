@@ -55,3 +55,13 @@ def test_a_bundle_changed_since_the_first_upload_is_named_file_by_file(tmp_path)
     assert changed_bundle_files(uploaded, str(tmp_path), files) == ["train.py"]
     (tmp_path / "data" / "a.jsonl").unlink()
     assert changed_bundle_files(uploaded, str(tmp_path), files) == ["data/a.jsonl", "train.py"]
+
+
+def test_the_runtime_cap_counts_the_training_of_every_pod():
+    from prefect_runpod.tasks.models import StageRecord
+    from prefect_runpod.flows.run.train_steps import runtime_left
+
+    earlier = [StageRecord(name="train", seconds=700.0), StageRecord(name="env", seconds=50.0)]
+    assert runtime_left(3600.0, []) == 3600.0
+    assert runtime_left(3600.0, earlier) == 2900.0
+    assert runtime_left(600.0, earlier) == 1.0  # spent: the next attempt stops at once
