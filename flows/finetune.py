@@ -56,7 +56,7 @@ from prefect_runpod.flows.run.names import (
 )
 from prefect_runpod.flows.run.pod_session import PodSession
 from prefect_runpod.flows.run.providers import build_provider, ssh_key_file
-from prefect_runpod.flows.run.recovery import AttemptLoop
+from prefect_runpod.flows.run.recovery import AttemptLoop, resume_checkpoint
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.bundle import demo_bundle
 from prefect_runpod.tasks.preflight_access import preflight
@@ -181,6 +181,7 @@ def finetune(
     publish_public: bool = False,
     download: Literal["all", "eval", "none"] = DEFAULT_DOWNLOAD,
     max_pod_losses: int = DEFAULT_MAX_POD_LOSSES,
+    resume_from: str | None = None,
     recover_outside_terminate: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune a bundle on a pod end to end and always terminate the pod.
@@ -218,7 +219,7 @@ def finetune(
     # The concurrency slot (one per live pod) is released only after terminate.
     with ExitStack() as holds:
         try:
-            run = _preflight(report, {**params, "output_dir": out}, on_stage)
+            run, resume = _preflight(report, {**params, "output_dir": out}, on_stage)
             if concurrency_limit:
                 from prefect.concurrency.sync import concurrency
 
@@ -241,7 +242,7 @@ def finetune(
                 )
 
             # a lost pod is resumed on a new one when the bundle checkpoints (flows.run.recovery)
-            deferred = attempts.run(_attempt)
+            deferred = attempts.run(_attempt, resume_from=resume)
         except BaseException as exc:
             report.error = report.error or secret_mask.error_text(exc).strip()[:400]
             in_flight: BaseException | None = exc
@@ -265,18 +266,25 @@ def finetune(
     return report.to_json_dict()
 
 
-def _preflight(report: RunReport, params: dict[str, Any], on_stage: Any) -> PreparedRun:
-    """The run's ``preflight`` stage: every check that needs no pod (``prepare_run`` and
-    the Hub's answers), before anything is rented."""
+def _preflight(
+    report: RunReport, params: dict[str, Any], on_stage: Any
+) -> tuple[PreparedRun, str | None]:
+    """The run's ``preflight`` stage: every check that needs no pod (``prepare_run``, the
+    checkpoint ``resume_from`` names, the Hub's answers), before anything is rented.
+
+    Returns:
+        The prepared run, and the checkpoint its first attempt resumes from (or None).
+    """
     with run_stage(report, "preflight", on_stage):
         run = prepare_run(params, demo_bundle=demo_bundle(), run_name=report.pod_name)
+        resume = resume_checkpoint(params.get("resume_from"), run)
         get_run_logger().info(
             "preflight: %s; Hugging Face token: %s", run.upload_line, run.hf.source
         )
         report.cost.max_cost_usd = run.settings.max_cost_usd
         report.download_choice = run.settings.download
         report.hf.extend(preflight(run.settings, run.hf.token, run.hf.endpoint, run.s3))
-    return run
+    return run, resume
 
 
 def _bring_back(

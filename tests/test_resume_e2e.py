@@ -150,7 +150,7 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(
     assert events.get("prefect-runpod.pod.recovered") == f"prefect-runpod.pod.{second.pod_id}"
 
 
-def test_a_loss_beyond_max_pod_losses_fails_the_run_naming_the_kept_checkpoint(
+def test_a_loss_beyond_max_pod_losses_fails_naming_the_checkpoint_and_resume_from_continues(
     prefect_server, tmp_path
 ):
     """With ``max_pod_losses=0`` the first loss is one too many: the run fails, rents no
@@ -178,3 +178,19 @@ def test_a_loss_beyond_max_pod_losses_fails_the_run_naming_the_kept_checkpoint(
     assert "over max_pod_losses 0" in message and f"checkpoint, {newest}, is kept" in message
     assert (out / "checkpoints" / newest / "model.json").is_file()
     assert LocalPodProvider().get(only.pod_id) is None
+    assert f"--resume-from {report.flow_run_id}" in message
+
+    # The command the error names continues the run from that checkpoint on a new pod.
+    again = tmp_path / "again"
+    resumed = finetune(
+        bundle=str(bundle), output_dir=str(again), resume_from=report.flow_run_id,
+        return_state=True,
+    )  # fmt: skip
+    assert resumed.is_completed(), resumed.message
+    second = RunReport.model_validate_json((again / "run-report.json").read_text())
+    (attempt,) = second.attempts
+    assert attempt.resumed_from == newest
+    plain = tmp_path / "plain"
+    assert run_script(bundle, "train.py", "--out", str(plain), *_EPOCHS).returncode == 0
+    assert (again / "outputs" / "model.json").read_bytes() == (plain / "model.json").read_bytes()
+    assert LocalPodProvider().get(attempt.pod_id) is None

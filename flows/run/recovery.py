@@ -16,7 +16,9 @@ the last verified checkpoint kept and named.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from prefect_runpod.blocks.exceptions import PodGoneError, SpecError
@@ -27,6 +29,7 @@ from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_MAX_POD_LOSSES,
     DEFAULT_TERMINATE_TIMEOUT_SECONDS,
 )
+from prefect_runpod.flows.run.checkpoints import CheckpointStore
 from prefect_runpod.flows.run.pod_session import PodSession
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "changed_bundle_files",
     "pod_event",
     "recoverable",
+    "resume_checkpoint",
 ]
 
 POD_LOST_EVENT = "prefect-runpod.pod.lost"
@@ -131,6 +135,72 @@ def changed_bundle_files(
     return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
 
 
+def _source_store(value: str) -> tuple[CheckpointStore, str | None]:
+    """The checkpoint store ``resume_from`` names and the checkpoint in it (None: its
+    newest that verifies)."""
+    from prefect_runpod.blocks.validation.names import check_flow_run_id
+
+    try:
+        run_id = check_flow_run_id(value, "resume_from")
+    except SpecError:
+        run_id = None
+    if run_id is not None:
+        from prefect_runpod.flows.run.cost_record import latest_record
+
+        record = latest_record(run_id)
+        if record is None or not record.output_dir:
+            raise SpecError(
+                f"resume_from: run {run_id} has no cost record naming its output dir: pass "
+                "that output dir (or a checkpoint folder in it) instead"
+            )
+        return CheckpointStore(record.output_dir), None
+    path = Path(value).expanduser().resolve()
+    if (path.parent / f"{path.name}.manifest.json").is_file():  # one checkpoint folder
+        return CheckpointStore(path.parent.parent), path.name
+    return CheckpointStore(path), None
+
+
+def resume_checkpoint(value: str | None, run: Any) -> str | None:
+    """Check ``resume_from`` before renting and put its checkpoint in this run's store.
+
+    Args:
+        value: the ``resume_from`` parameter (a flow run id, a run's output dir, or a
+            checkpoint folder), or None.
+        run: the run that passed its pre-rent checks (its bundle and output dir).
+
+    Returns:
+        The checkpoint's name in this run's ``CheckpointStore``, or None for ``value`` None.
+
+    Raises:
+        SpecError: the bundle declares no checkpoints, nothing verified is found there,
+            or the checkpoint named does not verify.
+    """
+    if value is None:
+        return None
+    settings = run.settings
+    if not settings.bundle.checkpoints:
+        raise SpecError(
+            f"resume_from needs a bundle that declares checkpoints: {settings.bundle.root}"
+            "/bundle.toml has no 'checkpoints' (docs/bundles.md#checkpoints-and-resume)"
+        )
+    source, name = _source_store(value)
+    name = name if name is not None else source.latest()
+    if name is None or not source.verifies(name):
+        raise SpecError(
+            f"resume_from {value!r}: no verified checkpoint in {source.root}: pass a run "
+            "whose checkpoints verified, or start afresh without --resume-from"
+        )
+    here = CheckpointStore(settings.output_dir, settings.bundle.keep_checkpoints)
+    if source.root.resolve() != here.root.resolve():
+        folder, _ = here.staging(name, source.manifest(name))
+        shutil.rmtree(folder)
+        shutil.copytree(source.root / name, folder)
+        if not here.accept(name, folder, source.manifest(name)):
+            raise SpecError(f"resume_from: checkpoint {name} did not verify once copied here")
+    _log.info("resuming from checkpoint %s (verified, from %s)", name, source.root)
+    return name
+
+
 class AttemptLoop:
     """The run's pod attempts (see the module).
 
@@ -154,8 +224,9 @@ class AttemptLoop:
         value = self.params.get(name)
         return default if value is None else float(check_number(name, value))  # type: ignore[arg-type]
 
-    def run(self, make: SessionFactory) -> BaseException | None:
-        """Attempt after attempt until the work is done or a loss is not recovered.
+    def run(self, make: SessionFactory, resume_from: str | None = None) -> BaseException | None:
+        """Attempt after attempt until the work is done or a loss is not recovered;
+        the first resumes from ``resume_from`` (a checkpoint of the run's store) if given.
 
         Returns:
             The last attempt's deferred error (``PodSession.work``).
@@ -166,7 +237,7 @@ class AttemptLoop:
             TerminateError: the lost pod's end could not be confirmed (nothing more is
                 rented).
         """
-        number, resume, lost_steps = 1, None, None
+        number, resume, lost_steps = 1, resume_from, None
         while True:
             self.session = make(number, resume, lost_steps)
             try:
@@ -211,7 +282,8 @@ class AttemptLoop:
             raise PodGoneError(
                 f"{exc}; that is {self.losses + 1} pods lost, over max_pod_losses "
                 f"{limit}: the run stops; its last verified checkpoint, {latest}, is kept "
-                f"in {where}",
+                f"in {where}: continue with `prefect-runpod finetune --resume-from "
+                f"{session.report.flow_run_id}` (and the same bundle and options)",
                 pod_id=exc.pod_id,
                 cause=exc.cause,
                 seen_at=exc.seen_at,

@@ -58,10 +58,51 @@ def test_a_bundle_changed_since_the_first_upload_is_named_file_by_file(tmp_path)
 
 
 def test_the_runtime_cap_counts_the_training_of_every_pod():
-    from prefect_runpod.tasks.models import StageRecord
     from prefect_runpod.flows.run.train_steps import runtime_left
+    from prefect_runpod.tasks.models import StageRecord
 
     earlier = [StageRecord(name="train", seconds=700.0), StageRecord(name="env", seconds=50.0)]
     assert runtime_left(3600.0, []) == 3600.0
     assert runtime_left(3600.0, earlier) == 2900.0
     assert runtime_left(600.0, earlier) == 1.0  # spent: the next attempt stops at once
+
+
+def _run_with(tmp_path, checkpoints: str = "checkpoints"):
+    """What ``resume_checkpoint`` reads of a prepared run: its bundle and output dir."""
+    from types import SimpleNamespace
+
+    bundle = SimpleNamespace(root=str(tmp_path / "b"), checkpoints=checkpoints, keep_checkpoints=2)
+    return SimpleNamespace(settings=SimpleNamespace(bundle=bundle, output_dir=str(tmp_path / "o")))
+
+
+def test_resume_from_is_checked_before_renting(tmp_path):
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.flows.run.recovery import resume_checkpoint
+
+    assert resume_checkpoint(None, _run_with(tmp_path)) is None
+    with pytest.raises(SpecError, match="declares checkpoints"):
+        resume_checkpoint(str(tmp_path), _run_with(tmp_path, checkpoints=""))
+    with pytest.raises(SpecError, match="no verified checkpoint"):
+        resume_checkpoint(str(tmp_path / "nothing-here"), _run_with(tmp_path))
+
+
+def test_resume_from_a_checkpoint_folder_copies_it_into_the_run_verified(tmp_path):
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.pod_side import manifest as tree_manifest
+    from prefect_runpod.flows.run.checkpoints import CheckpointStore
+    from prefect_runpod.flows.run.recovery import resume_checkpoint
+
+    old = CheckpointStore(tmp_path / "old-run")
+    pod = tmp_path / "pod" / "step-7"
+    pod.mkdir(parents=True)
+    (pod / "model.json").write_text("{}")
+    tree = tree_manifest.compute_manifest(str(pod))
+    folder, _ = old.staging("step-7", tree)
+    (folder / "model.json").write_text("{}")
+    assert old.accept("step-7", folder, tree)
+    run = _run_with(tmp_path)
+    assert resume_checkpoint(str(old.root / "step-7"), run) == "step-7"
+    assert CheckpointStore(tmp_path / "o").latest() == "step-7"
+    (old.root / "step-7" / "model.json").write_text("{broken")  # no longer what verified
+    with pytest.raises(SpecError, match="no verified checkpoint"):
+        resume_checkpoint(str(old.root / "step-7"), _run_with(tmp_path / "x"))
