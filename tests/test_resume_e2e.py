@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,22 +84,33 @@ def _kill_host_after_a_checkpoint(out: Path, seen: dict) -> None:
     os.kill(record.pid, signal.SIGKILL)  # the host is lost
 
 
+def _run_losing_the_host(bundle: Path, out: Path, **params: Any) -> tuple[Any, dict]:
+    """Run the fine-tune while a thread kills its pod's host after the first verified
+    checkpoint; returns the run's final state and what the thread saw (pod id, checkpoints)."""
+    seen: dict = {}
+    killer = threading.Thread(target=_kill_host_after_a_checkpoint, args=(out, seen), daemon=True)
+    killer.start()
+    state = finetune(
+        bundle=str(bundle), output_dir=str(out), pod_poll_seconds=1.0, return_state=True,
+        **params,
+    )  # fmt: skip
+    killer.join(timeout=60)
+    return state, seen
+
+
+def _uninterrupted_model(bundle: Path, where: Path) -> bytes:
+    """The model an uninterrupted run of the bundle's job with the same seed trains."""
+    done = run_script(bundle, "train.py", "--out", str(where), *_EPOCHS)
+    assert done.returncode == 0, done.stderr
+    return (where / "model.json").read_bytes()
+
+
 def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(
     prefect_server, tmp_path, capsys
 ):
     bundle = _slow_demo(tmp_path / "bundle")
     out = tmp_path / "out"
-    seen: dict = {}
-    killer = threading.Thread(target=_kill_host_after_a_checkpoint, args=(out, seen), daemon=True)
-    killer.start()
-    state = finetune(
-        bundle=str(bundle),
-        output_dir=str(out),
-        local_cost_per_hr=0.36,
-        pod_poll_seconds=1.0,
-        return_state=True,
-    )
-    killer.join(timeout=60)
+    state, seen = _run_losing_the_host(bundle, out, local_cost_per_hr=0.36)
     report = RunReport.model_validate_json((out / "run-report.json").read_text())
     assert state.is_completed(), (state.message, report.error)
 
@@ -112,10 +124,9 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(
     assert second.end is not None and second.end.confirmed
 
     # The model is byte for byte the one an uninterrupted run with the same seed trains.
-    plain = tmp_path / "plain"
-    done = run_script(bundle, "train.py", "--out", str(plain), *_EPOCHS)
-    assert done.returncode == 0, done.stderr
-    assert (out / "outputs" / "model.json").read_bytes() == (plain / "model.json").read_bytes()
+    assert (out / "outputs" / "model.json").read_bytes() == _uninterrupted_model(
+        bundle, tmp_path / "plain"
+    )
     assert report.manifest is not None and report.download is not None
     assert report.download.verified
 
@@ -157,17 +168,7 @@ def test_a_loss_beyond_max_pod_losses_fails_naming_the_checkpoint_and_resume_fro
     second pod, and its error names the last verified checkpoint, kept in the output dir."""
     bundle = _slow_demo(tmp_path / "bundle")
     out = tmp_path / "out"
-    seen: dict = {}
-    killer = threading.Thread(target=_kill_host_after_a_checkpoint, args=(out, seen), daemon=True)
-    killer.start()
-    state = finetune(
-        bundle=str(bundle),
-        output_dir=str(out),
-        pod_poll_seconds=1.0,
-        max_pod_losses=0,
-        return_state=True,
-    )
-    killer.join(timeout=60)
+    state, seen = _run_losing_the_host(bundle, out, max_pod_losses=0)
     assert state.is_failed()
     report = RunReport.model_validate_json((out / "run-report.json").read_text())
     (only,) = report.attempts
@@ -190,7 +191,7 @@ def test_a_loss_beyond_max_pod_losses_fails_naming_the_checkpoint_and_resume_fro
     second = RunReport.model_validate_json((again / "run-report.json").read_text())
     (attempt,) = second.attempts
     assert attempt.resumed_from == newest
-    plain = tmp_path / "plain"
-    assert run_script(bundle, "train.py", "--out", str(plain), *_EPOCHS).returncode == 0
-    assert (again / "outputs" / "model.json").read_bytes() == (plain / "model.json").read_bytes()
+    assert (again / "outputs" / "model.json").read_bytes() == _uninterrupted_model(
+        bundle, tmp_path / "plain"
+    )
     assert LocalPodProvider().get(attempt.pod_id) is None

@@ -22,7 +22,6 @@ import logging
 import shlex
 import shutil
 import threading
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -159,11 +158,20 @@ class CheckpointStore:
             copied += int(entry.get("size_bytes", 0))
         return folder, copied
 
-    def accept(self, name: str, folder: Path, manifest: dict[str, Any]) -> bool:
+    def accept(
+        self,
+        name: str,
+        folder: Path,
+        manifest: dict[str, Any],
+        here: dict[str, Any] | None = None,
+    ) -> bool:
         """Make ``folder`` the verified checkpoint ``name`` when its files match
         ``manifest`` (the pod's, written after the job's signal), then keep the last
-        ``keep``. Returns False (and removes ``folder``) when they do not match."""
-        here = tree_manifest.compute_manifest(str(folder))
+        ``keep``. ``here`` is ``folder``'s manifest when a transfer has just computed it
+        (hashed now otherwise). Returns False (and removes ``folder``) when they do not
+        match."""
+        if here is None:
+            here = tree_manifest.compute_manifest(str(folder))
         if _entries(here) != _entries(manifest):
             shutil.rmtree(folder, ignore_errors=True)
             return False
@@ -279,13 +287,8 @@ class CheckpointSync:
         if self.marker:
             cmd += f" --marker {q(self.marker)}"
         cmd += " --inline"
-        stream = self._console_now().open_stream(cmd + " 2>&1")
-        chunks, deadline = [], time.monotonic() + _SCAN_TIMEOUT_SECONDS
-        while not stream.ended and time.monotonic() < deadline:
-            chunks.append(stream.read(1 << 20, 1.0))
-        chunks.append(stream.read(1 << 24, 0.1))
-        stream.finish(30.0)
-        for line in b"".join(chunks).decode("utf-8", errors="replace").splitlines():
+        result = self._console_now().run(cmd + " 2>&1", timeout_seconds=_SCAN_TIMEOUT_SECONDS)
+        for line in result.output.splitlines():
             if line.startswith('{"checkpoints"'):
                 found: list[dict[str, Any]] = json.loads(line)["checkpoints"]
                 return found
@@ -315,7 +318,8 @@ class CheckpointSync:
             s3=self.s3,
             options=self.options,
         )
-        if not self.store.accept(name, folder, manifest):
+        here = report.dest_manifest.as_dict() if report.dest_manifest is not None else None
+        if not self.store.accept(name, folder, manifest, here):
             self.refused.append(name)  # it changed after its signal: never resumed from
             _log.warning("%s: checkpoint %s changed after the job's signal: not kept",
                          self.handle.pod_id, name)  # fmt: skip
