@@ -77,9 +77,9 @@ def _slow_bundle(dest: Path, sleep_per_epoch_seconds: float) -> Path:
     bundle = copy_demo_bundle(dest)
     spec = bundle / "bundle.toml"
     text = spec.read_text()
-    slow = f"--out outputs --sleep-per-epoch-seconds {sleep_per_epoch_seconds}"
-    assert '--out outputs"' in text
-    spec.write_text(text.replace('--out outputs"', f'{slow}"', 1))
+    slow = f"--out outputs --sleep-per-epoch-seconds {sleep_per_epoch_seconds} "
+    assert "--out outputs " in text
+    spec.write_text(text.replace("--out outputs ", slow, 1))
     return bundle
 
 

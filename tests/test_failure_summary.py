@@ -23,9 +23,11 @@ def _bundle_training_with(tmp_path: Path, script: str) -> Path:
     bundle = copy_demo_bundle(tmp_path / "bundle")
     (bundle / "job.py").write_text(script)
     spec = bundle / "bundle.toml"
+    # The job keeps no checkpoints, so the demo's checkpoint fields go with its train line.
     lines = [
         'train = "{python} -u job.py"' if line.startswith("train =") else line
         for line in spec.read_text().splitlines()
+        if not line.startswith(("checkpoints =", "keep_checkpoints ="))
     ]
     spec.write_text("\n".join(lines) + "\n")
     return bundle
