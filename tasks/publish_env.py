@@ -36,6 +36,7 @@ from prefect_runpod.tasks.models import EnvPlan, PythonProbe
 
 __all__ = [
     "MIN_PUBLISH_PYTHON",
+    "host_packages_venv",
     "host_site_dirs",
     "plan_publish_tools",
     "prepare_publish_tools",
@@ -52,6 +53,25 @@ def host_site_dirs() -> list[str]:
     pod's rehearsal ``.pth``."""
     paths = sysconfig.get_paths()
     return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def host_packages_venv(python: str, venv: str, host_dirs: Sequence[str]) -> list[str]:
+    """The pod commands that make ``venv`` (from the pod's ``python``, with the image's
+    own packages visible: ``--system-site-packages``) and give it a ``.pth`` naming
+    ``host_dirs``, so a pod on this machine imports this environment's packages without
+    installing anything. The venv's Python is ``<venv>/bin/python``; it needs the same
+    minor version as this one (the caller checks)."""
+    q = shlex.quote
+    venv_python = f"{venv.rstrip('/')}/bin/python"
+    write_pth = (
+        "import site, sys; "
+        f"open(site.getsitepackages()[0] + '/{_PTH_NAME}', 'w')"
+        ".write(chr(10).join(sys.argv[1:]) + chr(10))"
+    )
+    return [
+        f"{q(python)} -m venv --system-site-packages --without-pip {q(venv)}",
+        f"{q(venv_python)} -c {q(write_pth)} " + " ".join(q(d) for d in host_dirs),
+    ]
 
 
 def _version(text: str | None) -> Version | None:
@@ -113,7 +133,6 @@ def plan_publish_tools(
         return probe.path, [], [f"publish with {probe.path} ({requirement.name} {have})"]
     q = shlex.quote
     venv_python = f"{venv.rstrip('/')}/bin/python"
-    commands = [f"{q(probe.path)} -m venv --system-site-packages --without-pip {q(venv)}"]
     if provider_supports(provider, Capability.ON_THIS_MACHINE):
         if host_version is not None and (version.major, version.minor) != host_version:
             raise EnvError(
@@ -121,14 +140,10 @@ def plan_publish_tools(
                 f"{host_version[0]}.{host_version[1]}: the rehearsal lends the pod this "
                 "environment's packages, which needs the same minor version"
             )
-        write_pth = (
-            "import site, sys; "
-            f"open(site.getsitepackages()[0] + '/{_PTH_NAME}', 'w')"
-            ".write(chr(10).join(sys.argv[1:]) + chr(10))"
-        )
-        commands.append(f"{q(venv_python)} -c {q(write_pth)} " + " ".join(q(d) for d in host_dirs))
+        commands = host_packages_venv(probe.path, venv, host_dirs)
         note = f"local pod: {venv} sees this machine's site-packages (a rehearsal, offline)"
     else:
+        commands = [f"{q(probe.path)} -m venv --system-site-packages --without-pip {q(venv)}"]
         index = f" --index-url {q(pip_index_url)}" if pip_index_url else ""
         commands.append(
             f"{q(venv_python)} -m pip install --disable-pip-version-check --no-input "

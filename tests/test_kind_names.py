@@ -20,6 +20,9 @@ EXCEPTIONS: dict[str, str] = {
     "tasks/hf_classify.py:classify_hf_access.where": "the same: the diagnosis ran on this machine",
     "tasks/hf_classify.py:diagnose_evidence.where": "the same: the diagnosis ran on this machine",
     "tasks/hf_classify.py:place_words": "the same: a diagnosis's place put into words",
+    "flows/worker/worker.py:RunPodWorker.type": (
+        "the work-pool type Prefect keys the worker by, not a provider chosen"
+    ),
     "tasks/checksum.py:manifest_rows": (
         "the checksum-manifest table's column for the copy on this machine"
     ),

@@ -1,0 +1,160 @@
+"""The ``runpod`` worker end to end: the real ``prefect worker start`` process, the pool
+made by ``prefect work-pool create --type runpod``, examples/any-flow deployed with its
+code local, run on the local pod against the Prefect test server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "any-flow"
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    from prefect.settings import get_current_settings
+
+    env = os.environ.copy()
+    env["PREFECT_API_URL"] = str(get_current_settings().api.url)
+    return env
+
+
+def _prefect(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "prefect", *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def runpod_pool(prefect_server: None) -> str:
+    """A pool made the way a user makes one."""
+    done = _prefect("work-pool", "create", "any-flow-pool", "--type", "runpod")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return "any-flow-pool"
+
+
+@pytest.fixture(scope="module")
+def worker(runpod_pool: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``prefect worker start --pool any-flow-pool --type runpod``, stopped at the end;
+    yields its log file."""
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", runpod_pool,
+             "--type", "runpod", "--prefetch-seconds", "5"],
+            env=_env() | {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_LOGGING_LEVEL": "INFO"},
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield log
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _deploy(pool: str, **job_variables: Any) -> str:
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from deploy import deploy  # examples/any-flow/deploy.py
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    return deploy(pool, **job_variables)
+
+
+def _run(deployment_id: str, **parameters: Any) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run_from_deployment(deployment_id, parameters=parameters)
+    return str(run.id)
+
+
+def _wait(flow_run_id: str, states: set[str], log: Path, deadline_s: float = 240.0) -> Any:
+    from prefect.client.orchestration import get_client
+
+    end = time.monotonic() + deadline_s
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
+            if run.state is not None and run.state.type.value in states:
+                return run
+            if time.monotonic() > end:
+                pytest.fail(
+                    f"run {flow_run_id} is {run.state}; worker log:\n{log.read_text()[-4000:]}"
+                )
+            time.sleep(0.5)
+
+
+def _logs(flow_run_id: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))  # type: ignore[list-item]
+    return [entry.message for entry in logs]
+
+
+def test_any_flow_completes_on_its_own_pod(worker: Path, runpod_pool: str) -> None:
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+    from prefect_runpod.flows.run.cost_record import latest_record
+
+    deployment_id = _deploy(runpod_pool)
+    flow_run_id = _run(deployment_id, seed="pod", rounds=10)
+    run = _wait(flow_run_id, FINAL, worker)
+    assert run.state.type.value == "COMPLETED", (run.state, worker.read_text()[-4000:])
+    pod_id = run.infrastructure_pid
+    assert pod_id, "the pod id is the run's infrastructure id"
+    digest_line = _wait_for_log(flow_run_id, "digest ")
+    assert "/prefect-runpod/" + flow_run_id + "/code/result.txt" in digest_line[0]
+    record = _wait_for_record(flow_run_id)  # written once the pod's end is confirmed
+    provider = LocalPodProvider()
+    assert provider.get(pod_id) is None and provider.status(pod_id).gone
+    assert record.pod_id == pod_id and record.end is not None and record.end.confirmed
+    assert record.recorded_by == "worker"
+    assert latest_record(flow_run_id) is not None
+
+
+def _wait_for_log(flow_run_id: str, start: str) -> list[str]:
+    end = time.monotonic() + 60
+    while True:
+        messages = _logs(flow_run_id)
+        found = [m for m in messages if m.startswith(start)]
+        if found:
+            return found
+        if time.monotonic() > end:
+            pytest.fail(f"no log line of the flow run starts with {start!r}: {messages}")
+        time.sleep(0.5)
+
+
+def _wait_for_record(flow_run_id: str) -> Any:
+    from prefect_runpod.flows.run.cost_record import latest_record
+
+    end = time.monotonic() + 60
+    while True:
+        record = latest_record(flow_run_id)
+        if record is not None and record.end is not None and record.end.confirmed:
+            return record
+        if time.monotonic() > end:
+            pytest.fail(f"no confirmed cost record for {flow_run_id}: {record}")
+        time.sleep(0.5)
