@@ -61,9 +61,10 @@ class ConsoleLike(Protocol):
         """
         ...
 
-    def set_secret_env(self, name: str, value: SecretStr) -> None:
+    def set_secret_env(self, name: str, value: SecretStr, *, mask: bool = True) -> None:
         """Export ``name=value`` to later commands without the value appearing in any
-        command line, transcript or shell history.
+        command line, transcript or shell history; with ``mask`` (default) the value is
+        also masked in everything this process prints from now on.
 
         Raises:
             SpecError: ``name`` is not a shell identifier or the value cannot be typed.

@@ -200,9 +200,9 @@ class Resuming:
                 log.warning("%s; running it again on a fresh session", exc)
                 self.sleep(self.pause_seconds)
 
-    def set_secret_env(self, name: str, value: SecretStr) -> None:
+    def set_secret_env(self, name: str, value: SecretStr, *, mask: bool = True) -> None:
         """``console.set_secret_env`` (a fresh session exports the secrets again)."""
-        self.console.set_secret_env(name, value)
+        self.console.set_secret_env(name, value, mask=mask)
 
     def reconnect(self) -> None:
         """``console.reconnect``."""

@@ -217,11 +217,14 @@ class PodConsole(ConsoleConnection):
                 break
         return "\n".join(outputs), code
 
-    def set_secret_env(self, name: str, value: SecretStr) -> None:
+    def set_secret_env(self, name: str, value: SecretStr, *, mask: bool = True) -> None:
         """Export ``name=value`` in the pod's shell without the value ever being part
         of a command line: ``read -rs NAME`` reads it from typed input (echo off), then
         ``export NAME``. The value never reaches the transcript, shell history or any
-        process's argv, and is masked from now on. ``reconnect()`` sets it again.
+        process's argv, and (``mask``, the default) is masked from now on; a value that
+        is kept off command lines but is not itself a secret (the Prefect API URL the
+        pod reports to) passes ``mask=False``, so the errors that name it stay readable.
+        ``reconnect()`` sets it again.
 
         Raises:
             SpecError: ``name`` is not a shell identifier, or the value has line breaks
@@ -236,7 +239,8 @@ class PodConsole(ConsoleConnection):
                 f"the value for {name} has line breaks or control characters or is longer "
                 f"than {MAX_LINE_BYTES} bytes; pass such data as a file instead"
             )
-        register(raw)
+        if mask:
+            register(raw)
         self._secret_env[name] = value
         self._apply_secret(self._ready(), name, raw)
 

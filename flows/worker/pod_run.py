@@ -322,7 +322,7 @@ class PodFlowRun:
             TrainingError: the launcher refused or the pod could not be reached.
         """
         assert self.handle is not None
-        self.console.set_secret_env("PREFECT_API_URL", SecretStr(self.api_url))
+        self.console.set_secret_env("PREFECT_API_URL", SecretStr(self.api_url), mask=False)
         if self.api_key:
             self.console.set_secret_env("PREFECT_API_KEY", SecretStr(self.api_key))
         env = {

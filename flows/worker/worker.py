@@ -130,7 +130,8 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
             return await self._refused(flow_run, task_status, problem or "no pod was created")
         state = await self._state_type(flow_run)
         if stopped == "cancelled" or state == "CANCELLING":
-            if state not in _FINAL:
+            # The stopped engine may have proposed Crashed over Cancelling: the cancel wins.
+            if state not in {"CANCELLED", "COMPLETED"}:
                 await self._mark_flow_run_as_cancelled(
                     flow_run,
                     {"message": "Cancelled: the worker stopped the flow and ended its pod."},

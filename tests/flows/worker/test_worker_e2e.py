@@ -158,3 +158,41 @@ def _wait_for_record(flow_run_id: str) -> Any:
         if time.monotonic() > end:
             pytest.fail(f"no confirmed cost record for {flow_run_id}: {record}")
         time.sleep(0.5)
+
+
+def test_a_runpod_pod_is_refused_a_loopback_api_before_renting(
+    worker: Path, runpod_pool: str
+) -> None:
+    from prefect.settings import get_current_settings
+
+    deployment_id = _deploy(runpod_pool, name="refused", provider="runpod")
+    flow_run_id = _run(deployment_id)
+    run = _wait(flow_run_id, FINAL, worker)
+    url = get_current_settings().api.url
+    assert run.state.type.value == "CRASHED"
+    assert run.state.message == (
+        f"the Prefect API {url} is loopback, which a RunPod pod cannot reach: set the job "
+        "variable prefect_api_url_for_pod to an address the pod can reach, or run the worker "
+        "against Prefect Cloud"
+    )
+    assert not run.infrastructure_pid  # nothing was rented
+
+
+def test_a_cancelled_run_has_its_pod_ended_and_is_cancelled(worker: Path, runpod_pool: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+
+    deployment_id = _deploy(runpod_pool)
+    flow_run_id = _run(deployment_id, rounds=10, linger_seconds=600)
+    _wait_for_log(flow_run_id, "digest ")  # the flow runs on its pod
+    with get_client(sync_client=True) as client:
+        pod_id = client.read_flow_run(flow_run_id).infrastructure_pid  # type: ignore[arg-type]
+        assert pod_id and LocalPodProvider().get(pod_id) is not None
+        client.set_flow_run_state(flow_run_id, Cancelling())  # type: ignore[arg-type]
+    run = _wait(flow_run_id, {"CANCELLED", "COMPLETED", "FAILED"}, worker, deadline_s=120)
+    assert run.state.type.value == "CANCELLED", run.state
+    record = _wait_for_record(flow_run_id)
+    assert record.pod_id == pod_id and record.end.confirmed
+    assert LocalPodProvider().status(pod_id).gone
