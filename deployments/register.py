@@ -13,8 +13,11 @@ Two commands::
   ``prefect.flow-run.heartbeat`` events (its process was killed, its host died) is
   marked Crashed, as Prefect's docs advise for self-hosted servers
   (``advanced/detect-zombie-flows``); the reaper then ends its pod;
-- the process work pool ``runpod-pool`` that ``prefect deploy --all`` (prefect.yaml)
-  targets. The GPU lives on RunPod, not under the worker, so a process pool is enough.
+- the process work pool ``runpod-finetune`` that ``prefect deploy --all`` (prefect.yaml)
+  targets. The GPU lives on RunPod, not under the worker, so a process pool is enough
+  (the ``runpod`` pool type is for other flows, each on its own pod: docs/worker.md).
+  A process pool of the old name ``runpod-pool`` has its deployments moved to it and is
+  deleted, so no one starts ``--pool runpod-pool --type runpod`` by mistake;
 
 - the variable ``prefect_runpod_provider`` (``local`` unless it exists): ``prefect.yaml``
   takes the provider of every fine-tune and reaper deployment from it
@@ -61,6 +64,7 @@ from prefect_runpod.flows.sweep import sweep
 __all__ = [
     "CONCURRENCY_LIMIT",
     "DATASET_EVENT",
+    "OLD_WORK_POOL",
     "WORK_POOL",
     "PROVIDER_VARIABLE",
     "ZOMBIE_AUTOMATION",
@@ -71,6 +75,7 @@ __all__ = [
     "dataset_trigger",
     "ensure_concurrency_limit",
     "ensure_work_pool",
+    "migrate_old_work_pool",
     "ensure_zombie_automation",
     "main",
     "refuse_unknown_parameters",
@@ -81,8 +86,10 @@ __all__ = [
 
 CONCURRENCY_LIMIT = "runpod-gpu"
 """The global concurrency limit capping simultaneous pods."""
-WORK_POOL = "runpod-pool"
+WORK_POOL = "runpod-finetune"
 """The process work pool ``prefect.yaml`` deploys to."""
+OLD_WORK_POOL = "runpod-pool"
+"""The process pool's name before ``runpod-finetune``; ``setup`` migrates it."""
 ZOMBIE_AUTOMATION = "runpod-crash-zombie-flows"
 """The automation that marks heartbeat-less flow runs Crashed."""
 DATASET_EVENT = "dataset.updated"
@@ -116,6 +123,36 @@ def ensure_work_pool(name: str = WORK_POOL) -> str:
         except ObjectAlreadyExists:
             pool = client.read_work_pool(name)
         return pool.type
+
+
+def migrate_old_work_pool(old: str = OLD_WORK_POOL, new: str = WORK_POOL) -> list[str]:
+    """Move every deployment of the process pool ``old`` to ``new`` (which must exist)
+    and delete ``old``. A pool of that name of another type is someone else's: left.
+
+    Returns:
+        The deployments moved (``flow/deployment``); empty when ``old`` did not exist.
+    """
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            pool = client.read_work_pool(old)
+        except ObjectNotFound:
+            return []
+        if pool.type != "process":
+            return []
+        deployments = client.read_deployments(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[old]))
+        )
+        moved = []
+        for deployment in deployments:
+            client.update_deployment(deployment.id, DeploymentUpdate(work_pool_name=new))
+            flow = client.read_flow(deployment.flow_id)
+            moved.append(f"{flow.name}/{deployment.name}")
+        client.delete_work_pool(old)
+        return moved
 
 
 def zombie_automation(heartbeat_seconds: float = 180.0) -> Automation:
@@ -178,12 +215,13 @@ def setup(limit: int = 2, heartbeat_seconds: float = 180.0) -> dict[str, Any]:
 
     Returns:
         What exists now: ``{"concurrency_limit": …, "automation_id": …, "work_pool": …,
-        "provider_variable": …}``.
+        "migrated": {"runpod-pool": [deployments moved from it]}, "provider_variable": …}``.
     """
     return {
         "concurrency_limit": {CONCURRENCY_LIMIT: ensure_concurrency_limit(limit=limit)},
         "automation_id": ensure_zombie_automation(heartbeat_seconds),
         "work_pool": {WORK_POOL: ensure_work_pool()},
+        "migrated": {OLD_WORK_POOL: migrate_old_work_pool()},
         "provider_variable": {PROVIDER_VARIABLE: ensure_provider_variable()},
     }
 
@@ -193,12 +231,17 @@ def setup_lines(done: dict[str, Any]) -> list[str]:
     ((limit_name, slots),) = done["concurrency_limit"].items()
     ((pool, pool_type),) = done["work_pool"].items()
     ((variable, provider),) = done["provider_variable"].items()
-    return [
+    moved = (done.get("migrated") or {}).get(OLD_WORK_POOL) or []
+    lines = [
         f"concurrency limit  {limit_name}: {slots} pods at once",
         f"automation         {ZOMBIE_AUTOMATION} ({done['automation_id']})",
         f"work pool          {pool} ({pool_type})",
-        f"variable           {variable} = {provider}",
     ]
+    if moved:
+        lines.append(
+            f"migrated           {OLD_WORK_POOL} -> {pool}: {', '.join(moved)} (old pool deleted)"
+        )
+    return [*lines, f"variable           {variable} = {provider}"]
 
 
 class DeployedElsewhere(Exception):
@@ -352,7 +395,7 @@ def serve_all(
         raise DeployedElsewhere(
             f"{', '.join(taken)} came from `prefect deploy`; serving here would replace "
             "them and their worker's runs would find no code (FileNotFoundError: '.../None'). "
-            "Run them with the worker (`prefect worker start --pool runpod-pool`), delete "
+            f"Run them with the worker (`prefect worker start --pool {WORK_POOL}`), delete "
             "them (`prefect deployment delete NAME`), or pass --replace to serve them here."
         )
     serve(*deployments, limit=limit, **kwargs)

@@ -45,7 +45,7 @@ def test_prefect_yaml_declares_what_register_serves():
     for dep in doc["deployments"]:
         flow = load_flow_from_entrypoint(dep["entrypoint"])
         declared.add(f"{flow.name}/{dep['name']}")
-        assert dep["work_pool"]["name"] == "runpod-pool"
+        assert dep["work_pool"]["name"] == "runpod-finetune"
         for trig in dep.get("triggers", []):
             parsed = DeploymentEventTrigger(**{k: v for k, v in trig.items() if k != "type"})
             assert parsed.expect == {"dataset.updated"}
@@ -201,7 +201,7 @@ def test_setup_creates_the_cap_and_the_zombie_automation(prefect_api, served):
         assert auto.trigger.within == timedelta(seconds=90)
         assert [a.type for a in auto.actions] == ["change-flow-run-state"]
         assert auto.actions[0].state.value == "CRASHED"
-        assert client.read_work_pool("runpod-pool").type == "process"
+        assert client.read_work_pool("runpod-finetune").type == "process"
 
 
 @pytest.mark.slow
@@ -524,7 +524,7 @@ def test_serve_refuses_to_replace_what_prefect_deploy_made(prefect_server, capsy
     deployed.apply(work_pool_name=register.WORK_POOL)  # what `prefect deploy` leaves
     assert register.main(["serve", "--no-setup", "--no-schedules"]) == 2
     err = capsys.readouterr().err
-    assert "runpod-finetune/on-demand (work pool runpod-pool) came from `prefect deploy`" in err
+    assert "runpod-finetune/on-demand (work pool runpod-finetune) came from `prefect deploy`" in err
     assert "--replace" in err and "prefect deployment delete" in err
     with get_client(sync_client=True) as client:
         kept = client.read_deployment_by_name("runpod-finetune/on-demand")
@@ -544,6 +544,36 @@ def test_setup_prints_lines_and_creates_the_provider_variable(prefect_server, ca
     Variable.set(register.PROVIDER_VARIABLE, "runpod", overwrite=True)
     assert register.ensure_provider_variable() == "runpod"  # an existing value is kept
     Variable.set(register.PROVIDER_VARIABLE, "local", overwrite=True)
+
+
+def test_setup_moves_the_old_pool_runpod_pool_to_runpod_finetune(prefect_server, capsys):
+    """The process pool was called ``runpod-pool``, a name that invites
+    ``--pool runpod-pool --type runpod``: setup moves its deployments and deletes it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    from prefect_runpod.deployments import register
+    from prefect_runpod.flows.reaper import reaper
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="runpod-pool", type="process"))
+    old = reaper.to_deployment("migrated-from-old-pool")
+    old.apply(work_pool_name="runpod-pool")  # what an older `prefect deploy --all` left
+    assert register.main(["setup"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "migrated           runpod-pool -> runpod-finetune: runpod-reaper/migrated-from-old-pool"
+        in out
+    )
+    with get_client(sync_client=True) as client:
+        moved = client.read_deployment_by_name("runpod-reaper/migrated-from-old-pool")
+        assert moved.work_pool_name == "runpod-finetune"
+        assert client.read_work_pool("runpod-finetune").type == "process"
+        with pytest.raises(ObjectNotFound):
+            client.read_work_pool("runpod-pool")
+        client.delete_deployment(moved.id)
+    assert register.migrate_old_work_pool() == []  # idempotent
 
 
 def test_prefect_yaml_takes_the_provider_from_the_variable_and_serve_from_options():
