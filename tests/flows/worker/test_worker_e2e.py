@@ -5,6 +5,7 @@ code local, run on the local pod against the Prefect test server."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +21,10 @@ EXAMPLE = ROOT / "examples" / "any-flow"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 pytestmark = pytest.mark.slow
+
+API_KEY = "pnb_" + secrets.token_hex(16)
+"""The worker's Prefect API key (the test server ignores it): handed to each pod hidden,
+it must show up in no file, command line, job variable or log."""
 
 
 def _env() -> dict[str, str]:
@@ -58,7 +63,8 @@ def worker(runpod_pool: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         proc = subprocess.Popen(
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", runpod_pool,
              "--type", "runpod", "--prefetch-seconds", "5"],
-            env=_env() | {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_LOGGING_LEVEL": "INFO"},
+            env=_env() | {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_LOGGING_LEVEL": "INFO",
+                          "PREFECT_API_KEY": API_KEY},
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
@@ -178,18 +184,27 @@ def test_a_runpod_pod_is_refused_a_loopback_api_before_renting(
     assert not run.infrastructure_pid  # nothing was rented
 
 
-def test_a_cancelled_run_has_its_pod_ended_and_is_cancelled(worker: Path, runpod_pool: str) -> None:
+def test_a_cancelled_run_has_its_pod_ended_and_is_cancelled(
+    worker: Path, runpod_pool: str, runpod_home: Path
+) -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
     from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+    from tests.fixtures.leaks import files_holding, proc_cmdlines
 
     deployment_id = _deploy(runpod_pool)
     flow_run_id = _run(deployment_id, rounds=10, linger_seconds=600)
     _wait_for_log(flow_run_id, "digest ")  # the flow runs on its pod
     with get_client(sync_client=True) as client:
-        pod_id = client.read_flow_run(flow_run_id).infrastructure_pid  # type: ignore[arg-type]
+        running = client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
+        pod_id = running.infrastructure_pid
         assert pod_id and LocalPodProvider().get(pod_id) is not None
+        # While the flow runs on its pod, the key it reports with is nowhere to be read.
+        assert files_holding(API_KEY.encode(), runpod_home, worker.parent) == []
+        assert API_KEY not in proc_cmdlines()
+        assert API_KEY not in f"{running.job_variables} {running.parameters}"
+        assert not [m for m in _logs(flow_run_id) if API_KEY in m]
         client.set_flow_run_state(flow_run_id, Cancelling())  # type: ignore[arg-type]
     run = _wait(flow_run_id, {"CANCELLED", "COMPLETED", "FAILED"}, worker, deadline_s=120)
     assert run.state.type.value == "CANCELLED", run.state
