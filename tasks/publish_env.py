@@ -57,16 +57,19 @@ def host_site_dirs() -> list[str]:
 
 def host_packages_venv(python: str, venv: str, host_dirs: Sequence[str]) -> list[str]:
     """The pod commands that make ``venv`` (from the pod's ``python``, with the image's
-    own packages visible: ``--system-site-packages``) and give it a ``.pth`` naming
-    ``host_dirs``, so a pod on this machine imports this environment's packages without
-    installing anything. The venv's Python is ``<venv>/bin/python``; it needs the same
+    own packages visible: ``--system-site-packages``) and give it a ``.pth`` that adds
+    each of ``host_dirs`` as a site dir (their own ``.pth`` files run, an editable
+    install's finder among them), so a pod on this machine imports this environment's
+    packages without installing anything. The venv's Python is ``<venv>/bin/python``; it needs the same
     minor version as this one (the caller checks)."""
     q = shlex.quote
     venv_python = f"{venv.rstrip('/')}/bin/python"
+    # Each folder is added as a site dir (an ``import`` line of the .pth), so the .pth
+    # files in it run too: an editable install's import finder among them.
     write_pth = (
         "import site, sys; "
-        f"open(site.getsitepackages()[0] + '/{_PTH_NAME}', 'w')"
-        ".write(chr(10).join(sys.argv[1:]) + chr(10))"
+        f"open(site.getsitepackages()[0] + '/{_PTH_NAME}', 'w').write(''.join("
+        "'import site; site.addsitedir(%r)' % d + chr(10) for d in sys.argv[1:]))"
     )
     return [
         f"{q(python)} -m venv --system-site-packages --without-pip {q(venv)}",

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect.blocks.core import Block
+from prefect.filesystems import WritableFileSystem
 from pydantic import Field, SecretStr
 
 from prefect_runpod.blocks.exceptions import SpecError
@@ -61,8 +61,10 @@ _NOT_A_VOLUME = (
 )
 
 
-class S3Target(Block):
-    """A bucket, or a RunPod network volume through its S3 API.
+class S3Target(WritableFileSystem):
+    """A bucket, or a RunPod network volume through its S3 API; also a Prefect result
+    storage (``read_path`` / ``write_path``: ``PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK=
+    runpod-s3-target/NAME``), so a flow run on a pod keeps its return value readable.
 
     Attributes:
         bucket: the bucket name (for a network volume: its id).
@@ -117,6 +119,39 @@ class S3Target(Block):
         le=MAX_PART_BYTES,
         description="Size of each multipart part in bytes (RunPod allows ≤ 500 MB).",
     )
+
+    def _object_key(self, path: str) -> str:
+        prefix = self.prefix.strip("/")
+        return f"{prefix}/{path.lstrip('/')}" if prefix else path.lstrip("/")
+
+    async def read_path(self, path: str) -> bytes:
+        """The object ``<prefix>/<path>``'s bytes (Prefect's result store reads so).
+
+        Raises:
+            botocore's ``ClientError``: no such object, or the bucket refused.
+        """
+        import anyio.to_thread
+
+        def read() -> bytes:
+            answer = self.get_client().get_object(Bucket=self.bucket, Key=self._object_key(path))
+            return bytes(answer["Body"].read())
+
+        return await anyio.to_thread.run_sync(read)
+
+    async def write_path(self, path: str, content: bytes) -> None:
+        """Write ``content`` to the object ``<prefix>/<path>`` (Prefect's result store
+        writes so).
+
+        Raises:
+            botocore's ``ClientError``: the bucket refused.
+        """
+        import anyio.to_thread
+
+        def write() -> None:
+            key = self._object_key(path)
+            self.get_client().put_object(Bucket=self.bucket, Key=key, Body=content)
+
+        await anyio.to_thread.run_sync(write)
 
     def get_client(self) -> Any:
         """A boto3 S3 client for this target (the secret is unwrapped only here, and

@@ -211,3 +211,40 @@ def test_a_cancelled_run_has_its_pod_ended_and_is_cancelled(
     record = _wait_for_record(flow_run_id)
     assert record.pod_id == pod_id and record.end.confirmed
     assert LocalPodProvider().status(pod_id).gone
+
+
+def test_the_return_value_is_read_back_from_remote_result_storage(
+    worker: Path, runpod_pool: str, moto_s3: dict[str, str]
+) -> None:
+    """The pool persists results to an S3 bucket (moto): the flow's return value, made on
+    the pod, is read back by the client from the bucket."""
+    from prefect.client.orchestration import get_client
+
+    from tests.fixtures.transfer import moto_target
+
+    target = moto_target(moto_s3, bucket_prefix="results")
+    target.save("any-flow-results", overwrite=True)
+    env = {
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",
+        "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK": "runpod-s3-target/any-flow-results",
+    }
+    deployment_id = _deploy(runpod_pool, name="results-in-s3", env=env)
+    flow_run_id = _run(deployment_id, seed="s3", rounds=3)
+    run = _wait(flow_run_id, FINAL, worker)
+    assert run.state.type.value == "COMPLETED", run.state
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state  # type: ignore[arg-type]
+    value = state.result()
+    assert value["digest"] == _digest("s3", 3)
+    assert value["file"].endswith(f"/prefect-runpod/{flow_run_id}/code/result.txt")
+    keys = target.get_client().list_objects_v2(Bucket=target.bucket).get("Contents", [])
+    assert keys, "the result is an object in the bucket"
+
+
+def _digest(seed: str, rounds: int) -> str:
+    import hashlib
+
+    value = seed.encode()
+    for _ in range(rounds):
+        value = hashlib.sha256(value).digest()
+    return value.hex()
