@@ -18,6 +18,7 @@ import anyio.to_thread
 from prefect.client.schemas.objects import FlowRun
 from prefect.exceptions import InfrastructureNotFound
 from prefect.settings import get_current_settings
+from prefect.states import Crashed
 from prefect.workers.base import BaseWorker, BaseWorkerResult
 
 from prefect_runpod.blocks.exceptions import SpecError
@@ -143,7 +144,11 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
                 f"the flow process on pod {started['pod_id']} exited with code {exit_code} "
                 f"without a final state{': ' + tail if tail else ''}"
             )
-        if problem is not None and state not in _FINAL:
+        if problem is not None and stopped == "runtime cap" and state != "COMPLETED":
+            # The stopped engine may have set its own Crashed ("termination signal"):
+            # the run says why it was stopped.
+            await self.client.set_flow_run_state(flow_run.id, Crashed(message=problem), force=True)
+        elif problem is not None and state not in _FINAL:
             await self._propose_crashed_state(flow_run, problem)
         code = exit_code if exit_code is not None else (0 if problem is None else 1)
         return RunPodWorkerResult(identifier=started["pod_id"], status_code=code)

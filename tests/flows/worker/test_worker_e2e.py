@@ -248,3 +248,49 @@ def _digest(seed: str, rounds: int) -> str:
     for _ in range(rounds):
         value = hashlib.sha256(value).digest()
     return value.hex()
+
+
+def test_a_process_that_dies_without_a_final_state_is_crashed_with_why(
+    worker: Path, runpod_pool: str
+) -> None:
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+
+    command = "echo the job could not start >&2; exit 3"
+    deployment_id = _deploy(runpod_pool, name="dies", command=command)
+    flow_run_id = _run(deployment_id)
+    run = _wait(flow_run_id, FINAL, worker)
+    assert run.state.type.value == "CRASHED"
+    assert run.state.message == (
+        f"the flow process on pod {run.infrastructure_pid} exited with code 3 without a final "
+        "state: the job could not start"
+    )
+    _wait_for_record(flow_run_id)
+    assert LocalPodProvider().status(run.infrastructure_pid).gone
+
+
+def test_the_runtime_cap_stops_the_flow_and_ends_its_pod(worker: Path, runpod_pool: str) -> None:
+    from prefect.client.orchestration import get_client
+
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+
+    deployment_id = _deploy(runpod_pool, name="capped", max_runtime_seconds=2)
+    flow_run_id = _run(deployment_id, rounds=1, linger_seconds=600)
+    cap = (
+        "the flow run passed max_runtime_seconds=2 on its pod; the worker stopped it and "
+        "ended the pod"
+    )
+    end = time.monotonic() + 240
+    with get_client(sync_client=True) as client:
+        while True:  # the stopped engine may say Crashed first; the worker's word is last
+            run = client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
+            if run.state is not None and run.state.message == cap:
+                break
+            if run.state is not None and run.state.type.value in {"COMPLETED", "CANCELLED"}:
+                pytest.fail(f"the capped run ended {run.state}")
+            if time.monotonic() > end:
+                pytest.fail(
+                    f"run {flow_run_id} is {run.state}; worker log:\n{worker.read_text()[-3000:]}"
+                )
+            time.sleep(0.5)
+    assert run.state.type.value == "CRASHED"
+    assert LocalPodProvider().status(run.infrastructure_pid).gone
