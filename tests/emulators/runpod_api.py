@@ -186,7 +186,14 @@ class RunPodEmulator:
         return self.gateway.links
 
     def start(self) -> RunPodEmulator:
-        """Serve HTTP, HTTPS and the gateway in background threads."""
+        """Serve HTTP, HTTPS and the gateway in background threads.
+
+        The strict contract is built first (once per process, seconds of CPU on a busy
+        machine), so the first REST v2 request is not the one that waits for it."""
+        if self.validate_contract:
+            from tests.emulators.runpod_contract import contract
+
+            contract()
         self.gateway.start()
         for target in (
             lambda: self._http.serve_forever(poll_interval=0.05),
