@@ -132,8 +132,9 @@ def checksum(
     Raises:
         ChecksumMismatchError: a file is missing or differs (``path`` names it).
     """
-    from prefect.artifacts import create_table_artifact
     from prefect.logging import get_run_logger
+
+    from prefect_runpod.blocks.api_outbox import hold_artifact, outbox
 
     local, problems = (
         (None, []) if pod_manifest is None else verify_manifest(Path(local_dir), pod_manifest)
@@ -149,11 +150,10 @@ def checksum(
         )
     else:
         summary = f"nothing downloaded; verified at {where}"
-    create_table_artifact(
-        manifest_rows(pod_manifest, problems, published),
-        key="checksum-manifest",
-        description=summary,
+    hold_artifact(
+        "checksum-manifest", "table", manifest_rows(pod_manifest, problems, published), summary
     )
+    outbox().flush()  # in Prefect before the stage ends, unless the API is down
     if problems:
         path, why = problems[0]
         raise ChecksumMismatchError(

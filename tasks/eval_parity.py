@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
 
+from prefect_runpod.blocks.api_outbox import hold_artifact, outbox
 from prefect_runpod.blocks.exceptions import EvalParityError
 from prefect_runpod.blocks.secret_mask import redact
 from prefect_runpod.tasks.models import ParityReport
@@ -124,11 +124,13 @@ def eval_parity(
     report = compare_eval(
         load_jsonl(train_jsonl), load_jsonl(eval_jsonl), output_format, tolerance, max_divergent
     )
-    create_markdown_artifact(
-        markdown=redact(render_parity_markdown(report)),  # records quote the job's own text
-        key="eval-parity",
-        description=f"eval parity {report.verdict} on pod {pod_id or '-'}",
+    hold_artifact(
+        "eval-parity",
+        "markdown",
+        redact(render_parity_markdown(report)),  # records quote the job's own text
+        f"eval parity {report.verdict} on pod {pod_id or '-'}",
     )
+    outbox().flush()  # in Prefect before the stage ends, unless the API is down
     logger.info(
         "%s eval parity %s: in-training %.3f vs standalone %.3f on %d records",
         pod_id or "-",

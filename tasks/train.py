@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO, cast
-from uuid import UUID
+from typing import Any, TextIO
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.api_outbox import hold_artifact, outbox, update_held_progress
 from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.console.launcher_client import (
     LogChunk,
@@ -142,27 +142,21 @@ class _TrainOutputs:
         local_log_path: str | None,
         log_interval_seconds: float,
     ) -> None:
-        from prefect.artifacts import create_progress_artifact
-
         self.logger, self.pod = logger, pod
         self._on_progress, self._should_stop = on_progress, should_stop
-        self.artifact_id = cast(
-            UUID,
-            create_progress_artifact(
-                0.0, key="train-progress", description=f"Training on pod {pod}: {command}"
-            ),
-        )  # sync context: the UUID itself, not a coroutine
+        # held, never awaited: the follow loop never waits on the Prefect API
+        self.progress = hold_artifact(
+            "train-progress", "progress", 0.0, f"Training on pod {pod}: {command}"
+        )
         self._shown = -1
         self.coalescer = LogCoalescer(self._record, interval_seconds=log_interval_seconds)
         self.copy = open(local_log_path, "a", encoding="utf-8") if local_log_path else None  # noqa: SIM115
 
     def on_progress(self, progress: Progress) -> None:
-        from prefect.artifacts import update_progress_artifact
-
         percent = int(progress.percent)
         if percent != self._shown:
             self._shown = percent
-            update_progress_artifact(self.artifact_id, float(percent))
+            update_held_progress(self.progress, float(percent))
         if self._on_progress is not None:
             self._on_progress(progress)
 
@@ -185,13 +179,10 @@ class _TrainOutputs:
         return self._should_stop() if self._should_stop is not None else None
 
     def publish_metrics(self, report: TrainReport | None) -> None:
-        from prefect.artifacts import create_table_artifact
-
         if report is not None and report.metrics:
             rows = [{"metric": k, "value": v} for k, v in sorted(report.metrics.items())]
-            create_table_artifact(
-                rows, key="train-metrics", description=f"Pod {self.pod}: last values"
-            )
+            hold_artifact("train-metrics", "table", rows, f"Pod {self.pod}: last values")
+        outbox().flush()  # in Prefect before the stage ends, unless the API is down
 
     def close(self) -> None:
         """The last coalesced lines out, the local copy closed."""
@@ -201,9 +192,8 @@ class _TrainOutputs:
 
     def finished(self, report: TrainReport) -> None:
         """A run that exited 0: progress at 100 %, its metrics table, one log line."""
-        from prefect.artifacts import update_progress_artifact
-
-        update_progress_artifact(self.artifact_id, 100.0)
+        fault_point("train_finished")  # a test takes the Prefect API down here
+        update_held_progress(self.progress, 100.0)
         self.publish_metrics(report)
         self.logger.info(
             "%s: training exited 0 after %.0f s (%d log bytes, %d reconnects)",

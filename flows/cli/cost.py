@@ -38,6 +38,7 @@ from prefect_runpod.flows.run.cost_record import (
     attempt_state_line,
     fetch_provider_bill,
     latest_record,
+    merge_report_ends,
     publish_record,
     rewrite_report,
 )
@@ -45,8 +46,10 @@ from prefect_runpod.flows.run.crashed import FINISHED_STATE_TYPES
 
 __all__ = ["add_parser", "parse_since", "reconcile", "run", "totals"]
 
-_WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE}
-"""Who a local pod's tombstone may name (``lease`` only in one an older release left)."""
+_WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE, "terminate": EndedBy.OUTSIDE}
+"""Who a local pod's tombstone may name (``lease`` only in one an older release left): a
+``terminate`` call is not the dead-man, whatever the run's state says; who made it is
+known only to the run's own record (``run-report.json``, merged first)."""
 
 
 def add_parser(
@@ -400,10 +403,15 @@ def _reconciled(record: CostRecord, args: argparse.Namespace) -> CostRecord:
     """One record through ``--reconcile``: completed when it can be, what it means said
     on stderr (a local pod's missing bill, a stale Running state and its fix)."""
     state = _run_state(record.flow_run_id)
-    done = not record.may_still_bill and all(
-        not provider_supports(a.provider, Capability.BILL) or a.provider_usd is not None
-        for a in record.attempts
-        if a.pod_id is not None
+    merged = merge_report_ends(record)  # a confirmed end the run kept while Prefect was down
+    done = (
+        not merged
+        and not record.may_still_bill
+        and all(
+            not provider_supports(a.provider, Capability.BILL) or a.provider_usd is not None
+            for a in record.attempts
+            if a.pod_id is not None
+        )
     )
     if not done:
         record = reconcile(record, _provider_for(record, args), state)

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prefect_runpod.blocks.api_outbox import is_outage
 from prefect_runpod.flows.cli.common import (
     EXIT_FAILED,
     add_parameter_options,
@@ -115,19 +116,78 @@ def run(args: argparse.Namespace) -> int:
             if out is not None and (out / "run-report.json").is_file():
                 print_report(out / "run-report.json", args.json)
             return EXIT_SIGTERM if isinstance(signalled, Terminated) else EXIT_SIGINT
-    run_id = str(state.state_details.flow_run_id)
-    out = (
-        Path(args.output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()
-    )
-    report_file = out / "run-report.json"
-    if not report_file.is_file():
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            return _ended_without_api(args, exc)  # the work is done: only Prefect missed it
+        run_id = str(state.state_details.flow_run_id)
+        out = Path(args.output_dir or Path.cwd() / "prefect-runpod-runs" / run_id)
+        report_file = out.expanduser().resolve() / "run-report.json"
+        if not report_file.is_file():
+            print(
+                f"the run ended {state.type.value} before writing a report: {state.message}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        data = print_report(report_file, args.json)
+        held_records(data.get("flow_run_id"))
+    return 0 if (state.is_completed() and data.get("passed")) else EXIT_FAILED
+
+
+def _ended_without_api(args: argparse.Namespace, exc: Exception) -> int:
+    """The run did its work, but the Prefect API was down when the flow told Prefect its
+    end: print the summary from ``run-report.json``, hold the run's final state with its
+    other records, and wait for the API (``held_records``)."""
+    from prefect.states import Completed, Failed
+
+    from prefect_runpod.blocks.api_outbox import outbox
+    from prefect_runpod.blocks.secret_mask import error_text
+    from prefect_runpod.flows.finetune import last_output_dir
+
+    out = last_output_dir()
+    report_file = out / "run-report.json" if out is not None else None
+    if report_file is None or not report_file.is_file():
         print(
-            f"the run ended {state.type.value} before writing a report: {state.message}",
+            f"the Prefect API went down before the run wrote its report ({error_text(exc)})",
             file=sys.stderr,
         )
         return EXIT_FAILED
+    print(
+        f"the Prefect API did not answer when the run told it its end ({error_text(exc)}); "
+        "the run's state is held with its other records",
+        file=sys.stderr,
+    )
     data = print_report(report_file, args.json)
-    return 0 if (state.is_completed() and data.get("passed")) else EXIT_FAILED
+    run_id = data.get("flow_run_id")
+    if run_id:
+        passed = bool(data.get("passed"))
+        final = Completed() if passed else Failed(message=str(data.get("error") or "")[:500])
+        outbox().put(
+            "the run's final state",
+            lambda client: client.set_flow_run_state(run_id, final, force=True),
+        )
+    held_records(run_id)
+    return 0 if data.get("passed") else EXIT_FAILED
+
+
+def held_records(run_id: str | None) -> None:
+    """After the summary: the records the run still holds for the Prefect API written
+    (waiting for the API at most ``PREFECT_RUNPOD_API_HOLD_SECONDS``, default 120 s;
+    Ctrl-C stops the wait), or what could not be written named, with where it is kept."""
+    from prefect_runpod.blocks.api_outbox import hold_seconds, outbox
+
+    box = outbox()
+    try:
+        lost = box.finish(hold_seconds())
+    except KeyboardInterrupt:
+        lost = [*box.held, *box.unwritten]
+    if lost:
+        hint = f"; `prefect-runpod cost {run_id} --reconcile` writes the cost record later"
+        print(
+            f"not in Prefect: {'; '.join(lost)}. run-report.json has the run's record"
+            + (hint if run_id else ""),
+            file=sys.stderr,
+        )
 
 
 def print_report(report_file: Path, as_json: bool) -> dict[str, Any]:

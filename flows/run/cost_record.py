@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import Field
 
+from prefect_runpod.blocks.api_outbox import Held, fresh_client, outbox
 from prefect_runpod.blocks.costs import round_usd
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import Capability, EndedBy, PodEnd, PodProvider, end_command
@@ -42,6 +43,7 @@ __all__ = [
     "fetch_provider_bill",
     "latest_record",
     "merge_end",
+    "merge_report_ends",
     "publish_record",
     "record_pod_end",
     "rewrite_report",
@@ -328,8 +330,12 @@ def merge_end(older: PodEnd | None, newer: PodEnd | None) -> PodEnd | None:
 
 def latest_record(flow_run_id: str) -> CostRecord | None:
     """The run's latest ``finetune-costs`` record, through the Prefect API; None when the
-    run has none (or its latest table is not a cost record)."""
-    from prefect.client.orchestration import get_client
+    run has none (or its latest table is not a cost record).
+
+    Raises:
+        Whatever the Prefect client raises when the API cannot be reached (at once: a
+        client of its own, not the flow engine's, which retries for a minute).
+    """
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
@@ -337,7 +343,7 @@ def latest_record(flow_run_id: str) -> CostRecord | None:
     )
     from prefect.client.schemas.sorting import ArtifactSort
 
-    with get_client(sync_client=True) as client:
+    with fresh_client() as client:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(
                 key=ArtifactFilterKey(any_=[COST_ARTIFACT_KEY]),
@@ -356,10 +362,22 @@ def latest_record(flow_run_id: str) -> CostRecord | None:
         return None
 
 
-def publish_record(record: CostRecord) -> None:
+def publish_record(record: CostRecord, *, hold: bool = False) -> Held | None:
     """Write ``record`` as a new version of the run's ``finetune-costs`` artifact, with
-    the run's ``flow_run_id`` (from any process)."""
-    from prefect.client.orchestration import get_client
+    the run's ``flow_run_id`` (from any process).
+
+    Args:
+        record: the record.
+        hold: queue the write in the process's outbox (``blocks.api_outbox``) and return
+            at once: the run itself, which must go on through an outage of the API.
+            Otherwise it is written now (a command, a hook, the reaper).
+
+    Returns:
+        The held write (``hold``), else None.
+
+    Raises:
+        Whatever the Prefect client raises (not with ``hold``).
+    """
     from prefect.client.schemas.actions import ArtifactCreate
 
     pods = ", ".join(a.pod_id for a in record.attempts if a.pod_id) or "-"
@@ -369,16 +387,49 @@ def publish_record(record: CostRecord) -> None:
         f"Cost of run {record.flow_run_id} on pod {pods}: {record.total_usd:.6f} USD (ours)"
         f"{theirs}; {record.state_line()}"
     )
-    with get_client(sync_client=True) as client:
-        client.create_artifact(
-            ArtifactCreate(
-                key=COST_ARTIFACT_KEY,
-                type="table",
-                data=redact_data(record.to_rows()),
-                description=redact(description),
-                flow_run_id=record.flow_run_id,  # type: ignore[arg-type]
-            )
+    create = ArtifactCreate(
+        key=COST_ARTIFACT_KEY,
+        type="table",
+        data=redact_data(record.to_rows()),
+        description=redact(description),
+        flow_run_id=record.flow_run_id,  # type: ignore[arg-type]
+    )
+    if hold:
+        return outbox().put(
+            f"the {COST_ARTIFACT_KEY} record", lambda client: client.create_artifact(create)
         )
+    with fresh_client() as client:
+        client.create_artifact(create)
+    return None
+
+
+def merge_report_ends(record: CostRecord) -> bool:
+    """Take into ``record`` the pod ends ``<output_dir>/run-report.json`` confirms (the
+    run wrote them there when the Prefect API could not take its record), pod by pod
+    (``merge_end``: a confirmed end wins over an unconfirmed one); True when one was
+    taken. A report that cannot be read, or is another run's, changes nothing."""
+    from prefect_runpod.flows.run.report import RunReport
+
+    if not record.output_dir:
+        return False
+    try:
+        report = RunReport.model_validate_json(
+            (Path(record.output_dir) / "run-report.json").read_text()
+        )
+    except (OSError, ValueError):
+        return False
+    if report.flow_run_id != record.flow_run_id:
+        return False
+    taken = False
+    for attempt in record.attempts:
+        seen = next((a for a in report.attempts if a.pod_id and a.pod_id == attempt.pod_id), None)
+        if seen is None or seen.end is None or not seen.end.confirmed or attempt.confirmed:
+            continue
+        attempt.end = merge_end(attempt.end, seen.end)
+        taken = True
+    if taken:
+        record.settle()
+    return taken
 
 
 def rewrite_report(record: CostRecord) -> bool:

@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from prefect_runpod.blocks.api_outbox import outbox
 from prefect_runpod.blocks.exceptions import TerminateError
 from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.provider import (
@@ -123,17 +124,16 @@ def _merge_with_api(record: CostRecord) -> None:
 
 def record_cost(report: RunReport, provider: PodProvider | None, *, final: bool) -> None:
     """Settle and publish the run's record; at the end (``final``) also merge what other
-    writers recorded and ask the provider's billing; then mirror it into the report."""
+    writers recorded and ask the provider's billing; then mirror it into the report. The
+    write is held in the process's outbox (``blocks.api_outbox``): an outage of the
+    Prefect API never stops the run here."""
     record = record_of(report)
     if final:
         _merge_with_api(record)
     record.settle()
     if final and not record.may_still_bill:
         fetch_provider_bill(provider, record)
-    try:
-        publish_record(record)
-    except Exception as exc:  # never mask the run's own error; the report still has it
-        _log.warning("could not publish the finetune-costs record: %s", exc)
+    publish_record(record, hold=True)  # held through an outage of the Prefect API
     report.apply_cost_record(record)
 
 
@@ -202,6 +202,7 @@ def end_run(
     except Exception as exc:
         _log.warning("could not publish the model link: %s", exc)
     write_report(report)
+    outbox().flush()  # the records in Prefect before the run returns, unless it is down
     return unconfirmed
 
 
