@@ -41,6 +41,7 @@ from uuid import UUID
 
 __all__ = [
     "DEFAULT_CAPACITY",
+    "api_down",
     "DEFAULT_FLUSH_SECONDS",
     "DEFAULT_HOLD_SECONDS",
     "HOLD_SECONDS_ENV",
@@ -367,6 +368,12 @@ def outbox() -> ApiOutbox:
             _OUTBOX = ApiOutbox()
             atexit.register(_finish_at_exit)
         return _OUTBOX
+
+
+def api_down() -> bool:
+    """True while the process's outbox finds the Prefect API down (False when this
+    process never wrote through it)."""
+    return _OUTBOX is not None and _OUTBOX.down_since is not None
 
 
 def _finish_at_exit() -> None:

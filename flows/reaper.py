@@ -28,7 +28,6 @@ from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.events.filters import (
     EventFilter,
@@ -39,6 +38,7 @@ from prefect.events.filters import (
 from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel
 
+from prefect_runpod.blocks.api_outbox import hold_artifact, outbox
 from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import (
@@ -365,8 +365,10 @@ def reaper(
     for decision in decisions:
         _act_on(decision, by_id[decision.pod_id], prov, dry_run, logger)
     rows = [d.model_dump() for d in decisions]
-    create_table_artifact(
-        table=rows
+    hold_artifact(
+        "reaper-report",
+        "table",
+        rows
         or [
             {
                 "pod_id": "-",
@@ -375,9 +377,9 @@ def reaper(
                 "reason": f"no pods named {name_prefix}-*",
             }
         ],
-        key="reaper-report",
-        description=f"Reaper pass over {provider} pods named {name_prefix}-* at {now.isoformat()}",
+        f"Reaper pass over {provider} pods named {name_prefix}-* at {now.isoformat()}",
     )
+    outbox().flush()  # in Prefect before the flow ends, unless the API is down
     failed = [d.pod_id for d in decisions if d.error]
     if failed:
         raise TerminateError(

@@ -13,12 +13,12 @@ import time
 from typing import Any, cast
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
+from prefect_runpod.blocks.api_outbox import hold_artifact, outbox
 from prefect_runpod.blocks.exceptions import SpecError
 
 __all__ = ["sweep"]
@@ -106,8 +106,10 @@ def sweep(
         else:
             row["error"] = state.message
         rows.append(row)
-    create_table_artifact(
-        table=[
+    hold_artifact(
+        "sweep-runs",
+        "table",
+        [
             {
                 "flow_run_id": r["flow_run_id"],
                 "state": r["state"],
@@ -116,7 +118,7 @@ def sweep(
             }
             for r in rows
         ],
-        key="sweep-runs",
-        description=f"{len(rows)} fine-tune runs under {concurrency_limit}",
+        f"{len(rows)} fine-tune runs under {concurrency_limit}",
     )
+    outbox().flush()  # in Prefect before the flow ends, unless the API is down
     return rows

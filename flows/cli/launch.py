@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         )
     # The flow's preflight checks again, for every caller that reaches it without the CLI.
     quiet_console_tracebacks("verbose" if args.verbose else "quiet" if args.quiet else "normal")
+    # Prefect's log shipper writes "--- Error logging to API ---" to stderr at each batch
+    # it cannot send; the run says an outage once (blocks.api_outbox)
+    logging.raiseExceptions = False
     with api():  # the summary is printed while the API still takes the run's last logs
         check_concurrency_limit(args.concurrency_limit)  # before the flow run exists
         try:
@@ -138,6 +142,7 @@ def _ended_without_api(args: argparse.Namespace, exc: Exception) -> int:
     """The run did its work, but the Prefect API was down when the flow told Prefect its
     end: print the summary from ``run-report.json``, hold the run's final state with its
     other records, and wait for the API (``held_records``)."""
+    from prefect.client.schemas.objects import State
     from prefect.states import Completed, Failed
 
     from prefect_runpod.blocks.api_outbox import outbox
@@ -161,7 +166,9 @@ def _ended_without_api(args: argparse.Namespace, exc: Exception) -> int:
     run_id = data.get("flow_run_id")
     if run_id:
         passed = bool(data.get("passed"))
-        final = Completed() if passed else Failed(message=str(data.get("error") or "")[:500])
+        final: State[Any] = (
+            Completed() if passed else Failed(message=str(data.get("error") or "")[:500])
+        )
         outbox().put(
             "the run's final state",
             lambda client: client.set_flow_run_state(run_id, final, force=True),

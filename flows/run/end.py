@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from prefect_runpod.blocks.api_outbox import outbox
+from prefect_runpod.blocks.api_outbox import is_outage, outbox
 from prefect_runpod.blocks.exceptions import TerminateError
 from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.provider import (
@@ -107,7 +107,8 @@ def _merge_with_api(record: CostRecord) -> None:
     try:
         earlier = latest_record(record.flow_run_id)
     except Exception as exc:  # the record is still written below; say why it is alone
-        _log.warning("could not read the run's earlier cost record: %s", exc)
+        if not is_outage(exc):  # an outage: the outbox says so, once
+            _log.warning("could not read the run's earlier cost record: %s", exc)
         return
     for attempt in record.attempts if earlier is not None else []:
         seen = earlier.attempt_of(attempt.pod_id) if attempt.pod_id else None  # type: ignore[union-attr]

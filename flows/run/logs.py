@@ -65,11 +65,32 @@ class ConsoleFilter(logging.Filter):
         self.verbosity = verbosity
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if _api_noise(record):
+            return False
         if self.verbosity == "verbose":
             return True
         if self.verbosity == "quiet":
             return record.levelno >= logging.WARNING or getattr(record, "way_in", False)
         return not getattr(record, "train_log", False) or record.levelno >= logging.WARNING
+
+
+_API_PLUMBING = ("prefect.events.clients", "prefect._internal.concurrency", "EventsWorker")
+"""Prefect's own loggers that complain, each in its own words and more than once, about an
+API that does not answer."""
+
+
+def _api_noise(record: logging.LogRecord) -> bool:
+    """A record of Prefect's own plumbing about an API the run's outbox has already said
+    is down (``blocks.api_outbox``: one sentence when it goes, one when it is back)."""
+    from prefect_runpod.blocks.api_outbox import api_down
+
+    if not api_down():
+        return False
+    if record.name in _API_PLUMBING:
+        return True
+    return record.name.startswith("prefect.flow_runs") and str(record.msg).startswith(
+        "Encountered exception during execution: ConnectError"
+    )
 
 
 def stage_logger(logger: Any, report: Any) -> Callable[[str, StageState], None]:
