@@ -14,8 +14,11 @@ stall the training log's follower or lose the model. Every artifact, and the
 - a write the API refuses (another 4xx) or one that did not fit (the queue holds
   ``capacity`` writes; a progress update replaces the one still queued instead of
   adding to it) is named in ``unwritten``;
-- ``drain`` waits, for the run's end, until everything held is written or a deadline
-  passes, and returns what is still held.
+- ``flush`` waits until everything held is written or the API is found down (a stage
+  that wants its artifact in Prefect before it ends, as long as Prefect answers);
+  ``drain`` waits until everything held is written or a deadline passes; ``finish``, at
+  a process's end, drains for ``hold_seconds()`` and says what became of the writes
+  (an ``atexit`` hook does it for a process that did not).
 
 ``outbox()`` is the process's outbox; ``fresh_client()`` is the client every write and
 every quick read of the run uses. A write queued inside a flow or task run keeps that
@@ -196,16 +199,16 @@ class ApiOutbox:
             return busy + [h.what for h in self._queue]
 
     def drain(self, timeout_seconds: float) -> list[str]:
-        """Wait until every held write is written or ``timeout_seconds`` pass (it is tried
-        again at once when it waits for an outage's next try); returns what is still
-        held, oldest first (empty: all written)."""
+        """Wait until every held write is written or ``timeout_seconds`` pass (meanwhile
+        the write at the head is tried every second, not after the outage's longer
+        pause); returns what is still held, oldest first (empty: all written)."""
         deadline = time.monotonic() + max(0.0, timeout_seconds)
         with self._cond:
-            self._cond.notify_all()  # a pausing writer tries again now
             while self._queue or self._busy is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
+                self._cond.notify_all()  # a writer pausing for an outage tries again now
                 self._cond.wait(min(left, 1.0))
         return self.held
 
