@@ -181,7 +181,7 @@ class ApiOutbox:
                         queued.done.set()
                         self._queue[i] = held
                         return held
-            if len(self._queue) >= self.capacity:
+            if len(self._queue) + (self._busy is not None) >= self.capacity:
                 held.error = f"not held: {self.capacity} writes were waiting already"
                 self.unwritten.append(f"{what} ({held.error})")
                 held.done.set()
