@@ -38,11 +38,10 @@ from prefect_runpod.flows.run.cost_record import (
     attempt_state_line,
     fetch_provider_bill,
     latest_record,
-    merge_report_ends,
     publish_record,
-    rewrite_report,
 )
 from prefect_runpod.flows.run.crashed import FINISHED_STATE_TYPES
+from prefect_runpod.flows.run.report_file import merge_report_ends, rewrite_report
 
 __all__ = ["add_parser", "parse_since", "reconcile", "run", "totals"]
 

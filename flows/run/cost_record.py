@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -43,10 +42,8 @@ __all__ = [
     "fetch_provider_bill",
     "latest_record",
     "merge_end",
-    "merge_report_ends",
     "publish_record",
     "record_pod_end",
-    "rewrite_report",
 ]
 
 COST_ARTIFACT_KEY = "finetune-costs"
@@ -403,57 +400,6 @@ def publish_record(record: CostRecord, *, hold: bool = False) -> Held | None:
     return None
 
 
-def merge_report_ends(record: CostRecord) -> bool:
-    """Take into ``record`` the pod ends ``<output_dir>/run-report.json`` confirms (the
-    run wrote them there when the Prefect API could not take its record), pod by pod
-    (``merge_end``: a confirmed end wins over an unconfirmed one); True when one was
-    taken. A report that cannot be read, or is another run's, changes nothing."""
-    from prefect_runpod.flows.run.report import RunReport
-
-    if not record.output_dir:
-        return False
-    try:
-        report = RunReport.model_validate_json(
-            (Path(record.output_dir) / "run-report.json").read_text()
-        )
-    except (OSError, ValueError):
-        return False
-    if report.flow_run_id != record.flow_run_id:
-        return False
-    taken = False
-    for attempt in record.attempts:
-        seen = next((a for a in report.attempts if a.pod_id and a.pod_id == attempt.pod_id), None)
-        if seen is None or seen.end is None or not seen.end.confirmed or attempt.confirmed:
-            continue
-        attempt.end = merge_end(attempt.end, seen.end)
-        taken = True
-    if taken:
-        record.settle()
-    return taken
-
-
-def rewrite_report(record: CostRecord) -> bool:
-    """Bring ``<output_dir>/run-report.json`` in line with ``record`` when it can be
-    reached from here; True when it was rewritten."""
-    from prefect_runpod.flows.run.report import RunReport
-
-    if not record.output_dir:
-        return False
-    path = Path(record.output_dir) / "run-report.json"
-    try:
-        report = RunReport.model_validate_json(path.read_text())
-    except (OSError, ValueError):
-        return False
-    if report.flow_run_id and report.flow_run_id != record.flow_run_id:
-        return False
-    report.apply_cost_record(record)
-    try:
-        path.write_text(json.dumps(report.to_json_dict(), indent=2))
-    except OSError:
-        return False
-    return True
-
-
 def fetch_provider_bill(provider: PodProvider | None, record: CostRecord) -> None:
     """Fill each pod's bill from its provider into ``record`` where the provider has one
     (``Capability.BILL``: RunPod's REST billing) and the bill has the pod's records;
@@ -547,5 +493,7 @@ def record_pod_end(
     except Exception as exc:
         _log.warning("run %s: could not write its cost record (%s)", flow_run_id, exc)
         return None
+    from prefect_runpod.flows.run.report_file import rewrite_report
+
     rewrite_report(record)
     return record
