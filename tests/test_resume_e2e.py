@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from prefect_runpod.flows.cli import main
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.flows.run.cost_record import latest_record
 from prefect_runpod.flows.run.report import RunReport, render_summary
-from tests.fixtures.demo_bundle import copy_demo_bundle, run_script
+from tests.fixtures.demo_bundle import copy_demo_bundle, demo_with_points, run_script
 from tests.fixtures.fault_matrix import wait_until
 
 pytestmark = pytest.mark.slow
@@ -195,3 +196,63 @@ def test_a_loss_beyond_max_pod_losses_fails_naming_the_checkpoint_and_resume_fro
         bundle, tmp_path / "plain"
     )
     assert LocalPodProvider().get(attempt.pod_id) is None
+
+
+def test_a_pod_lost_while_a_checkpoint_is_written_resumes_from_the_one_before(
+    prefect_server, tmp_path
+):
+    """The issue's example: the pod's host dies while the job writes ``step-80.tmp/``
+    (epoch 4's checkpoint, its model file in, its state not, not renamed): the
+    half-written checkpoint is never copied nor resumed from; the run resumes from
+    ``step-60/`` (epoch 3's) and ends with the uninterrupted model."""
+    points = tmp_path / "points"
+    bundle = demo_with_points(tmp_path / "bundle", points, " ".join(_EPOCHS))
+    out = tmp_path / "out"
+    pause = points / "checkpoint_write-80.pause"
+    pause.write_text("")
+    seen: dict = {}
+
+    def kill_while_writing() -> None:
+        reached = points / "checkpoint_write-80.reached"
+        wait_until("the job to start writing step-80.tmp/", reached.is_file, 600.0, 0.1)
+        wait_until(
+            "step-60 to verify off the pod",
+            lambda: (out / "checkpoints" / "step-60.manifest.json").is_file(),
+            300.0,
+            0.1,
+        )
+        pod_id = reached.read_text().strip()
+        record = read_record(LocalPodProvider().home, pod_id)
+        assert record is not None
+        half = list((LocalPodProvider().home).rglob("step-80.tmp"))
+        seen["half"] = sorted(p.name for h in half for p in h.iterdir())
+        seen["pod_id"] = pod_id
+        pause.unlink()  # the next pod writes step-80 through
+        os.kill(record.pid, signal.SIGKILL)  # the host is lost mid-write
+
+    killer = threading.Thread(target=kill_while_writing, daemon=True)
+    killer.start()
+    started = time.monotonic()
+    state = finetune(
+        bundle=str(bundle), output_dir=str(out), pod_poll_seconds=1.0, return_state=True
+    )
+    killer.join(timeout=60)
+    report = RunReport.model_validate_json((out / "run-report.json").read_text())
+    assert state.is_completed(), (state.message, report.error)
+    assert seen.get("half") == ["model.json"], seen  # it was half-written when lost
+
+    first, second = report.attempts
+    assert first.pod_id == seen["pod_id"] and first.end is not None
+    assert first.end.cause == "host_lost" and first.end.confirmed
+    assert second.resumed_from == "step-60"
+    assert second.steps_lost is not None and 0 <= second.steps_lost <= 20
+    # Nothing of step-80 came off the first pod: only the second pod's step-80 is kept.
+    copied_off_first = [c.step for c in report.checkpoints if c.attempt == 1]
+    assert copied_off_first and max(copied_off_first) == 60
+    assert not (out / "checkpoints" / ".quarantine").exists()
+    assert (out / "outputs" / "model.json").read_bytes() == _uninterrupted_model(
+        bundle, tmp_path / "plain"
+    )
+    local = LocalPodProvider()
+    assert local.get(first.pod_id) is None and local.get(second.pod_id) is None
+    print(f"lost while writing a checkpoint, resumed: {time.monotonic() - started:.1f} s")
