@@ -63,6 +63,9 @@ class PodHandle(BaseModel):
         name: ``<prefix>-<flow_run_id>``; hooks and the reaper find pods by it.
         provider: the provider's name (``runpod``, ``local``: ``blocks.provider_registry``).
         gpu_type: the GPU type id rented (``NVIDIA GeForce RTX 3090``), ``cpu`` locally.
+        gpu_count: how many GPUs the pod has (RunPod's ``gpuCount``); 0 for a pod
+            without one (a local pod). A checkpoint records it: its per-rank state
+            resumes only on a pod with as many.
         cost_per_hr: price in USD/h (RunPod's ``costPerHr``).
         created_at: when the provider returned the id (UTC); billing starts here.
         ssh: the endpoint the console uses (gateway by default).
@@ -77,6 +80,7 @@ class PodHandle(BaseModel):
     name: str
     provider: str
     gpu_type: str = "cpu"
+    gpu_count: int = Field(default=0, ge=0)
     cost_per_hr: float = Field(default=0.0, ge=0.0)
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     ssh: SSHEndpoint | None = None

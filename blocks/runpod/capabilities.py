@@ -144,6 +144,7 @@ class RunPodCapabilities(Capable):
             pod_id=pending,
             name=name,
             provider=self.provider_name,
+            gpu_count=spec.gpu_count,
             ssh=gateway,
             direct_ssh=SSHEndpoint(host="0.0.0.0", port=22, user="root", mode="direct")
             if direct

@@ -235,6 +235,7 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
             name=pod.name,
             provider="runpod",
             gpu_type=gpu_type or pod.gpu_display_name or pod.gpu_type_id or "unknown",
+            gpu_count=pod.gpu_count or self.spec.gpu_count,
             cost_per_hr=price if price is not None else pod.cost_per_hr,
             created_at=pod.created_at or datetime.now(UTC) - timedelta(seconds=uptime),
             ssh=self._gateway(pod),

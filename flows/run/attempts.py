@@ -44,6 +44,7 @@ class PodAttempt(BaseModel):
         pod_id / pod_name: the pod (``pod_id`` None while none was created).
         provider: the provider's name.
         gpu_type: the GPU type rented (``cpu`` for a local pod), ``-`` when not known.
+        gpu_count: how many GPUs the pod had (0 for a local pod); None when not known.
         data_center: where it ran, when the provider says; None otherwise.
         cost_per_hr: its price, USD/h.
         created_at: when the provider returned its id (billing starts), UTC.
@@ -71,6 +72,7 @@ class PodAttempt(BaseModel):
     pod_name: str = ""
     provider: str = DEFAULT_PROVIDER
     gpu_type: str = "-"
+    gpu_count: int | None = None
     data_center: str | None = None
     cost_per_hr: float = 0.0
     created_at: datetime | None = None
@@ -100,6 +102,7 @@ class PodAttempt(BaseModel):
             "pod_name": handle.name,
             "provider": handle.provider,
             "gpu_type": handle.gpu_type,
+            "gpu_count": handle.gpu_count,
             "cost_per_hr": handle.cost_per_hr,
             "created_at": handle.created_at,
             "handle": handle,

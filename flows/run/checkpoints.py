@@ -28,11 +28,18 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
+from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as tree_manifest
 from prefect_runpod.blocks.pod_side.checkpoints import step_of
 
-__all__ = ["CHECKPOINT_DIR", "CheckpointRecord", "CheckpointStore", "CheckpointSync"]
+__all__ = [
+    "CHECKPOINT_DIR",
+    "CheckpointRecord",
+    "CheckpointStore",
+    "CheckpointSync",
+    "gpu_count_refusal",
+]
 
 _log = logging.getLogger("prefect_runpod.checkpoints")
 
@@ -55,6 +62,7 @@ class CheckpointRecord(BaseModel):
         lag_seconds: ``verified_at - signalled_at``, seconds (both clocks are this
             machine's for a local pod).
         method: the transfer method that copied it.
+        gpu_count: GPUs of the pod that wrote it (0: a pod without one).
     """
 
     name: str
@@ -68,6 +76,30 @@ class CheckpointRecord(BaseModel):
     verified_at: datetime
     lag_seconds: float = 0.0
     method: str = ""
+    gpu_count: int = 0
+
+
+def gpu_count_refusal(name: str, written_on: int | None, resuming_on: int) -> str | None:
+    """Why checkpoint ``name``, written on a pod with ``written_on`` GPUs, cannot resume
+    training on a pod with ``resuming_on``; None when it can (the same count, or a
+    checkpoint that does not record its pod's). Pure.
+
+    A job keeps one random generator state per rank (its data order, dropout) and
+    shards its data by rank: on another count they would not match, and the run would
+    not continue where it stopped.
+    """
+    if written_on is None or written_on == resuming_on:
+        return None
+
+    def gpus(n: int) -> str:
+        return "no GPU" if n == 0 else f"{n} GPU" + ("s" if n > 1 else "")
+
+    return (
+        f"checkpoint {name} was written on a pod with {gpus(written_on)} and this pod has "
+        f"{gpus(resuming_on)}: its per-rank state (each rank's random generator state and "
+        "data shard) would not match, so training would not continue where it stopped; "
+        f"resume on a pod with {gpus(written_on)} (the pod spec's gpu_count) or start afresh"
+    )
 
 
 def _entries(manifest: dict[str, Any]) -> list[tuple[str, str, int, str]]:
@@ -101,6 +133,13 @@ class CheckpointStore:
         """The pod's manifest of checkpoint ``name``, as saved when it verified."""
         data: dict[str, Any] = json.loads((self.root / f"{name}.manifest.json").read_text())
         return data
+
+    def written_gpu_count(self, name: str) -> int | None:
+        """GPUs of the pod that wrote ``name`` (recorded when it verified), or None for a
+        checkpoint saved without its pod's count."""
+        written = self.manifest(name).get("written_by") or {}
+        count = written.get("gpu_count")
+        return int(count) if isinstance(count, int) else None
 
     def verifies(self, name: str) -> bool:
         """Whether the local files of ``name`` still match its manifest (hashed now)."""
@@ -164,12 +203,14 @@ class CheckpointStore:
         folder: Path,
         manifest: dict[str, Any],
         here: dict[str, Any] | None = None,
+        written_by: dict[str, Any] | None = None,
     ) -> bool:
         """Make ``folder`` the verified checkpoint ``name`` when its files match
         ``manifest`` (the pod's, written after the job's signal), then keep the last
         ``keep``. ``here`` is ``folder``'s manifest when a transfer has just computed it
-        (hashed now otherwise). Returns False (and removes ``folder``) when they do not
-        match."""
+        (hashed now otherwise); ``written_by`` (the pod that wrote it: ``pod_id``,
+        ``attempt``, ``gpu_count``) is saved with the manifest. Returns False (and
+        removes ``folder``) when they do not match."""
         if here is None:
             here = tree_manifest.compute_manifest(str(folder))
         if _entries(here) != _entries(manifest):
@@ -178,7 +219,8 @@ class CheckpointStore:
         shutil.rmtree(self.root / name, ignore_errors=True)
         folder.replace(self.root / name)
         part = self.root / f"{name}.manifest.json.part"
-        part.write_text(json.dumps(manifest, sort_keys=True))
+        saved = dict(manifest, written_by=written_by) if written_by else manifest
+        part.write_text(json.dumps(saved, sort_keys=True))
         part.replace(self.root / f"{name}.manifest.json")
         for old in self.names()[: -self.keep]:
             shutil.rmtree(self.root / old, ignore_errors=True)
@@ -308,6 +350,7 @@ class CheckpointSync:
 
         name, manifest = found["name"], found["tree"]
         folder, local_bytes = self.store.staging(name, manifest)
+        fault_point("checkpoint_copy")  # tests: a pod lost while a checkpoint is copied off
         report = download_dir(
             self._console_now(),
             self.handle,
@@ -319,7 +362,12 @@ class CheckpointSync:
             options=self.options,
         )
         here = report.dest_manifest.as_dict() if report.dest_manifest is not None else None
-        if not self.store.accept(name, folder, manifest, here):
+        pod = {
+            "pod_id": self.handle.pod_id,
+            "attempt": self.attempt,
+            "gpu_count": self.handle.gpu_count,
+        }
+        if not self.store.accept(name, folder, manifest, here, written_by=pod):
             self.refused.append(name)  # it changed after its signal: never resumed from
             _log.warning("%s: checkpoint %s changed after the job's signal: not kept",
                          self.handle.pod_id, name)  # fmt: skip
@@ -338,6 +386,7 @@ class CheckpointSync:
             verified_at=now,
             lag_seconds=round(max(0.0, (now - signalled).total_seconds()), 3),
             method=report.method,
+            gpu_count=self.handle.gpu_count,
         )
         self.copied.append(record)
         if self.on_copied is not None:

@@ -29,7 +29,7 @@ from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_MAX_POD_LOSSES,
     DEFAULT_TERMINATE_TIMEOUT_SECONDS,
 )
-from prefect_runpod.flows.run.checkpoints import CheckpointStore
+from prefect_runpod.flows.run.checkpoints import CheckpointStore, gpu_count_refusal
 from prefect_runpod.flows.run.pod_session import PodSession
 
 __all__ = [
@@ -173,7 +173,8 @@ def resume_checkpoint(value: str | None, run: Any) -> str | None:
 
     Raises:
         SpecError: the bundle declares no checkpoints, nothing verified is found there,
-            or the checkpoint named does not verify.
+            the checkpoint named does not verify, or it was written on a pod with
+            another GPU count than the run's pod spec asks for.
     """
     if value is None:
         return None
@@ -190,6 +191,10 @@ def resume_checkpoint(value: str | None, run: Any) -> str | None:
             f"resume_from {value!r}: no verified checkpoint in {source.root}: pass a run "
             "whose checkpoints verified, or start afresh without --resume-from"
         )
+    refusal = gpu_count_refusal(name, source.written_gpu_count(name), _planned_gpus(run))
+    if refusal is not None:
+        raise SpecError(f"resume_from {value!r}: {refusal} (without --resume-from); nothing "
+                        "was rented")  # fmt: skip
     here = CheckpointStore(settings.output_dir, settings.bundle.keep_checkpoints)
     if source.root.resolve() != here.root.resolve():
         folder, _ = here.staging(name, source.manifest(name))
@@ -199,6 +204,11 @@ def resume_checkpoint(value: str | None, run: Any) -> str | None:
             raise SpecError(f"resume_from: checkpoint {name} did not verify once copied here")
     _log.info("resuming from checkpoint %s (verified, from %s)", name, source.root)
     return name
+
+
+def _planned_gpus(run: Any) -> int:
+    """GPUs of the pod the run is about to rent (its pod spec's count; 0 locally)."""
+    return int(run.planned.handle.gpu_count)
 
 
 class AttemptLoop:
@@ -284,6 +294,16 @@ class AttemptLoop:
                 f"{limit}: the run stops; its last verified checkpoint, {latest}, is kept "
                 f"in {where}: continue with `prefect-runpod finetune --resume-from "
                 f"{session.report.flow_run_id}` (and the same bundle and options)",
+                pod_id=exc.pod_id,
+                cause=exc.cause,
+                seen_at=exc.seen_at,
+            ) from exc
+        refusal = gpu_count_refusal(
+            latest, session.checkpoints.written_gpu_count(latest), _planned_gpus(session.run)
+        )
+        if refusal is not None:
+            raise PodGoneError(
+                f"{exc}; the run does not resume: {refusal}; the checkpoint is kept in {where}",
                 pod_id=exc.pod_id,
                 cause=exc.cause,
                 seen_at=exc.seen_at,

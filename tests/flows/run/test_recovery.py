@@ -67,12 +67,37 @@ def test_the_runtime_cap_counts_the_training_of_every_pod():
     assert runtime_left(600.0, earlier) == 1.0  # spent: the next attempt stops at once
 
 
-def _run_with(tmp_path, checkpoints: str = "checkpoints"):
-    """What ``resume_checkpoint`` reads of a prepared run: its bundle and output dir."""
+def _run_with(tmp_path, checkpoints: str = "checkpoints", gpu_count: int = 0):
+    """What ``resume_checkpoint`` reads of a prepared run: its bundle, output dir and the
+    pod it is about to rent (a real ``PodHandle`` with ``gpu_count`` GPUs)."""
     from types import SimpleNamespace
 
+    from prefect_runpod.blocks.pod_handle import PodHandle
+
     bundle = SimpleNamespace(root=str(tmp_path / "b"), checkpoints=checkpoints, keep_checkpoints=2)
-    return SimpleNamespace(settings=SimpleNamespace(bundle=bundle, output_dir=str(tmp_path / "o")))
+    planned = PodHandle(pod_id="pending", name="n", provider="runpod", gpu_count=gpu_count)
+    return SimpleNamespace(
+        settings=SimpleNamespace(bundle=bundle, output_dir=str(tmp_path / "o")),
+        planned=SimpleNamespace(handle=planned),
+    )
+
+
+def _old_checkpoint(root, gpu_count: int | None):
+    """A verified ``step-7`` in a run dir under ``root``, written on a pod with
+    ``gpu_count`` GPUs (None: saved without its pod's count)."""
+    from prefect_runpod.blocks.pod_side import manifest as tree_manifest
+    from prefect_runpod.flows.run.checkpoints import CheckpointStore
+
+    old = CheckpointStore(root / "old-run")
+    pod = root / "pod" / "step-7"
+    pod.mkdir(parents=True)
+    (pod / "model.json").write_text("{}")
+    tree = tree_manifest.compute_manifest(str(pod))
+    folder, _ = old.staging("step-7", tree)
+    (folder / "model.json").write_text("{}")
+    written = None if gpu_count is None else {"pod_id": "p1", "attempt": 1, "gpu_count": gpu_count}
+    assert old.accept("step-7", folder, tree, written_by=written)
+    return old
 
 
 def test_resume_from_is_checked_before_renting(tmp_path):
@@ -106,3 +131,42 @@ def test_resume_from_a_checkpoint_folder_copies_it_into_the_run_verified(tmp_pat
     (old.root / "step-7" / "model.json").write_text("{broken")  # no longer what verified
     with pytest.raises(SpecError, match="no verified checkpoint"):
         resume_checkpoint(str(old.root / "step-7"), _run_with(tmp_path / "x"))
+
+
+def test_a_checkpoint_keeps_the_gpu_count_of_the_pod_that_wrote_it(tmp_path):
+    old = _old_checkpoint(tmp_path, 2)
+    assert old.written_gpu_count("step-7") == 2
+    assert old.latest() == "step-7"  # the count is beside the manifest, not in its entries
+    assert _old_checkpoint(tmp_path / "older", None).written_gpu_count("step-7") is None
+
+
+def test_resume_from_onto_another_gpu_count_is_refused_before_renting(tmp_path):
+    """Per-rank random state and data shards do not carry over to another GPU count."""
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.flows.run.checkpoints import CheckpointStore
+    from prefect_runpod.flows.run.recovery import resume_checkpoint
+
+    old = _old_checkpoint(tmp_path, 2)
+    with pytest.raises(SpecError) as refused:
+        resume_checkpoint(str(old.root.parent), _run_with(tmp_path / "a", gpu_count=1))
+    text = str(refused.value)
+    assert "step-7 was written on a pod with 2 GPUs and this pod has 1 GPU" in text
+    assert "per-rank state" in text and "random generator state" in text
+    assert "nothing was rented" in text
+    assert CheckpointStore(tmp_path / "a" / "o").names() == []  # nothing copied either
+    # The same count resumes.
+    assert resume_checkpoint(str(old.root.parent), _run_with(tmp_path / "b", gpu_count=2)) == (
+        "step-7"
+    )
+
+
+def test_the_gpu_count_refusal_says_why_and_passes_equal_or_unrecorded_counts():
+    from prefect_runpod.flows.run.checkpoints import gpu_count_refusal
+
+    assert gpu_count_refusal("step-3", 4, 4) is None
+    assert gpu_count_refusal("step-3", None, 8) is None  # an older checkpoint: not known
+    assert gpu_count_refusal("step-3", 0, 0) is None  # local pods
+    refusal = gpu_count_refusal("step-3", 4, 8)
+    assert refusal is not None and "with 4 GPUs and this pod has 8 GPUs" in refusal
+    assert "resume on a pod with 4 GPUs" in (refusal or "")
+    assert "with no GPU and this pod has 1 GPU" in (gpu_count_refusal("s", 0, 1) or "")
