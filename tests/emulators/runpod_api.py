@@ -31,6 +31,8 @@ millisecond; ``GET /v2/billing/pods`` answers from it. REST v1 (``/v1/...``) ans
 GraphQL answer 410 too. Every v2 request and answer is checked against RunPod's schema,
 strict (``runpod_contract``); what breaks it is kept in ``violations``.
 
+A host failure: ``emulator.fail_host(pod_id, "ERROR"|"EXITED")`` kills the pod's container
+(its local pod's daemon) and leaves the pod listed in that state, billed until terminated.
 Faults are set through ``emulator.faults`` (Python) or ``POST /admin/faults`` (JSON);
 ``GET /admin/requests`` returns the request log, in which the key is redacted.
 ``emulator.ended`` records how and when each pod left: ``podTerminate`` (the account's
@@ -143,6 +145,7 @@ class RunPodEmulator:
         """The emulator's clock (epoch seconds): billing follows it."""
         self.ledger = Ledger(clock=lambda: self.clock())
         self._terminating: set[str] = set()
+        self._failed_hosts: set[str] = set()
         self.local = LocalPodProvider(home=home, mode=mode, start_timeout_seconds=120.0)  # type: ignore[arg-type]
         self._lock = threading.RLock()
         self._http = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
@@ -263,6 +266,27 @@ class RunPodEmulator:
         if known:
             self._end_local(pod_id, "vanished")
 
+    def fail_host(self, pod_id: str, status: str = "ERROR") -> None:
+        """The pod's host fails under it, as a real host failure does: its container
+        (the local pod's daemon, and with it the job) dies at once, RunPod reports the
+        pod ``status`` (``ERROR``: the host lost; ``EXITED``: the container stopped) with
+        no runtime, and the pod stays listed and billed until it is terminated."""
+        import contextlib
+        import os
+        import signal
+
+        from prefect_runpod.blocks.local_pod.registry import read_record
+
+        assert status in ("ERROR", "EXITED"), status
+        with self._lock:
+            pod = self.pods[pod_id]
+            pod.status = status
+            self._failed_hosts.add(pod_id)
+        record = read_record(self.local.home, pod_id)
+        if record is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.pid, signal.SIGKILL)
+
     def _end_local(self, pod_id: str, how: str) -> None:
         """End the pod's local pod, then record how (the pod is marked terminating)."""
         try:
@@ -338,7 +362,7 @@ class RunPodEmulator:
         """Drop pods whose local pod ended on its own (``runpodctl pod delete``), and
         record them as removed from inside, at the moment the local pod recorded."""
         for pod_id, pod in list(self.pods.items()):
-            if pod.hollow:
+            if pod.hollow or pod_id in self._failed_hosts:
                 continue
             if pod_id not in self._terminating and self.local.get(pod_id) is None:
                 tomb = self.local.ended(pod_id)
