@@ -245,3 +245,97 @@ def test_model_id_path_with_a_local_hf_model_and_bpe_tokenizer(lora_python, tmp_
         load_jsonl(bundle / "outputs/eval_train.jsonl"), load_jsonl(bundle / "outputs/e.jsonl")
     )
     assert report.verdict == "pass" and report.n_records == 3, report.reasons
+
+
+def _tiny_run(lora_python: str, bundle: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    """One tiny-random CPU run of ``train.py`` in ``bundle`` (2 epochs of 2 steps)."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    env["HF_HUB_OFFLINE"] = "1"
+    env["DEVICE"] = "cpu"
+    args = ["--out", "outputs", "--tiny-random", "--max-train-examples", "16",
+            "--max-eval-examples", "1", "--epochs", "2", *more]  # fmt: skip
+    return subprocess.run(
+        [lora_python, "-u", "train.py", *args],
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def _copy_bundle(dest: Path) -> Path:
+    shutil.copytree(LORA_BUNDLE, dest, ignore=shutil.ignore_patterns("outputs", "__pycache__"))
+    return dest
+
+
+def test_the_bundle_declares_its_checkpoints_and_marker():
+    import tomllib
+
+    job = tomllib.loads((LORA_BUNDLE / "bundle.toml").read_text())["job"]
+    assert job["checkpoints"] == "checkpoints" and job["checkpoint_marker"] == "COMPLETE"
+    assert "--checkpoints checkpoints --resume-from {resume_from}" in job["train"]
+
+
+@pytest.mark.lora
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # four CPU runs, 600 s each at most
+def test_a_resumed_run_ends_with_the_uninterrupted_adapter_and_not_without_its_rng(
+    lora_python, tmp_path
+):
+    """Issue 25: the LoRA example checkpoints adapter, optimizer, scheduler and random
+    state each epoch as the Hugging Face Trainer does (``COMPLETE`` last); a run stopped
+    after epoch 1 and resumed from that checkpoint ends with the adapter of a run that
+    never stopped, byte for byte — the job loads every file of it with
+    ``weights_only=True`` (torch 2.6's default), so the random state loads that way —
+    and resuming without its random state trains another adapter."""
+    plain = _copy_bundle(tmp_path / "plain")
+    done = _tiny_run(lora_python, plain, "--checkpoints", "checkpoints")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    uninterrupted = (plain / "outputs" / "adapter" / "adapter_model.safetensors").read_bytes()
+
+    stopped = _copy_bundle(tmp_path / "stopped")
+    first = _tiny_run(
+        lora_python, stopped, "--checkpoints", "checkpoints", "--stop-after-epoch", "1"
+    )
+    assert first.returncode == 3, first.stderr[-2000:]
+    (checkpoint,) = (stopped / "checkpoints").glob("checkpoint-*")
+    assert checkpoint.name == "checkpoint-2"
+    for name in ("adapter_model.safetensors", "adapter_config.json", "optimizer.pt",
+                 "scheduler.pt", "rng_state.pth", "trainer_state.json", "COMPLETE"):  # fmt: skip
+        assert (checkpoint / name).is_file(), name
+    resumed = _tiny_run(lora_python, stopped, "--checkpoints", "checkpoints", "--resume-from",
+                        f"checkpoints/{checkpoint.name}")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert f"resumed from checkpoints/{checkpoint.name} at step 2, epoch 1" in resumed.stdout
+    steps = [json.loads(x)["step"] for x in resumed.stdout.splitlines() if '"loss"' in x]
+    assert steps == [3, 4]  # only epoch 2 was trained again
+    adapter = (stopped / "outputs" / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert adapter == uninterrupted
+
+    # The control: the same checkpoint without its random state trains another adapter.
+    (tmp_path / "no-rng").mkdir()
+    blind = _copy_bundle(tmp_path / "no-rng" / "b")
+    shutil.copytree(checkpoint, blind / "ck")
+    (blind / "ck" / "rng_state.pth").unlink()
+    again = _tiny_run(lora_python, blind, "--resume-from", "ck")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "holds no rng_state.pth" in again.stdout
+    assert (blind / "outputs" / "adapter" / "adapter_model.safetensors").read_bytes() != (
+        uninterrupted
+    )
+
+
+@pytest.mark.lora
+@pytest.mark.slow
+def test_an_incomplete_lora_checkpoint_is_never_resumed_from(lora_python, tmp_path):
+    """Without ``COMPLETE`` (a checkpoint cut off while written) the job refuses it."""
+    probe = subprocess.run(
+        [lora_python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import resume\n"
+         "try:\n    resume.load(sys.argv[2], None, None, None, None)\n"
+         "except ValueError as exc:\n    print(exc)",
+         str(LORA_BUNDLE), str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert "has no COMPLETE marker: it is not a complete checkpoint" in probe.stdout

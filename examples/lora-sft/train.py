@@ -13,6 +13,13 @@ Writes ``<out>/adapter`` (the checkpoint: LoRA adapter + run config) and
 prompt —, raw_output, prediction, label) on the held-out split. Each optimizer step
 prints a human progress line and a JSON line such as
 ``{"progress": 0.4, "step": 40, "total": 100, "epoch": 1, "epochs": 2, "loss": 0.31}``.
+
+With ``--checkpoints DIR`` it checkpoints after every epoch into
+``DIR/checkpoint-<step>/`` the way the Hugging Face Trainer does — adapter, optimizer,
+scheduler and random generator state, ``COMPLETE`` written last (``resume.py``) — and
+``--resume-from PATH`` continues from one (an empty PATH starts afresh), so a resumed
+run ends with the adapter of a run that never stopped. ``--stop-after-epoch K`` exits
+with status 3 once epoch K's checkpoint is written (for tests).
 """
 
 import argparse
@@ -26,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import modeling  # noqa: E402
+import resume  # noqa: E402
 import textproc  # noqa: E402
 import torch  # noqa: E402
 from sft import CharTokenizer, batches, collate, encode_example  # noqa: E402
@@ -60,6 +68,14 @@ def parse_args(argv=None):
     parser.add_argument("--max-train-examples", type=int, default=0, help="0 = all")
     parser.add_argument("--max-eval-examples", type=int, default=0, help="0 = all")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoints", default="", help="checkpoint folder ('' for none)")
+    parser.add_argument("--resume-from", default="", help="checkpoint to resume ('' afresh)")
+    parser.add_argument(
+        "--stop-after-epoch",
+        type=int,
+        default=None,
+        help="exit with status 3 once epoch K is checkpointed (for resume tests)",
+    )
     return parser.parse_args(argv)
 
 
@@ -115,16 +131,24 @@ def main(argv=None):
         [p for p in model.parameters() if p.requires_grad], lr=learning_rate
     )
     total = len(batches(examples, args.batch_size)) * args.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda done: max(0.0, 1.0 - done / total)
+    )  # linear decay to 0, the Trainer's default
     print(
         f"training {trainable} LoRA parameters on {len(train)} tickets, {total} steps", flush=True
     )
     rng = random.Random(args.seed)
-    step = 0
+    step, first_epoch = 0, 1
+    if args.resume_from:
+        step, done_epoch = resume.load(args.resume_from, model, optimizer, scheduler, rng)
+        first_epoch = done_epoch + 1
+        print(f"resumed from {args.resume_from} at step {step}, epoch {done_epoch}", flush=True)
     started = time.monotonic()
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(first_epoch, args.epochs + 1):
         model.train()
-        rng.shuffle(examples)
-        for batch in batches(examples, args.batch_size):
+        order = list(examples)  # each epoch's order from the data's own: a resume redraws it
+        rng.shuffle(order)
+        for batch in batches(order, args.batch_size):
             tensors = {
                 k: torch.tensor(v, device=device)
                 for k, v in collate(batch, tokenizer.pad_token_id).items()
@@ -132,6 +156,7 @@ def main(argv=None):
             loss = model(**tensors).loss
             loss.backward()
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad()
             step += 1
             value = float(loss.detach().cpu())
@@ -150,6 +175,12 @@ def main(argv=None):
                     "loss": round(value, 6),
                 }
             )
+        if args.checkpoints:
+            resume.save(args.checkpoints, step, epoch, model, optimizer, scheduler, rng)
+        if args.stop_after_epoch is not None and epoch >= args.stop_after_epoch:
+            print(f"error: stopping after epoch {epoch} as asked (--stop-after-epoch)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return 3
     # Room for the longest answer plus EOS, whatever the tokenizer (a char tokenizer
     # spends one token per character).
     longest = max(len(tokenizer.encode(textproc.format_target(x))) for x in labels)
