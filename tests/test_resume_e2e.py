@@ -221,6 +221,12 @@ def test_a_pod_lost_while_a_checkpoint_is_written_resumes_from_the_one_before(
             300.0,
             0.1,
         )
+        wait_until(  # the run has read the job's last progress line before the loss
+            "the run to read step 80's progress",
+            lambda: '"step": 80' in (out / "train.log").read_text(errors="replace"),
+            300.0,
+            0.1,
+        )
         pod_id = reached.read_text().strip()
         record = read_record(LocalPodProvider().home, pod_id)
         assert record is not None
@@ -245,7 +251,7 @@ def test_a_pod_lost_while_a_checkpoint_is_written_resumes_from_the_one_before(
     assert first.pod_id == seen["pod_id"] and first.end is not None
     assert first.end.cause == "host_lost" and first.end.confirmed
     assert second.resumed_from == "step-60"
-    assert second.steps_lost is not None and 0 <= second.steps_lost <= 20
+    assert second.steps_lost == 20  # steps 61..80, trained on the lost pod after step-60
     # Nothing of step-80 came off the first pod: only the second pod's step-80 is kept.
     copied_off_first = [c.step for c in report.checkpoints if c.attempt == 1]
     assert copied_off_first and max(copied_off_first) == 60
@@ -256,3 +262,33 @@ def test_a_pod_lost_while_a_checkpoint_is_written_resumes_from_the_one_before(
     local = LocalPodProvider()
     assert local.get(first.pod_id) is None and local.get(second.pod_id) is None
     print(f"lost while writing a checkpoint, resumed: {time.monotonic() - started:.1f} s")
+
+
+def test_resume_from_a_checkpoint_of_another_gpu_count_is_refused_before_renting(
+    prefect_server, runpod_env, tmp_path
+):
+    """A checkpoint written on a pod with 2 GPUs, a RunPod pod spec of 1: the run fails
+    in preflight saying why (per-rank state), and RunPod is never asked for a pod."""
+    from prefect_runpod.blocks.pod_side import manifest as tree_manifest
+    from prefect_runpod.flows.run.checkpoints import CheckpointStore
+
+    old = CheckpointStore(tmp_path / "old-run")
+    written = tmp_path / "pod" / "step-20"
+    written.mkdir(parents=True)
+    (written / "model.json").write_text("{}")
+    (written / "state.json").write_text("{}")
+    tree = tree_manifest.compute_manifest(str(written))
+    folder, _ = old.staging("step-20", tree)
+    for name in ("model.json", "state.json"):
+        (folder / name).write_text("{}")
+    assert old.accept("step-20", folder, tree, written_by={"gpu_count": 2, "attempt": 1})
+    state = finetune(
+        bundle=str(copy_demo_bundle(tmp_path / "bundle")), output_dir=str(tmp_path / "out"),
+        provider="runpod", resume_from=str(old.root.parent), return_state=True,
+    )  # fmt: skip
+    assert state.is_failed()
+    message = state.message or ""
+    assert "step-20 was written on a pod with 2 GPUs and this pod has 1 GPU" in message
+    assert "per-rank state" in message and "nothing was rented" in message
+    assert not [r for r in runpod_env.requests if r.get("operation") == "createPod"]
+    assert runpod_env.live_pod_ids() == []

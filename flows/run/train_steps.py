@@ -19,10 +19,19 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.flows.run.checkpoints import CheckpointRecord, CheckpointStore, CheckpointSync
 from prefect_runpod.flows.run.names import TRAIN_LOG
 
-__all__ = ["CHECKPOINT_POLL_SECONDS", "TrainSteps", "runtime_left"]
+__all__ = ["CHECKPOINT_POLL_SECONDS", "TrainSteps", "runtime_left", "trained_step"]
 
 CHECKPOINT_POLL_SECONDS = 2.0
 """How often the run looks for a checkpoint the job signalled complete, while it trains."""
+
+
+def trained_step(progress: Any, last: int | None) -> int | None:
+    """The last training step a job reported, after one more ``Progress``: its step when
+    it counts steps; ``last`` otherwise (an ``epoch 4/6`` line counts epochs, and a
+    fraction says no step). Pure."""
+    if progress.unit == "step" and progress.step is not None:
+        return int(progress.step)
+    return last
 
 
 def runtime_left(max_runtime_seconds: float, earlier_stages: list[Any]) -> float:
@@ -62,7 +71,7 @@ class TrainSteps:
         show = terminal_progress_bar(pod_id=self.handle.pod_id)
 
         def _progress(progress: Any) -> None:
-            self.last_step = progress.step
+            self.last_step = trained_step(progress, self.last_step)
             show(progress)
 
         with self._stage("train"), self._checkpoint_sync() as sync:

@@ -170,3 +170,21 @@ def test_the_gpu_count_refusal_says_why_and_passes_equal_or_unrecorded_counts():
     assert refusal is not None and "with 4 GPUs and this pod has 8 GPUs" in refusal
     assert "resume on a pod with 4 GPUs" in (refusal or "")
     assert "with no GPU and this pod has 1 GPU" in (gpu_count_refusal("s", 0, 1) or "")
+
+
+def test_steps_lost_counts_steps_never_epochs():
+    """The demo prints ``epoch 4/6 done: …`` after its step lines: read last, it must not
+    make the run think the job is at step 4 (and report 0 steps lost)."""
+    from prefect_runpod.flows.run.train_steps import trained_step
+    from prefect_runpod.tasks.train_log import parse_progress
+
+    last = None
+    for line in (
+        '{"progress": 0.6667, "step": 80, "total": 120, "epoch": 4, "epochs": 6}',
+        "epoch 4/6 done: eval_accuracy=0.9100",
+        "epoch 4/6 [#############.......] 80/120 loss=0.1200",
+    ):
+        progress = parse_progress(line)
+        assert progress is not None, line
+        last = trained_step(progress, last)
+    assert last == 80
