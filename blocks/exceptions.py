@@ -4,7 +4,8 @@ The hierarchy, so a caller can pick what to catch::
 
     RunPodFlowError                     base: anything this package raises on purpose
     ├── SpecError                       bad input, raised before any pod exists (no spend)
-    │   └── SecretShapeError            a key or token holds whitespace or a control character
+    │   ├── SecretShapeError            a key or token holds whitespace or a control character
+    │   └── LinksRefusedError           a tree holds links a transfer cannot carry (each named)
     ├── ProviderError                   the pod provider (RunPod API or the local pod) failed
     │   ├── CapacityError               no GPU of the requested types/clouds is free
     │   ├── ProviderAuthError           the API key was refused (HTTP 401); never retried
@@ -56,6 +57,7 @@ __all__ = [
     "EvalParityError",
     "ExecRefusedError",
     "GATEWAY_PTY_ERROR",
+    "LinksRefusedError",
     "HFAuthError",
     "PodGoneError",
     "PodTimeoutError",
@@ -100,6 +102,19 @@ class SecretShapeError(SpecError):
     block's field, the Hugging Face token, ``PREFECT_API_KEY``), or when an HTTP
     library refused the header made from one. The message names the variable or block
     field and the problem, never the value; nothing was sent."""
+
+
+class LinksRefusedError(SpecError):
+    """Raised when a tree holds links a transfer cannot carry as links (absolute, leaving
+    the tree, dangling), before any byte moves; the message names each one.
+
+    Attributes:
+        problems: ``(relative path, why)`` for each such link.
+    """
+
+    def __init__(self, message: str, *, problems: list[tuple[str, str]], **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.problems = problems
 
 
 class ProviderError(RunPodFlowError):

@@ -4,7 +4,9 @@ A scheduled flow that lists the pods carrying our name prefix, reads the flow ru
 pod belongs to (the pod is named ``<prefix>-<flow_run_id>``), and terminates the pods
 no live run stands behind:
 
-- the run is finished (Completed, Failed, Crashed, Cancelled) yet its pod still lives;
+- the run is finished (Completed, Failed, Crashed, Cancelled) yet its pod still lives,
+  unless the run kept that pod on purpose (tagged ``kept-pod:<pod_id>``: outputs that could
+  not travel are on it), which only the TTL ends;
 - the run is unknown to the Prefect API (deleted, or never existed), past a short grace;
 - the run still says Running (or Pending, Paused, Cancelling…) but nothing has been heard
   from it for ``stale_running_seconds``: no state change and no
@@ -56,7 +58,11 @@ from prefect_runpod.blocks.validation.parameters import (
 from prefect_runpod.flows.run.cost_record import record_pod_end
 from prefect_runpod.flows.run.crashed import mark_crashed
 from prefect_runpod.flows.run.heartbeat import deadman_attempts, deadman_note
-from prefect_runpod.flows.run.names import FINISHED_STATE_TYPES, flow_run_id_from_pod_name
+from prefect_runpod.flows.run.names import (
+    FINISHED_STATE_TYPES,
+    KEPT_TAG_PREFIX,
+    flow_run_id_from_pod_name,
+)
 from prefect_runpod.flows.run.providers import build_provider
 from prefect_runpod.tasks.terminate import terminate_pod
 
@@ -87,12 +93,14 @@ class RunSnapshot(BaseModel):
         state_name: the state's display name (``Running``, ``Crashed``, ``AwaitingRetry``…).
         last_seen_at: the latest sign of life (UTC): the newest of the state's timestamp
             and the run's last heartbeat event.
+        kept_pods: the pods the run kept on purpose (its ``kept-pod:<pod_id>`` tags).
     """
 
     flow_run_id: str
     state_type: str
     state_name: str
     last_seen_at: datetime
+    kept_pods: list[str] = []
 
 
 class ReapDecision(BaseModel):
@@ -139,7 +147,8 @@ def decide_reap(
        plus ``REAPER_TTL_GRACE_SECONDS``) → reap, however fresh its heartbeat;
     2. the name carries no flow run id → keep (not a run's pod; only the TTL applies);
     3. no such run (``run`` is None) → reap, unless younger than ``grace_seconds``;
-    4. run finished (Completed/Failed/Crashed/Cancelled) → reap;
+    4. run finished (Completed/Failed/Crashed/Cancelled) → reap, unless the run kept
+       this pod on purpose (``run.kept_pods``): keep, the TTL ends it;
     5. run not finished but silent (no state change, no heartbeat) for more than
        ``stale_running_seconds`` → reap (a SIGKILLed run stays Running);
     6. otherwise keep.
@@ -172,6 +181,11 @@ def decide_reap(
             )
         return True, "flow run unknown to the Prefect API"
     if run.state_type.upper() in FINISHED_STATE_TYPES:
+        if pod.pod_id in run.kept_pods:
+            return False, (
+                f"flow run is {run.state_name} and kept this pod (outputs left on it); "
+                f"the TTL ends it in {ttl - age:.0f} s"
+            )
         return True, f"flow run is {run.state_name} yet its pod still lives"
     silent = (now - run.last_seen_at).total_seconds()
     if silent > stale_running_seconds:
@@ -208,6 +222,7 @@ def read_run_snapshot(client: SyncPrefectClient, flow_run_id: UUID) -> RunSnapsh
         state_type=state.type.value if state else "SCHEDULED",
         state_name=(state.name or state.type.value.title()) if state else "Scheduled",
         last_seen_at=max(_utc(t) for t in seen),
+        kept_pods=[t[len(KEPT_TAG_PREFIX) :] for t in run.tags if t.startswith(KEPT_TAG_PREFIX)],
     )
 
 

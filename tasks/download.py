@@ -4,7 +4,11 @@ The work is ``prefect_runpod.blocks.transfer.download_dir``; the source manifest
 computed on the pod, the destination manifest re-read from the local disk. With
 ``only`` (``--download eval``) just those files travel: they are copied on the pod
 into a staging folder first, so the transfer and its manifests cover nothing else
-(docs/architecture.md#publish-from-the-pod).
+(docs/architecture.md#publish-from-the-pod). When the outputs hold links that cannot
+travel (absolute, leaving the tree, dangling) and ``follow_links`` is off, everything else
+still travels: the tree is staged on the pod without them (hard links, so nothing is
+copied twice), that is downloaded and verified, and the report names what stayed
+(``TransferReport.left_on_pod``; docs/architecture.md#transfers-and-integrity).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
+from prefect_runpod.blocks.exceptions import LinksRefusedError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer.base import MethodOptions
 from prefect_runpod.blocks.transfer.dispatch import download_dir
@@ -26,7 +31,7 @@ from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.bundle import BundleSpec
 from prefect_runpod.tasks.pod_io import borrowed_console, progress_logger
 
-__all__ = ["download", "eval_files", "stage_files_command"]
+__all__ = ["download", "eval_files", "stage_files_command", "stage_travelling_command"]
 
 
 def eval_files(bundle: BundleSpec) -> list[str]:
@@ -45,6 +50,20 @@ def stage_files_command(remote_dir: str, paths: list[str], staging_dir: str) -> 
     for rel in paths:
         steps.append(f"{{ [ ! -f {q(rel)} ] || cp --parents -p -- {q(rel)} {q(staging_dir)}; }}")
     return "( " + " && ".join(steps) + " )"
+
+
+def stage_travelling_command(remote_dir: str, left: list[str], staging_dir: str) -> str:
+    """The pod command that makes ``staging_dir`` the tree ``remote_dir`` without the
+    entries ``left`` (relative paths that cannot travel): hard links where the file system
+    allows (no byte is copied), else a copy; links and modes kept. Pure."""
+    q = shlex.quote
+    copy = f"cp -al -- {q(remote_dir)} {q(staging_dir)}"
+    fallback = f"{{ rm -rf {q(staging_dir)} && cp -a -- {q(remote_dir)} {q(staging_dir)}; }}"
+    drop = " ".join(q(rel) for rel in left)
+    return (
+        f"( rm -rf {q(staging_dir)} && mkdir -p {q(staging_dir.rsplit('/', 1)[0] or '/')} && "
+        f"{{ {copy} 2>/dev/null || {fallback}; }} && cd {q(staging_dir)} && rm -rf -- {drop} )"
+    )
 
 
 @task(name="download", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
@@ -70,16 +89,20 @@ def download(
     Args:
         only: download just these paths (relative to ``remote_dir``; absent ones are
             skipped), through ``staging_dir`` on the pod.
-        staging_dir: the pod folder ``only`` is copied into (required with ``only``).
+        staging_dir: the pod folder ``only`` is copied into (required with ``only``),
+            or the tree without the links that cannot travel is staged in.
         follow_links: copy what links leaving the tree point at instead of refusing
             them.
 
     Returns:
-        The verified ``TransferReport``.
+        The verified ``TransferReport``; its ``left_on_pod`` names the links that
+        could not travel (with ``staging_dir``, no ``only`` and no ``follow_links``).
 
     Raises:
         ChecksumMismatchError: a file differs after one retry (named).
         TransferError: the folder is missing on the pod, or the connection kept dropping.
+        LinksRefusedError: links that cannot travel, and no ``staging_dir`` to bring
+            the rest through (or ``only``).
     """
     from prefect.logging import get_run_logger
 
@@ -89,18 +112,37 @@ def download(
             assert staging_dir is not None, "only= needs a staging_dir"
             live.run(stage_files_command(remote_dir, only, staging_dir), check=True)
             remote_dir = staging_dir
-        report = download_dir(
-            live,
-            handle,
-            remote_dir,
-            Path(local_dir),
-            method=method,
-            private_key=private_key,
-            s3=s3,
-            options=options,
-            follow_links=follow_links,
-            on_progress=progress_logger(logger, f"download from {handle.pod_id}"),
-        )
+
+        def fetch(source: str) -> TransferReport:
+            return download_dir(
+                live,
+                handle,
+                source,
+                Path(local_dir),
+                method=method,
+                private_key=private_key,
+                s3=s3,
+                options=options,
+                follow_links=follow_links,
+                on_progress=progress_logger(logger, f"download from {handle.pod_id}"),
+            )
+
+        try:
+            report = fetch(remote_dir)
+        except LinksRefusedError as exc:
+            left = dict(exc.problems)
+            if only is not None or staging_dir is None or not left or "." in left:
+                raise
+            logger.warning(
+                "%d link(s) in the outputs cannot travel and stay on pod %s: %s; "
+                "downloading everything else",
+                len(left),
+                handle.pod_id,
+                "; ".join(f"{path} ({why})" for path, why in list(left.items())[:20]),
+            )
+            live.run(stage_travelling_command(remote_dir, list(left), staging_dir), check=True)
+            report = fetch(staging_dir)
+            report.left_on_pod = left
     logger.info(
         "downloaded %d bytes by %s in %.1f s, %d retries, verified",
         report.bytes,

@@ -11,6 +11,10 @@ refreshes its mtime) and acts when:
 * ``--lifetime-seconds`` have passed since the first watchdog started on this run
   directory (the origin is kept in ``watchdog.start``, so a restart never extends it).
 
+A pod its run keeps on purpose (``<run_dir>/kept`` exists: outputs that could not travel,
+or a failed run kept for inspection) is past caring for: its heartbeat is no longer read,
+and only the lifetime ends it.
+
 It then tries, in order, until one ends the pod:
 
 1. ``runpodctl pod delete $RUNPOD_POD_ID`` (runpodctl 2.x);
@@ -64,6 +68,8 @@ LOG_FILE = "watchdog.log"
 PID_FILE = "watchdog.pid"
 START_FILE = "watchdog.start"
 ATTEMPTS_FILE = "deadman.jsonl"
+KEPT_FILE = "kept"
+"""Written by the run that keeps its pod: from then on only the lifetime ends it."""
 
 DEFAULT_API_URL = "https://api.runpod.io/v2"
 API_LAYER = "DELETE /v2/pods (pod key)"
@@ -119,11 +125,16 @@ def _heartbeat_mtime(path):
         return None
 
 
-def decide(now, started_at, lifetime_origin, heartbeat_mtime, stale_seconds, lifetime_seconds):
-    """Why the pod must go now, or None. Times in epoch seconds, limits in seconds."""
+def decide(
+    now, started_at, lifetime_origin, heartbeat_mtime, stale_seconds, lifetime_seconds, kept=False
+):
+    """Why the pod must go now, or None. Times in epoch seconds, limits in seconds; a
+    ``kept`` pod ends only at its lifetime."""
     lived = now - lifetime_origin
     if lived >= lifetime_seconds:
         return "lifetime cap: the pod has lived %.0f s >= %.0f s" % (lived, lifetime_seconds)
+    if kept:
+        return None
     reference = started_at if heartbeat_mtime is None else max(heartbeat_mtime, started_at)
     age = now - reference
     if age >= stale_seconds:
@@ -433,6 +444,7 @@ def watch(run_dir, heartbeat, stale_seconds, lifetime_seconds, interval_seconds,
                 _heartbeat_mtime(heartbeat),
                 stale_seconds,
                 lifetime_seconds,
+                os.path.exists(os.path.join(run_dir, KEPT_FILE)),
             )
             if reason is not None:
                 _log(run_dir, "ending the pod: %s" % reason)

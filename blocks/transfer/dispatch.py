@@ -51,7 +51,7 @@ from prefect_runpod.blocks.transfer.models import (
     Manifest,
     MethodResult,
     TransferReport,
-    tree_refusal,
+    refuse_links,
 )
 from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools, remote_path
 
@@ -241,7 +241,7 @@ def check_tree(
     else:
         _items, problems = mf.select_tree(str(root), paths, follow_links)
     if problems:
-        raise SpecError(tree_refusal(str(root), problems))
+        raise refuse_links(str(root), problems)
 
 
 def _report(

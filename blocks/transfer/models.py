@@ -13,12 +13,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from prefect_runpod.blocks.exceptions import LinksRefusedError
+
 __all__ = [
     "LinkReport",
     "Manifest",
     "ManifestEntry",
     "MethodResult",
     "TransferReport",
+    "refuse_links",
     "tree_refusal",
 ]
 
@@ -36,8 +39,17 @@ def tree_refusal(root: str, problems: list[tuple[str, str]] | list[list[str]]) -
     return (
         f"{root} holds links a transfer would not carry as links: {listed}{more}. Nothing "
         "was moved. Make them relative links inside the tree, remove them, or pass "
-        "follow_links=True to copy what the escaping ones point at"
+        "--follow-links to copy what the escaping ones point at"
     )
+
+
+def refuse_links(
+    root: str, problems: list[tuple[str, str]] | list[list[str]], *, pod_id: str | None = None
+) -> LinksRefusedError:
+    """The ``LinksRefusedError`` for ``problems`` in ``root`` (message: ``tree_refusal``),
+    carrying the problems so a download can still bring what can travel."""
+    pairs = [(str(path), str(why)) for path, why in problems]
+    return LinksRefusedError(tree_refusal(root, problems), problems=pairs, pod_id=pod_id)
 
 
 class ManifestEntry(BaseModel):
@@ -133,7 +145,6 @@ class Manifest(BaseModel):
             SpecError: the tree holds links that leave it or dangle (each named).
             OSError: a file cannot be read.
         """
-        from prefect_runpod.blocks.exceptions import SpecError
         from prefect_runpod.blocks.pod_side import manifest as mf
 
         try:
@@ -141,7 +152,7 @@ class Manifest(BaseModel):
                 mf.compute_manifest(str(root), paths, follow_links=follow_links, select=True)
             )
         except mf.TreeProblems as exc:
-            raise SpecError(tree_refusal(str(root), exc.problems)) from exc
+            raise refuse_links(str(root), exc.problems) from exc
 
 
 class LinkReport(BaseModel):
@@ -221,6 +232,9 @@ class TransferReport(BaseModel):
         verified: True only when both manifests match entry for entry.
         link: how the bytes travelled (``pty``: protocol, framing and the probe's
             verdict, streams, round trip, window); None for other methods.
+        left_on_pod: a download's entries that could not travel (links that leave the
+            pod's tree or dangle), relative path → why; they stay on the pod, and
+            everything else travelled and was verified. Empty when nothing stayed.
     """
 
     direction: Literal["upload", "download"]
@@ -233,3 +247,4 @@ class TransferReport(BaseModel):
     dest_manifest: Manifest | None = None
     verified: bool = False
     link: LinkReport | None = None
+    left_on_pod: dict[str, str] = Field(default_factory=dict)

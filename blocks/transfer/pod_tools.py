@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_runpod.blocks.exceptions import SpecError, TransferError
+from prefect_runpod.blocks.exceptions import TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer.models import Manifest, tree_refusal
+from prefect_runpod.blocks.transfer.models import Manifest, refuse_links
 from prefect_runpod.blocks.transfer.verify import structure_entries
 
 if TYPE_CHECKING:
@@ -293,4 +293,4 @@ def raise_for_tree_answer(
             f"{where}: could not make {listed}; check the pod's disk and rerun",
             pod_id=handle.pod_id,
         )
-    raise SpecError(tree_refusal(where, problems), pod_id=handle.pod_id)
+    raise refuse_links(where, problems, pod_id=handle.pod_id)

@@ -18,10 +18,10 @@ import paramiko
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console.ssh import open_ssh_client
-from prefect_runpod.blocks.exceptions import SpecError, TransferError
+from prefect_runpod.blocks.exceptions import TransferError
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer.models import MethodResult, tree_refusal
+from prefect_runpod.blocks.transfer.models import MethodResult, refuse_links
 from prefect_runpod.blocks.transfer.pod_tools import manifest_command
 
 __all__ = [
@@ -155,7 +155,7 @@ class SftpSession:
             if structure:
                 listed = "; ".join(f"{path} ({why})" for path, why in problems[:20])
                 raise TransferError(f"could not make {listed} under {root} on the pod")
-            raise SpecError(tree_refusal(f"the pod's {root}", problems))
+            raise refuse_links(f"the pod's {root}", problems)
         if code != 0:
             raise TransferError(
                 f"manifest of {root} on the pod failed: "

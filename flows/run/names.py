@@ -12,6 +12,7 @@ from uuid import UUID
 
 __all__ = [
     "FINISHED_STATE_TYPES",
+    "KEPT_TAG_PREFIX",
     "POD_KEY_FILE",
     "TRAIN_LOG",
     "flow_run_id_from_pod_name",
@@ -23,6 +24,11 @@ __all__ = [
 
 FINISHED_STATE_TYPES: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CRASHED", "CANCELLED"})
 """Prefect state types after which a run never touches its pod again."""
+
+KEPT_TAG_PREFIX = "kept-pod:"
+"""A flow run tag ``kept-pod:<pod_id>``: the run kept that pod on purpose (outputs that
+could not travel are on it); the reaper spares it until its TTL, the dead-man until its
+lifetime."""
 
 TRAIN_LOG = "train.log"
 """The training log as the run followed it, kept in the output dir whatever is downloaded."""

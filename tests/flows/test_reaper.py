@@ -33,12 +33,15 @@ def _pod(age_seconds: float, name: str = f"prft-{RUN_ID}") -> PodHandle:
     )
 
 
-def _run(state_type: str, state_name: str, silent_seconds: float) -> RunSnapshot:
+def _run(
+    state_type: str, state_name: str, silent_seconds: float, kept: tuple[str, ...] = ()
+) -> RunSnapshot:
     return RunSnapshot(
         flow_run_id=RUN_ID,
         state_type=state_type,
         state_name=state_name,
         last_seen_at=NOW - timedelta(seconds=silent_seconds),
+        kept_pods=list(kept),
     )
 
 
@@ -47,6 +50,10 @@ def _run(state_type: str, state_name: str, silent_seconds: float) -> RunSnapshot
     [
         (_pod(100), _run("COMPLETED", "Completed", 50), True, "Completed"),
         (_pod(100), _run("FAILED", "Failed", 50), True, "Failed"),
+        # a run that kept its pod (outputs left on it): spared until the TTL, not after
+        (_pod(100), _run("FAILED", "Failed", 50, ("lp-1",)), False, "kept this pod"),
+        (_pod(100), _run("FAILED", "Failed", 50, ("lp-2",)), True, "still lives"),
+        (_pod(90_000), _run("FAILED", "Failed", 50, ("lp-1",)), True, "TTL"),
         (_pod(100), _run("CRASHED", "Crashed", 50), True, "Crashed"),
         (_pod(100), _run("CANCELLED", "Cancelled", 50), True, "Cancelled"),
         (_pod(100), None, True, "unknown"),
@@ -165,7 +172,12 @@ def test_reaper_reaps_finished_and_unknown_keeps_live(prefect_api, runpod_home):
         "live_a2": f"{prefix}-{live_id}-a2",
         "unknown": f"{prefix}-{uuid.uuid4()}",
     }
+    with get_client(sync_client=True) as client:
+        kept_id = _make_run(client, "Completed")
+    names["kept"] = f"{prefix}-{kept_id}"
     pods = {k: provider.create(request, n) for k, n in names.items()}
+    with get_client(sync_client=True) as client:  # the run kept its pod: outputs left on it
+        client.update_flow_run(kept_id, tags=[f"kept-pod:{pods['kept'].pod_id}"])
     try:
         state = reaper(
             provider="local",
@@ -182,8 +194,10 @@ def test_reaper_reaps_finished_and_unknown_keeps_live(prefect_api, runpod_home):
         assert rows[names["done_a2"]]["reap"] and rows[names["done_a2"]]["terminated"]
         assert rows[names["done_a2"]]["run_state"] == "Completed"
         assert not rows[names["live_a2"]]["reap"]
+        assert not rows[names["kept"]]["reap"], rows[names["kept"]]
+        assert "kept this pod" in rows[names["kept"]]["reason"]
         left = {p.name for p in provider.list(prefix)}
-        assert left == {names["live"], names["live_a2"]}
+        assert left == {names["live"], names["live_a2"], names["kept"]}
 
         with get_client(sync_client=True) as client:
             arts = client.read_artifacts(

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect_runpod.blocks.exceptions import ChecksumMismatchError, SpecError, TransferError
+from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.pod_side import part_files
 from prefect_runpod.blocks.pod_side.frame_codec import b64text, unb64text
 from prefect_runpod.blocks.transfer.base import ProgressCallback, TransferHooks
-from prefect_runpod.blocks.transfer.models import Manifest, MethodResult, tree_refusal
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult, refuse_links
 from prefect_runpod.blocks.transfer.pty.lanes import MAX_REWINDS, Lane, Piece, Striped, Tally
 from prefect_runpod.blocks.transfer.pty.options import PtyOptions
 from prefect_runpod.blocks.transfer.pty.run import Transfer
@@ -302,7 +302,7 @@ def pty_download(
     def prepare(s: Session) -> list[Piece]:
         src = s.blob({"paths": None, "follow_links": follow_links}, 600.0)
         if src.get("problems"):
-            raise SpecError(tree_refusal(f"pod {pod}: {remote_root}", src["problems"]))
+            raise refuse_links(f"pod {pod}: {remote_root}", src["problems"], pod_id=pod)
         if "error" in src:
             raise TransferError(
                 f"pod {pod}: cannot read {remote_root}: {src['error']}; check the path",

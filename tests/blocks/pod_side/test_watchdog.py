@@ -91,6 +91,12 @@ class TestDecide:
         else:
             assert expected in reason
 
+    def test_a_kept_pod_outlives_its_heartbeat_but_not_its_lifetime(self, decide):
+        # the run kept the pod (outputs left on it) and stopped touching the heartbeat
+        assert "heartbeat stale" in decide(900.0, 100.0, 100.0, 105.0, 60.0, 1000.0)
+        assert decide(900.0, 100.0, 100.0, 105.0, 60.0, 1000.0, True) is None
+        assert "lifetime cap" in decide(1100.0, 100.0, 100.0, 105.0, 60.0, 1000.0, True)
+
 
 @pytest.mark.slow
 class TestWatchdog:
