@@ -142,7 +142,7 @@ def download(
             )
             live.run(stage_travelling_command(remote_dir, list(left), staging_dir), check=True)
             report = fetch(staging_dir)
-            report.left_on_pod = left
+            report.left_on_pod, report.left_in = left, remote_dir
     logger.info(
         "downloaded %d bytes by %s in %.1f s, %d retries, verified",
         report.bytes,

@@ -235,6 +235,8 @@ class TransferReport(BaseModel):
         left_on_pod: a download's entries that could not travel (links that leave the
             pod's tree or dangle), relative path → why; they stay on the pod, and
             everything else travelled and was verified. Empty when nothing stayed.
+        left_in: the pod folder those entries are in (the tree the download was asked
+            for, which a staging copy stood in for); empty when nothing stayed.
     """
 
     direction: Literal["upload", "download"]
@@ -248,3 +250,4 @@ class TransferReport(BaseModel):
     verified: bool = False
     link: LinkReport | None = None
     left_on_pod: dict[str, str] = Field(default_factory=dict)
+    left_in: str = ""

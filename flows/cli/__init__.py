@@ -6,6 +6,7 @@
     prefect-runpod status [RUN]           live and recent runs: stage, pod, age, USD, ssh
     prefect-runpod logs RUN [--follow]    the training log, from the pod or the downloaded copy
     prefect-runpod ssh RUN|POD            an interactive shell in the pod
+    prefect-runpod fetch RUN              a kept pod's outputs brought home, verified
     prefect-runpod pods                   live pods: run, state, age, cost so far, ssh command
     prefect-runpod terminate POD_ID       terminate a pod (idempotent, confirmed, recorded)
     prefect-runpod reaper [--dry-run]     one reaper pass over orphaned pods
@@ -110,6 +111,7 @@ def _commands() -> dict[str, Callable[[argparse.Namespace], int]]:
         "logs": watch.run_logs,
         "pods": pods.run_pods,
         "ssh": pods.run_ssh,
+        "fetch": pods.run_fetch,
         "terminate": pods.run_terminate,
         "reaper": pods.run_reaper,
         "cost": lambda a: cost.run(a, api=api),

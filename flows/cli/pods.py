@@ -1,6 +1,7 @@
 """The pod commands: ``pods`` (live pods with their run, age, cost so far and ssh
-command), ``ssh RUN|POD`` (an interactive shell in the pod), ``terminate`` (idempotent,
-confirmed, recorded) and ``reaper`` (one reaper pass, ``--dry-run`` to only decide)."""
+command), ``ssh RUN|POD`` (an interactive shell in the pod), ``fetch RUN`` (a kept pod's
+outputs brought home, verified), ``terminate`` (idempotent, confirmed, recorded) and
+``reaper`` (one reaper pass, ``--dry-run`` to only decide)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from prefect_runpod.blocks.defaults import REAPER_TTL_GRACE_SECONDS
-from prefect_runpod.blocks.provider import reaper_ttl_seconds
+from prefect_runpod.blocks.provider import end_command, reaper_ttl_seconds
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_POD_LIFETIME_SECONDS,
     DEFAULT_PROVIDER,
@@ -34,7 +35,7 @@ from prefect_runpod.flows.cli.common import (
     quiet_console_tracebacks,
 )
 
-__all__ = ["add_parsers", "run_pods", "run_reaper", "run_ssh", "run_terminate"]
+__all__ = ["add_parsers", "run_fetch", "run_pods", "run_reaper", "run_ssh", "run_terminate"]
 
 
 def add_parsers(sub: Any) -> None:
@@ -63,6 +64,24 @@ def add_parsers(sub: Any) -> None:
     provider_args(ssh)
     ssh.set_defaults(provider=None)
     api_args(ssh)
+
+    fetch = sub.add_parser(
+        "fetch",
+        help="bring a kept pod's outputs home into the run's output dir, verified",
+        description="Download the outputs of a run whose pod was kept (entries that could "
+        "not travel stayed on it) into <output_dir>/outputs, verified against the pod's "
+        "manifest; files already there are not sent again. The pod stays: end it with "
+        "`prefect-runpod terminate POD_ID`.",
+    )
+    fetch.add_argument("run", metavar="RUN", help="a flow run id")
+    fetch.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="copy what links that leave the outputs point at, instead of refusing them",
+    )
+    provider_args(fetch)
+    fetch.set_defaults(provider=None)
+    api_args(fetch)
 
     term = sub.add_parser("terminate", help="terminate a pod by id or name (idempotent, confirmed)")
     term.add_argument("pod_id", nargs="?", help="the pod id")
@@ -259,6 +278,52 @@ def run_ssh(args: argparse.Namespace) -> int:
     print(f"{handle.pod_id} ({provider_name}): {shlex.join(argv)}", file=sys.stderr)
     sys.stderr.flush()
     return subprocess.call(argv)
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    """``prefect-runpod fetch RUN [--follow-links]``: the run's outputs from its live
+    (kept) pod into ``<output_dir>/outputs``, verified; 0 once every entry is here.
+
+    Raises:
+        SpecError: the run has no live pod, no key or report on this machine.
+        LinksRefusedError: links that cannot travel, without ``--follow-links``.
+    """
+    import json
+    from pathlib import Path
+
+    from pydantic import SecretStr
+
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.transfer.dispatch import download_dir
+    from prefect_runpod.flows.cli.runs import require_run
+
+    with api():
+        handle, key, _name = _resolve_pod(args, args.run, True)
+        out = require_run(args.run).output_dir
+    saved = Path(out) / "run-report.json" if out else None
+    if saved is None or not saved.is_file() or key is None:
+        raise SpecError(
+            f"run {args.run}: its output dir and pod key are not on this machine (fetch "
+            "from the machine that ran it)"
+        )
+    moved = json.loads(saved.read_text()).get("download") or {}
+    remote = moved.get("left_in") or (moved.get("source_manifest") or {}).get("root")
+    if not remote:
+        raise SpecError(f"run {args.run}: its report names no pod folder to fetch")
+    local = Path(out) / "outputs"  # type: ignore[arg-type]
+    with PodConsole.for_pod(handle, SecretStr(Path(key).read_text())) as console:
+        report = download_dir(
+            console, handle, remote, local, private_key=SecretStr(Path(key).read_text()),
+            follow_links=args.follow_links,
+        )  # fmt: skip
+    files = len(report.dest_manifest.entries) if report.dest_manifest else 0
+    print(
+        f"fetched {remote} from pod {handle.pod_id} into {local}: {files} entries verified "
+        f"({report.bytes} bytes by {report.method}); the pod still runs: end it with "
+        f"`{end_command(handle.provider, handle.pod_id)}`"
+    )
+    return 0
 
 
 def run_terminate(args: argparse.Namespace) -> int:

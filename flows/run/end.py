@@ -147,11 +147,14 @@ def end_run(
     terminate_timeout_seconds: float,
     on_stage: Any,
     attempt: int | None = None,
+    keep_reason: str | None = None,
 ) -> TerminateError | None:
     """Terminate (unless kept), record the pod's end and the cost, publish, write.
 
     ``attempt`` is the pod attempt whose pod this ends (its ``terminate`` stage is that
-    attempt's); None when the run ends before any pod attempt began.
+    attempt's); None when the run ends before any pod attempt began. ``keep_reason``
+    keeps the pod whatever the run's outcome (outputs that could not travel are on it):
+    the ``terminate`` stage is Skipped with that reason.
 
     Returns:
         The ``TerminateError`` the run must fail with when its pod may still be billing
@@ -162,7 +165,15 @@ def end_run(
     unconfirmed: TerminateError | None = None
     lost = watch.lost if watch is not None else None
     if report.pod_id and provider is not None:
-        if keep_pod_on_failure and failed:
+        if keep_reason is not None:
+            report.stage("terminate").attempt = attempt
+            report.stage("terminate").state = StageState.SKIPPED
+            report.stage("terminate").reason = (
+                f"{keep_reason}; billing until "
+                f"`{end_command(report.provider, report.pod_id)}` or the dead-man switch ends it"
+            )
+            report.pod_end = PodEnd(pod_id=report.pod_id, detail=keep_reason[:300])
+        elif keep_pod_on_failure and failed:
             report.stage("terminate").attempt = attempt
             report.stage("terminate").state = StageState.SKIPPED
             report.stage("terminate").reason = (

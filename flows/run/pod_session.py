@@ -44,6 +44,7 @@ from prefect_runpod.flows.run.end import end_run, record_cost, write_report
 from prefect_runpod.flows.run.guardian import Guardian
 from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.run.inputs import PreparedRun
+from prefect_runpod.flows.run.kept import keep_reason, kept_until, left_on_pod_error, mark_kept
 from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
 from prefect_runpod.flows.run.logs import WAY_IN
 from prefect_runpod.flows.run.names import POD_KEY_FILE, TRAIN_LOG, attempt_pod_name
@@ -137,15 +138,16 @@ class PodSession(TrainSteps):
         """Train, eval_parity, publish, download, checksum.
 
         Returns:
-            A deferred error (a failed parity gate) for the flow to raise after the
-            outputs came back, else None.
+            A deferred error for the flow to raise after the outputs came back (a
+            failed parity gate; outputs that could not travel and stay on the kept
+            pod), else None.
         """
         self._train()
         deferred = self._eval_parity()
         self._publish(deferred)
         self._download()
         self._checksum()
-        return deferred
+        return deferred or self._left_on_pod()
 
     def bring_back(
         self, *, keep_pod_on_failure: bool, terminate_timeout_seconds: float
@@ -161,6 +163,9 @@ class PodSession(TrainSteps):
             write_report(self.report)
             return None
         self.brought_back = True
+        keep_reason = self._keep_reason()
+        if keep_reason is not None and self.handle is not None:
+            mark_kept(self.handle, self.key, self.run_dir, self.report.flow_run_id)
         for keeper in self.keepers:
             keeper.stop()
         if self.watch is not None:
@@ -173,11 +178,40 @@ class PodSession(TrainSteps):
             terminate_timeout_seconds=terminate_timeout_seconds,
             on_stage=self.on_stage,
             attempt=self.number,
+            keep_reason=keep_reason,
         )
         if self.guardian is not None:  # its pod's end is confirmed, none was rented, or kept
             gone = self.report.terminated or self.report.pod_id is None
             self.guardian.tell("gone" if gone else "release")
         return unconfirmed
+
+    def _kept_until(self) -> datetime:
+        assert self.handle is not None
+        armed = self.attempt.ready_at if self.attempt and self.attempt.ready_at else None
+        return kept_until(armed or self.handle.created_at, self.deadman.lifetime_seconds)
+
+    def _keep_reason(self) -> str | None:
+        """Why this pod is kept whatever the run's outcome, or None (``flows.run.kept``)."""
+        left = self.report.download.left_on_pod if self.report.download else {}
+        if not left or self.handle is None:
+            return None
+        return keep_reason(left, self.report.flow_run_id, self._kept_until())
+
+    def _left_on_pod(self) -> BaseException | None:
+        """The run's error when outputs stayed on the pod (named, with the fetch command)."""
+        if self._keep_reason() is None:
+            return None
+        assert self.handle is not None and self.report.download is not None
+        error = left_on_pod_error(
+            self.report.download.left_on_pod,
+            pod_id=self.handle.pod_id,
+            provider=self.report.provider,
+            flow_run_id=self.report.flow_run_id,
+            outputs=str(self.out / "outputs"),
+            until=self._kept_until(),
+        )
+        get_run_logger().error("%s", error)
+        return error
 
     # -- bring up -------------------------------------------------------------------------
 
@@ -448,7 +482,7 @@ class PodSession(TrainSteps):
                 settings.transfer_method,
                 s3=self.run.s3,
                 only=only,
-                staging_dir=f"{self.run_dir}/download-eval" if only else None,
+                staging_dir=f"{self.run_dir}/download-{'eval' if only else 'staging'}",
                 options=settings.transfer_options(),
                 follow_links=settings.follow_links,
                 reconnect=self.reconnect,

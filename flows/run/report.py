@@ -22,6 +22,7 @@ from prefect_runpod.flows.run.attempts import (
     attempt_line,
 )
 from prefect_runpod.flows.run.checkpoints import CheckpointRecord
+from prefect_runpod.flows.run.kept import fetch_command
 from prefect_runpod.tasks.models import (
     STAGES,
     CostReport,
@@ -194,8 +195,10 @@ class RunReport(LastAttemptView):
             return "no pod was created"
         end = self.pod_end
         if not self.terminated or end is None or not end.confirmed:
+            why = "kept on purpose, billing" if end and end.detail.startswith("kept") else None
             return (
-                f"NO: may still be billing; end it with `{end_command(self.provider, self.pod_id)}`"
+                f"NO: {why or 'may still be billing'}; end it with "
+                f"`{end_command(self.provider, self.pod_id)}`"
             )
         at = end.ended_at.strftime("%H:%M:%S UTC") if end.ended_at else "?"
         cause = {
@@ -277,6 +280,12 @@ def render_summary(report: RunReport) -> str:
             f"verified     {place.where}: {place.files} files at {place.location}"
             f"{'' if place.verified else ' - MISMATCH'}"
         )
+    left = report.download.left_on_pod if report.download is not None else {}
+    if left:
+        listed = "; ".join(f"{path} ({why})" for path, why in list(left.items())[:5])
+        more = f"; and {len(left) - 5} more" if len(left) > 5 else ""
+        lines.append(f"left on pod  {len(left)} could not travel: {listed}{more}")
+        lines.append(f"fetch with   {fetch_command(report.flow_run_id)}")
     where = report.model_location
     if where:
         url = f" ({report.publish.url})" if report.publish and report.publish.url != where else ""

@@ -1,0 +1,88 @@
+"""Nothing is lost: outputs that cannot travel stay on a pod the run keeps, named, with
+the command that fetches them (end to end on the local pod)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+from tests.fixtures.demo_bundle import copy_demo_bundle
+from tests.fixtures.flow_env import server_env
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "prefect_runpod.flows.cli", *args],
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _bundle_with_train_suffix(tmp_path: Path, suffix: str) -> Path:
+    """The demo bundle whose train line runs ``suffix`` (shell) after the demo trained."""
+    bundle = copy_demo_bundle(tmp_path / "bundle")
+    spec = bundle / "bundle.toml"
+    lines = [
+        line[:-1] + f' && {suffix}"' if line.startswith("train =") else line
+        for line in spec.read_text().splitlines()
+    ]
+    spec.write_text("\n".join(lines) + "\n")
+    return bundle
+
+
+@pytest.mark.slow
+def test_an_absolute_link_in_the_outputs_keeps_the_pod_and_the_rest_travels(
+    prefect_server, tmp_path
+):
+    from prefect.client.orchestration import get_client
+
+    # One absolute link among the outputs: it points at the model itself, on the pod.
+    bundle = _bundle_with_train_suffix(tmp_path, 'ln -s \\"$PWD/outputs/model.json\\" outputs/abs')
+    out = tmp_path / "out"
+    proc = _cli("finetune", "--bundle", str(bundle), "--output-dir", str(out))
+    report = json.loads((out / "run-report.json").read_text())
+    pod_id, run_id = report["pod_id"], report["flow_run_id"]
+    provider = LocalPodProvider()
+    try:
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stdout + proc.stderr
+        # What can travel travelled and was verified: everything but the link.
+        left = report["download"]["left_on_pod"]
+        assert list(left) == ["abs"] and "absolute link" in left["abs"]
+        here = sorted(p.name for p in (out / "outputs").iterdir())
+        assert "model.json" in here and "abs" not in here
+        assert report["manifest"]["entries"], "the rest was verified"
+        assert {e["path"] for e in report["manifest"]["entries"]} == set(here)
+        # The error and the summary name what stayed, the fetch command and the CLI flag.
+        fetch = f"prefect-runpod fetch {run_id} --follow-links"
+        assert "abs (absolute link to " in report["error"] and fetch in report["error"]
+        assert "follow_links" not in proc.stdout + proc.stderr
+        assert f"fetch with   {fetch}" in proc.stdout
+        terminate = next(s for s in report["stages"] if s["name"] == "terminate")
+        assert terminate["state"] == "Skipped" and "kept: 1 output entry" in terminate["reason"]
+        # The pod is kept and marked kept: on the pod (its dead-man then waits only for
+        # the lifetime) and on the flow run (the reaper spares it).
+        handle = provider.get(pod_id)
+        assert handle is not None, "the pod holding the rest of the outputs was terminated"
+        run_dir = Path(handle.workdir) / "prefect-runpod" / run_id
+        assert (run_dir / "kept").is_file()
+        with get_client(sync_client=True) as client:
+            tags = client.read_flow_run(run_id).tags
+        assert f"kept-pod:{pod_id}" in tags
+
+        # The fetch command brings the rest home, verified.
+        got = _cli("fetch", run_id, "--follow-links")
+        assert got.returncode == 0, got.stderr[-3000:]
+        assert "entries verified" in got.stdout
+        assert (out / "outputs" / "abs").read_bytes() == (
+            out / "outputs" / "model.json"
+        ).read_bytes()
+    finally:
+        provider.terminate(pod_id)
