@@ -183,6 +183,7 @@ def finetune(
     max_pod_losses: int = DEFAULT_MAX_POD_LOSSES,
     resume_from: str | None = None,
     recover_outside_terminate: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune a bundle on a pod end to end and always terminate the pod.
 
@@ -219,7 +220,9 @@ def finetune(
     # The concurrency slot (one per live pod) is released only after terminate.
     with ExitStack() as holds:
         try:
-            run, resume = _preflight(report, {**params, "output_dir": out}, on_stage)
+            run, resume = _preflight(
+                report, {**params, "output_dir": out}, on_stage, given_out=output_dir is not None
+            )
             if concurrency_limit:
                 from prefect.concurrency.sync import concurrency
 
@@ -267,15 +270,20 @@ def finetune(
 
 
 def _preflight(
-    report: RunReport, params: dict[str, Any], on_stage: Any
+    report: RunReport, params: dict[str, Any], on_stage: Any, *, given_out: bool = False
 ) -> tuple[PreparedRun, str | None]:
     """The run's ``preflight`` stage: every check that needs no pod (``prepare_run``, the
-    checkpoint ``resume_from`` names, the Hub's answers), before anything is rented.
+    checkpoint ``resume_from`` names, the Hub's answers), before anything is rented; an
+    output dir the run was given (``given_out``) must be empty unless ``overwrite``.
 
     Returns:
         The prepared run, and the checkpoint its first attempt resumes from (or None).
     """
     with run_stage(report, "preflight", on_stage):
+        if given_out:
+            from prefect_runpod.blocks.validation import check_output_dir_unused
+
+            check_output_dir_unused(Path(params["output_dir"]), overwrite=params["overwrite"])
         run = prepare_run(params, demo_bundle=demo_bundle(), run_name=report.pod_name)
         resume = resume_checkpoint(params.get("resume_from"), run)
         get_run_logger().info(

@@ -8,7 +8,8 @@ path, kind, bytes, sha256, its status locally and at the publish destination)
 and raises ``ChecksumMismatchError`` naming the first entry that differs. Nothing
 mismatched is ever accepted.
 ``verification_records`` sums up each place — the local download, the Hub, S3 — for
-the ``RunReport``.
+the ``RunReport``; ``extra_entries`` names what the local folder holds beside the run's
+outputs (an earlier run's files, kept with ``overwrite``), so no count claims them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from prefect_runpod.blocks.publish.base import publish_kind
 from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.tasks.models import PublishReport, VerificationRecord
 
-__all__ = ["checksum", "manifest_rows", "verification_records", "verify_manifest"]
+__all__ = [
+    "checksum",
+    "extra_entries",
+    "manifest_rows",
+    "verification_records",
+    "verify_manifest",
+]
 
 
 def verify_manifest(local_dir: Path, expected: Manifest) -> tuple[Manifest, list[tuple[str, str]]]:
@@ -41,6 +48,21 @@ def verify_manifest(local_dir: Path, expected: Manifest) -> tuple[Manifest, list
     local = mf.compute_manifest(str(local_dir), present)
     problems = mf.compare_manifests(expected.as_dict(), local)
     return Manifest.from_dict(local), problems
+
+
+_EXTRA = "extra: not from this run, not verified"
+
+
+def extra_entries(local_dir: Path, expected: Manifest) -> list[str]:
+    """The entries under ``local_dir`` (files, links, empty directories; links never
+    followed, transfer scratch left out) that ``expected`` does not list, sorted: what an
+    earlier run left in a reused output folder."""
+    if not Path(local_dir).is_dir():
+        return []
+    items, problems = mf.scan_tree(str(local_dir))
+    listed = {e.path for e in expected.entries}
+    found = [rel for rel, _kind, _target in items] + [rel for rel, _why in problems]
+    return sorted(rel for rel in found if rel not in listed)
 
 
 def manifest_rows(
@@ -78,10 +100,14 @@ def manifest_rows(
 
 
 def verification_records(
-    local_dir: Path | None, local: Manifest | None, published: PublishReport | None
+    local_dir: Path | None,
+    local: Manifest | None,
+    published: PublishReport | None,
+    extra: list[str] | None = None,
 ) -> list[VerificationRecord]:
     """One record per place the outputs were verified: the local download (re-hashed
-    here) and the publish destination (its own records read back). Pure."""
+    here; ``extra`` names what else that folder holds) and the publish destination (its
+    own records read back). Pure."""
     records = []
     if local is not None and local_dir is not None:
         records.append(
@@ -92,6 +118,7 @@ def verification_records(
                 bytes=local.total_bytes,
                 verified=True,
                 how="sha256 re-hashed on this machine",
+                extra=list(extra or []),
             )
         )
     if published is not None:
@@ -139,7 +166,10 @@ def checksum(
     local, problems = (
         (None, []) if pod_manifest is None else verify_manifest(Path(local_dir), pod_manifest)
     )
-    places = verification_records(Path(local_dir), local if not problems else None, published)
+    extra = extra_entries(Path(local_dir), pod_manifest) if pod_manifest is not None else []
+    places = verification_records(
+        Path(local_dir), local if not problems else None, published, extra
+    )
     where = ", ".join(f"{r.where}: {r.files} files" for r in places) or "nothing"
     if pod_manifest is not None:
         verdict = "all verified" if not problems else f"{len(problems)} MISMATCHED"
@@ -150,9 +180,12 @@ def checksum(
         )
     else:
         summary = f"nothing downloaded; verified at {where}"
-    hold_artifact(
-        "checksum-manifest", "table", manifest_rows(pod_manifest, problems, published), summary
-    )
+    if extra:
+        summary += f"; {len(extra)} more in the folder not from this run"
+    rows = manifest_rows(pod_manifest, problems, published)
+    for path in extra:  # the table's columns, as manifest_rows names them
+        rows.append(dict(path=path, kind="-", size_bytes=0, sha256="", local=_EXTRA))
+    hold_artifact("checksum-manifest", "table", rows, summary)
     outbox().flush()  # in Prefect before the stage ends, unless the API is down
     if problems:
         path, why = problems[0]
@@ -164,6 +197,14 @@ def checksum(
             stage="checksum",
         )
     logger = get_run_logger()
+    if extra:
+        logger.warning(
+            "checksum: %s also holds %d entr%s this run did not bring (not verified): %s",
+            local_dir,
+            len(extra),
+            "y" if len(extra) == 1 else "ies",
+            ", ".join(extra[:20]) + (f" and {len(extra) - 20} more" if len(extra) > 20 else ""),
+        )
     for place in places:
         logger.info(
             "checksum: %s: %d files (%d bytes) verified at %s (%s)",

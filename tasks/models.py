@@ -387,6 +387,8 @@ class VerificationRecord(BaseModel):
         bytes: their total size in bytes.
         verified: True when every one of them matched.
         how: what was compared (e.g. ``sha256 re-hashed locally``).
+        extra: entries in the local folder the run did not bring (an earlier run's,
+            kept with ``overwrite``), relative paths: named, never counted as verified.
     """
 
     where: str
@@ -395,3 +397,4 @@ class VerificationRecord(BaseModel):
     bytes: int = 0
     verified: bool = False
     how: str = ""
+    extra: list[str] = Field(default_factory=list)

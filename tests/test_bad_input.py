@@ -147,6 +147,7 @@ CASES = [
     Case("output-dir-is-a-file", ft("--output-dir", "{tmp}/f"), "is a file, not a directory", files={"{tmp}/f": "x"}),
     Case("output-dir-under-a-file", ft("--output-dir", "{tmp}/f/out"), "which is a file", files={"{tmp}/f": "x"}),
     Case("output-dir-unwritable", ft("--output-dir", "/proc/prefect-runpod-out"), "is not writable"),
+    Case("output-dir-not-empty", ft("--output-dir", "{tmp}/out"), "/out is not empty (model.json, stale.txt): give a new or empty folder, or pass overwrite (--overwrite)", files={"{tmp}/out/model.json": "{}", "{tmp}/out/stale.txt": "x"}),
     # --- RunPod ---
     Case("runpod-without-api-key", rp(), "RunPod needs an API key", runpod=True, env={"RUNPOD_API_KEY": None}),
     Case("runpod-without-ssh-key", rp(), "no SSH key for RunPod", runpod=True, env={"RUNPOD_SSH_KEY_PATH": "{tmp}/no-key"}),

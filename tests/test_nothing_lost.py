@@ -1,5 +1,7 @@
 """Nothing is lost: outputs that cannot travel stay on a pod the run keeps, named, with
-the command that fetches them (end to end on the local pod)."""
+the command that fetches them (end to end on the local pod); a reused output dir is
+refused unless ``--overwrite``, and then what an earlier run left there is named, never
+counted as verified."""
 
 from __future__ import annotations
 
@@ -46,7 +48,10 @@ def test_an_absolute_link_in_the_outputs_keeps_the_pod_and_the_rest_travels(
     # One absolute link among the outputs: it points at the model itself, on the pod.
     bundle = _bundle_with_train_suffix(tmp_path, 'ln -s \\"$PWD/outputs/model.json\\" outputs/abs')
     out = tmp_path / "out"
-    proc = _cli("finetune", "--bundle", str(bundle), "--output-dir", str(out))
+    (out / "outputs").mkdir(parents=True)  # an earlier run's folder, reused on purpose
+    (out / "outputs" / "model.json").write_text('{"earlier": true}')
+    (out / "outputs" / "stale.txt").write_text("from an earlier run")
+    proc = _cli("finetune", "--bundle", str(bundle), "--output-dir", str(out), "--overwrite")
     report = json.loads((out / "run-report.json").read_text())
     pod_id, run_id = report["pod_id"], report["flow_run_id"]
     provider = LocalPodProvider()
@@ -58,8 +63,16 @@ def test_an_absolute_link_in_the_outputs_keeps_the_pod_and_the_rest_travels(
         assert list(left) == ["abs"] and "absolute link" in left["abs"]
         here = sorted(p.name for p in (out / "outputs").iterdir())
         assert "model.json" in here and "abs" not in here
-        assert report["manifest"]["entries"], "the rest was verified"
-        assert {e["path"] for e in report["manifest"]["entries"]} == set(here)
+        assert "earlier" not in (out / "outputs" / "model.json").read_text()
+        # The verified count and the earlier run's file together make up the folder.
+        local = next(v for v in report["verified"] if v["where"] == "local")
+        assert local["extra"] == ["stale.txt"]
+        verified = {e["path"] for e in report["manifest"]["entries"]}
+        assert local["files"] == len(verified) and verified | {"stale.txt"} == set(here)
+        assert (
+            f"verified     local: {local['files']} files at {out / 'outputs'}; 1 more there not from this run: stale.txt"
+            in proc.stdout
+        )
         # The error and the summary name what stayed, the fetch command and the CLI flag.
         fetch = f"prefect-runpod fetch {run_id} --follow-links"
         assert "abs (absolute link to " in report["error"] and fetch in report["error"]
@@ -86,3 +99,36 @@ def test_an_absolute_link_in_the_outputs_keeps_the_pod_and_the_rest_travels(
         ).read_bytes()
     finally:
         provider.terminate(pod_id)
+
+
+def test_a_folder_with_anything_in_it_is_refused_unless_overwriting(tmp_path):
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.validation import check_output_dir_unused
+
+    out = tmp_path / "out"
+    check_output_dir_unused(out, overwrite=False)  # a new folder
+    out.mkdir()
+    check_output_dir_unused(out, overwrite=False)  # an empty one
+    for name in ("run-report.json", ".hidden", "a", "b"):
+        (out / name).write_text("x")
+    with pytest.raises(SpecError, match=r"not empty \(\.hidden, a, b and 1 more\)"):
+        check_output_dir_unused(out, overwrite=False)
+    check_output_dir_unused(out, overwrite=True)
+
+
+def test_the_checksum_names_what_the_run_did_not_bring(tmp_path):
+    from prefect_runpod.blocks.transfer.models import Manifest
+    from prefect_runpod.tasks.checksum import extra_entries, verification_records
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "model.json").write_text("{}")
+    (tmp_path / "sub" / "w.bin").write_bytes(b"123")
+    expected = Manifest.compute(tmp_path)
+    (tmp_path / "stale.txt").write_text("old")
+    (tmp_path / "sub" / "old.bin").write_bytes(b"0")
+    (tmp_path / "gone").mkdir()
+    (tmp_path / "x.part").write_text("scratch")  # a transfer's own scratch is not the run's
+    extra = extra_entries(tmp_path, expected)
+    assert extra == ["gone", "stale.txt", "sub/old.bin"]
+    (record,) = verification_records(tmp_path, expected, None, extra)
+    assert record.files == 2 and record.extra == extra

@@ -25,7 +25,11 @@ package loads pydantic but not Prefect.
 from __future__ import annotations
 
 from prefect_runpod.blocks.validation.blocks import load_block, pydantic_reason, saved_block_names
-from prefect_runpod.blocks.validation.locations import check_output_dir, check_url
+from prefect_runpod.blocks.validation.locations import (
+    check_output_dir,
+    check_output_dir_unused,
+    check_url,
+)
 from prefect_runpod.blocks.validation.names import (
     FLOW_RUN_ID_CHARS,
     NAME_PREFIX_MAX_CHARS,
@@ -91,6 +95,7 @@ __all__ = [
     "check_name_prefix",
     "check_number",
     "check_output_dir",
+    "check_output_dir_unused",
     "check_path_text",
     "check_pod_id",
     "check_provider_options",

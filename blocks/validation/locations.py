@@ -1,5 +1,6 @@
-"""Places a run reaches: an ``http(s)`` URL without credentials (:func:`check_url`) and
-an output directory this process can write in (:func:`check_output_dir`)."""
+"""Places a run reaches: an ``http(s)`` URL without credentials (:func:`check_url`), an
+output directory this process can write in (:func:`check_output_dir`) and one that holds
+no earlier run's files unless overwriting was asked for (:func:`check_output_dir_unused`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prefect_runpod.blocks.validation.secrets import find_token_shape
 
 __all__ = [
     "check_output_dir",
+    "check_output_dir_unused",
     "check_url",
 ]
 
@@ -86,3 +88,28 @@ def check_output_dir(path: Any, name: str = "output_dir") -> Path:
             "directory you can write to."
         ) from None
     return target
+
+
+def check_output_dir_unused(path: Path, *, overwrite: bool, name: str = "output_dir") -> None:
+    """Refuse an output directory that already holds something, unless ``overwrite``:
+    a run writing over an earlier run's ``model.json``, with that run's other files left
+    beside the new ones, loses the earlier model without a word.
+
+    Args:
+        path: the absolute output directory (it need not exist).
+        overwrite: the run may write over what is there (``--overwrite``).
+
+    Raises:
+        SpecError: ``path`` is a directory with entries in it and ``overwrite`` is off
+            (a few named, with the two ways out).
+    """
+    if overwrite or not path.is_dir():
+        return
+    names = sorted(os.listdir(path))
+    if not names:
+        return
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise SpecError(
+        f"{label(name)} {path} is not empty ({shown}): give a new or empty folder, or "
+        f"pass {label('overwrite')} to write over what is there."
+    )

@@ -104,9 +104,13 @@ def _finetune_settings(args: argparse.Namespace) -> Any:
         from prefect_runpod.tasks.bundle import demo_bundle
 
         params["bundle"] = demo_bundle()
-    if params["output_dir"] is None:
+    given = params["output_dir"] is not None
+    if not given:
         params["output_dir"] = Path.cwd() / "prefect-runpod-runs"
-    return validate_settings(**params)
+    settings = validate_settings(**params)
+    if given:  # an earlier run's files there are not written over without --overwrite
+        v.check_output_dir_unused(Path(settings.output_dir), overwrite=bool(params["overwrite"]))
+    return settings
 
 
 def make_prefect_home(home: str | Path | None = None) -> Path:

@@ -257,6 +257,19 @@ def _price_rows(provider: Any, expected_seconds: float) -> tuple[list[dict[str, 
     return rows, found.note
 
 
+def _output_dir_item(out: Path, overwrite: bool) -> Item:
+    """The plan's row for an output dir given on the command line: empty, or overwritten."""
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.validation import check_output_dir_unused
+
+    try:
+        check_output_dir_unused(out, overwrite=overwrite)
+    except SpecError as exc:
+        return Item("output dir", False, str(exc))
+    held = out.is_dir() and any(out.iterdir())
+    return Item("output dir", True, f"{out} ({'written over: --overwrite' if held else 'empty'})")
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """``prefect-runpod plan [finetune's options]``; 0 when ``finetune`` would start, else 1."""
     from prefect_runpod.blocks.exceptions import HFAuthError, SpecError
@@ -276,6 +289,8 @@ def run_plan(args: argparse.Namespace) -> int:
             run_name=f"{args.name_prefix}-<flow_run_id>",
         )
         items = [Item(c.name, c.ok, c.detail) for c in checks]
+        if args.output_dir is not None and prepared is not None:
+            items.append(_output_dir_item(Path(prepared.settings.output_dir), args.overwrite))
         prices: list[dict[str, Any]] = []
         note = None
         if prepared is not None:

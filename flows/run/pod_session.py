@@ -202,7 +202,7 @@ class PodSession(TrainSteps):
         if self._keep_reason() is None:
             return None
         assert self.handle is not None and self.report.download is not None
-        error = left_on_pod_error(
+        return left_on_pod_error(
             self.report.download.left_on_pod,
             pod_id=self.handle.pod_id,
             provider=self.report.provider,
@@ -210,8 +210,6 @@ class PodSession(TrainSteps):
             outputs=str(self.out / "outputs"),
             until=self._kept_until(),
         )
-        get_run_logger().error("%s", error)
-        return error
 
     # -- bring up -------------------------------------------------------------------------
 
@@ -489,7 +487,7 @@ class PodSession(TrainSteps):
             )
 
     def _checksum(self) -> None:
-        from prefect_runpod.tasks.checksum import checksum, verification_records
+        from prefect_runpod.tasks.checksum import checksum, extra_entries, verification_records
 
         assert self.handle is not None
         report, outputs = self.report, self.out / "outputs"
@@ -504,7 +502,8 @@ class PodSession(TrainSteps):
                 )
             source = report.download.source_manifest if report.download is not None else None
             report.manifest = checksum(outputs, source, self.handle.pod_id, report.publish)
-            report.verified = verification_records(outputs, report.manifest, report.publish)
+            extra = extra_entries(outputs, source) if source is not None else []
+            report.verified = verification_records(outputs, report.manifest, report.publish, extra)
 
 
 def _save_pod_key(key: SecretStr, out: Path) -> str:

@@ -272,13 +272,21 @@ def render_summary(report: RunReport) -> str:
     verified = (
         report.manifest is not None and report.download is not None and report.download.verified
     )
-    nfiles = len(report.manifest.entries) if report.manifest else 0
+    nfiles = len(report.manifest.files) if report.manifest else 0
+    shape = len(report.manifest.entries) - nfiles if report.manifest else 0
     if report.manifest is not None or report.download_choice == "all":
-        lines.append(f"manifest     {'verified' if verified else 'NOT verified'} ({nfiles} files)")
+        more = f", {shape} dirs/links" if shape else ""
+        lines.append(
+            f"manifest     {'verified' if verified else 'NOT verified'} ({nfiles} files{more})"
+        )
     for place in report.verified:
+        extra = ""
+        if place.extra:
+            shown = ", ".join(place.extra[:5]) + (" …" if len(place.extra) > 5 else "")
+            extra = f"; {len(place.extra)} more there not from this run: {shown}"
         lines.append(
             f"verified     {place.where}: {place.files} files at {place.location}"
-            f"{'' if place.verified else ' - MISMATCH'}"
+            f"{'' if place.verified else ' - MISMATCH'}{extra}"
         )
     left = report.download.left_on_pod if report.download is not None else {}
     if left:
