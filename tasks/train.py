@@ -40,7 +40,7 @@ from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer import pod_tools
 from prefect_runpod.tasks.models import TrainReport
-from prefect_runpod.tasks.train_follow import follow_training, missing_outputs
+from prefect_runpod.tasks.train_follow import follow_training, full_log_place, missing_outputs
 from prefect_runpod.tasks.train_log import (
     LogCoalescer,
     Progress,
@@ -130,7 +130,8 @@ class _TrainOutputs:
     each); the log's own lines to Prefect's log coalesced, one record per
     ``log_interval_seconds`` at most (``tasks.train_log.LogCoalescer``; JSON record
     lines are left out, their numbers are in the artifacts), marked ``train_log`` so a
-    console can leave them out; and every line to ``local_log_path`` when given."""
+    console can leave them out; and the log's bytes, undecoded, to ``local_log_path`` when
+    given (the pod's ``train.log`` byte for byte)."""
 
     def __init__(
         self,
@@ -150,7 +151,8 @@ class _TrainOutputs:
         )
         self._shown = -1
         self.coalescer = LogCoalescer(self._record, interval_seconds=log_interval_seconds)
-        self.copy = open(local_log_path, "a", encoding="utf-8") if local_log_path else None  # noqa: SIM115
+        self.copy_path = local_log_path
+        self.copy = open(local_log_path, "ab") if local_log_path else None  # noqa: SIM115
 
     def on_progress(self, progress: Progress) -> None:
         percent = int(progress.percent)
@@ -168,10 +170,13 @@ class _TrainOutputs:
             extra={"train_log": True, "train_lines": len(lines)},
         )
 
-    def on_line(self, line: str) -> None:
+    def on_bytes(self, data: bytes) -> None:
+        """The log's bytes, as the pod has them, appended to the local copy."""
         if self.copy is not None:
-            self.copy.write(line + "\n")
+            self.copy.write(data)
             self.copy.flush()
+
+    def on_line(self, line: str) -> None:
         self.coalescer.add(line)
 
     def should_stop(self) -> str | None:
@@ -244,7 +249,8 @@ def _launch_and_follow(
     report = follow_training(
         live, run_dir, tools, command=command, python=python,
         max_runtime_seconds=max_runtime_seconds, should_stop=out.should_stop,
-        on_line=out.on_line, on_progress=out.on_progress,
+        on_line=out.on_line, on_bytes=out.on_bytes, log_copy=out.copy_path,
+        on_progress=out.on_progress,
         poll_interval_seconds=poll_interval_seconds, kill_grace_seconds=kill_grace_seconds,
         heartbeat_path=heartbeat_path, pod_id=pod,
         reconnect_budget_seconds=reconnect_budget_seconds,
@@ -254,7 +260,7 @@ def _launch_and_follow(
         raise TrainingError(
             f"pod {pod}: training exited 0 but did not write {', '.join(missing)}, "
             "declared in bundle.toml: make the job write them there, or fix bundle.toml. "
-            f"The full log is {run_dir}/train.log on the pod.",
+            f"The full log is {full_log_place(run_dir, pod, out.copy_path)}.",
             report=report,
             pod_id=pod,
             stage="train",
@@ -317,9 +323,9 @@ def train(
         reconnect: the run's reconnect policy: the console waits out a gateway outage
             (backoff, the provider asked before each retry) and the log reads, the
             launch and the kill path keep trying for its one budget.
-        local_log_path: a local file that receives every log line as it is read (the
-            run keeps ``<output_dir>/train.log`` so: ``prefect-runpod logs`` reads it
-            once the pod is gone); None for none.
+        local_log_path: a local file that gets the log's bytes undecoded, the pod's
+            ``train.log`` byte for byte (``<output_dir>/train.log``: ``logs`` reads it
+            once the pod is gone, failure messages name it); None for none.
         log_interval_seconds: the least time between two log records of training
             lines, in seconds.
 

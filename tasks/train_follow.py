@@ -82,8 +82,10 @@ def follow_training(
     max_runtime_seconds: float | None = None,
     should_stop: Callable[[], str | None] | None = None,
     on_line: Callable[[str], None] | None = None,
+    on_bytes: Callable[[bytes], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     on_metrics: Callable[[dict[str, float]], None] | None = None,
+    log_copy: str | None = None,
     poll_interval_seconds: float = 1.0,
     kill_grace_seconds: float = 30.0,
     heartbeat_path: str | None = None,
@@ -104,6 +106,8 @@ def follow_training(
     Args:
         console, run_dir, tools_dir, python: as for ``launch_training``.
         command: recorded in the report.
+        on_bytes / log_copy: the log's bytes as read, undecoded (``LogFollower``), and
+            the local file they are kept in, named in failure messages (or None).
         max_runtime_seconds: runtime cap from the start of following; None for none.
         should_stop: returns a reason to stop (e.g. the budget is spent) or None.
         kill_grace_seconds: SIGTERM → SIGKILL grace on the pod.
@@ -129,6 +133,7 @@ def follow_training(
         python=python,
         on_line=on_line,
         on_text=_text_reader(metrics, on_progress, on_metrics),
+        on_bytes=on_bytes,
         heartbeat_path=heartbeat_path,
         tail_lines=tail_lines,
         pod_id=pod_id,
@@ -147,13 +152,11 @@ def follow_training(
         sleep=sleep,
         clock=clock,
     )
+    exit_code = chunk.exit_code if chunk else None
     if stop_reason:
-        killed = _kill_quietly(follower, kill_grace_seconds)
+        exit_code = (_kill_quietly(follower, kill_grace_seconds) or {}).get("exit_code")
         with contextlib.suppress(TrainingError):
             chunk = follower.drain()
-        exit_code = (killed or {}).get("exit_code")
-    else:
-        exit_code = chunk.exit_code if chunk else None
     report = TrainReport(
         command=command,
         run_dir=run_dir,
@@ -164,7 +167,7 @@ def follow_training(
         log_bytes=follower.offset,
         reconnects=follower.reconnects,
     )
-    error = _outcome_error(report, stop_reason, chunk, follower.tail, pod_id)
+    error = _outcome_error(report, stop_reason, chunk, follower.tail, pod_id, log_copy)
     if error is not None:
         error.report = report
         raise error
@@ -230,16 +233,28 @@ def _poll_until_done(
     return chunk, stop_reason
 
 
+def full_log_place(run_dir: str, pod_id: str | None, log_copy: str | None) -> str:
+    """Where a failed run's whole training log is, for its messages: the run's own copy
+    (``log_copy``, the pod's log byte for byte, kept after the pod is gone), else the
+    pod's file while the pod lives."""
+    if log_copy:
+        return f"{log_copy} (the pod's log, byte for byte)"
+    return f"{run_dir}/train.log on pod {pod_id} while it lives"
+
+
 def _outcome_error(
     report: TrainReport,
     stop_reason: str | None,
     chunk: LogChunk | None,
     tail: deque[str],
     pod_id: str | None,
+    log_copy: str | None = None,
 ) -> TrainingError | BudgetExceededError | None:
     """The error a followed run ends with (a stop, a lost process, a non-zero exit), its
-    message carrying the log's last lines; None for a run that exited 0."""
-    exit_code, run_dir = report.exit_code, report.run_dir
+    message carrying the log's last lines and where the whole log is (``log_copy``, the
+    run's own copy, which outlives the pod); None for a run that exited 0."""
+    exit_code = report.exit_code
+    full_log = full_log_place(report.run_dir, pod_id, log_copy)
     if stop_reason:
         return BudgetExceededError(
             f"pod {pod_id}: training stopped: {stop_reason}; the process group was killed "
@@ -253,7 +268,7 @@ def _outcome_error(
             f"pod {pod_id}: the training process ended without an exit code (killed with its "
             f"supervisor?) after {report.seconds:.0f} s: {_cause(tail)}.\n"
             "Last log lines:\n"
-            f"{_last_lines_message(tail)}\nSee {run_dir}/train.log on the pod.",
+            f"{_last_lines_message(tail)}\nThe full log is {full_log}.",
             pod_id=pod_id,
             stage="train",
         )
@@ -261,7 +276,7 @@ def _outcome_error(
         return TrainingError(
             f"pod {pod_id}: training exited with code {exit_code} after {report.seconds:.0f} s: "
             f"{_cause(tail)}.\nLast log lines:\n{_last_lines_message(tail)}\n"
-            f"Fix the job and rerun; the full log is {run_dir}/train.log on the pod.",
+            f"Fix the job and rerun; the full log is {full_log}.",
             pod_id=pod_id,
             stage="train",
         )

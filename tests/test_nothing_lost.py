@@ -1,7 +1,7 @@
 """Nothing is lost: outputs that cannot travel stay on a pod the run keeps, named, with
 the command that fetches them (end to end on the local pod); a reused output dir is
 refused unless ``--overwrite``, and then what an earlier run left there is named, never
-counted as verified."""
+counted as verified; a training log that is no text is kept and shown byte for byte."""
 
 from __future__ import annotations
 
@@ -45,8 +45,10 @@ def test_an_absolute_link_in_the_outputs_keeps_the_pod_and_the_rest_travels(
 ):
     from prefect.client.orchestration import get_client
 
-    # One absolute link among the outputs: it points at the model itself, on the pod.
-    bundle = _bundle_with_train_suffix(tmp_path, 'ln -s \\"$PWD/outputs/model.json\\" outputs/abs')
+    # One absolute link among the outputs (to the model itself, on the pod), and a log
+    # that ends in 200 KB of binary output.
+    link = 'ln -s \\"$PWD/outputs/model.json\\" outputs/abs'
+    bundle = _bundle_with_train_suffix(tmp_path, f"{link} && head -c 200000 /dev/urandom")
     out = tmp_path / "out"
     (out / "outputs").mkdir(parents=True)  # an earlier run's folder, reused on purpose
     (out / "outputs" / "model.json").write_text('{"earlier": true}')
@@ -89,6 +91,15 @@ def test_an_absolute_link_in_the_outputs_keeps_the_pod_and_the_rest_travels(
         with get_client(sync_client=True) as client:
             tags = client.read_flow_run(run_id).tags
         assert f"kept-pod:{pod_id}" in tags
+
+        # The run's train.log is the pod's, byte for byte; `logs RUN` writes those bytes.
+        pod_log = (run_dir / "train.log").read_bytes()
+        assert len(pod_log) > 200000 and (out / "train.log").read_bytes() == pod_log
+        shown = subprocess.run(
+            [sys.executable, "-m", "prefect_runpod.flows.cli", "logs", run_id],
+            env=server_env(), capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert shown.returncode == 0 and shown.stdout == pod_log, shown.stderr[-2000:]
 
         # The fetch command brings the rest home, verified.
         got = _cli("fetch", run_id, "--follow-links")

@@ -79,8 +79,10 @@ class LogFollower:
     Each complete line (ended by ``\\n`` or ``\\r\\n``) goes to ``on_line`` exactly once,
     ANSI escapes removed. ``\\r`` redraws (tqdm) go to ``on_text`` for progress parsing;
     of a burst of redraws only the last one still on screen reaches ``on_line``.
-    Every segment (lines and redraws) goes to ``on_text``. Each read refreshes the
-    heartbeat file (the dead-man switch's sign of life).
+    Every segment (lines and redraws) goes to ``on_text``. The log's bytes as read, in
+    order, each byte once (a copy that is the pod's log byte for byte), go to
+    ``on_bytes``. Each read refreshes the heartbeat file (the dead-man switch's sign of
+    life).
 
     Args:
         console: a ``PodConsole`` (or any ``ConsoleLike``: ``run`` and ``reconnect`` are used).
@@ -88,6 +90,7 @@ class LogFollower:
         tools_dir: the pod directory holding ``launcher.py``.
         python: the pod interpreter that runs ``launcher.py``.
         on_line / on_text: callbacks taking one ``str``.
+        on_bytes: a callback taking the ``bytes`` of each read, undecoded.
         heartbeat_path: file whose mtime each read refreshes; default
             ``<run_dir>/heartbeat``; ``""`` for none.
         max_bytes: log bytes per read.
@@ -110,6 +113,7 @@ class LogFollower:
         python: str = "python3",
         on_line: Callable[[str], None] | None = None,
         on_text: Callable[[str], None] | None = None,
+        on_bytes: Callable[[bytes], None] | None = None,
         heartbeat_path: str | None = None,
         max_bytes: int = 65536,
         command_timeout_seconds: float = 60.0,
@@ -125,6 +129,7 @@ class LogFollower:
         self.python = python
         self.on_line = on_line
         self.on_text = on_text
+        self.on_bytes = on_bytes
         self.heartbeat_path = f"{run_dir}/heartbeat" if heartbeat_path is None else heartbeat_path
         self.max_bytes = max_bytes
         self.command_timeout_seconds = command_timeout_seconds
@@ -238,6 +243,8 @@ class LogFollower:
             log_bytes=int(answer.get("log_bytes") or 0),
         )
         self.offset = chunk.next_offset
+        if data and self.on_bytes is not None:
+            self.on_bytes(data)
         final = not chunk.running and chunk.next_offset >= chunk.log_bytes
         self._feed(data, final=final)
         return chunk

@@ -185,10 +185,10 @@ def _from_pod(view: Any, handle: Any, key_path: str, args: argparse.Namespace) -
     deadline = time.monotonic() + (args.max_seconds or lifetime)
     printed = 0
 
-    def emit(line: str) -> None:
+    def emit(data: bytes) -> None:  # the log's bytes as the pod has them
         nonlocal printed
-        printed += 1
-        print(line)
+        printed += len(data)
+        _write_bytes(data)
 
     try:
         with PodConsole.for_pod(handle, key) as console:
@@ -197,7 +197,7 @@ def _from_pod(view: Any, handle: Any, key_path: str, args: argparse.Namespace) -
                 run_dir,
                 pod_tools.tools_dir(handle),
                 heartbeat_path="",  # reading is not a sign of the run's life
-                on_line=emit,
+                on_bytes=emit,
                 pod_id=handle.pod_id,
                 reconnect_budget_seconds=_POD_GONE_SECONDS,
             )
@@ -227,17 +227,28 @@ def _local_copy(view: Any) -> Path | None:
     return copy if copy is not None and copy.is_file() else None
 
 
-def _rest_from_copy(view: Any, skip_lines: int, *, why: str = "") -> bool:
-    """Print the run's own copy of the training log (``<output_dir>/train.log``) past its
-    first ``skip_lines`` lines; False when that copy is not on this machine."""
+def _write_bytes(data: bytes) -> None:
+    """Write ``data`` to stdout as it is (the log's bytes, never decoded)."""
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a text-only stream: the nearest text
+        sys.stdout.write(data.decode("utf-8", errors="replace"))
+    else:
+        buffer.write(data)
+        buffer.flush()
+
+
+def _rest_from_copy(view: Any, skip_bytes: int, *, why: str = "") -> bool:
+    """Write the run's own copy of the training log (``<output_dir>/train.log``, the
+    pod's log byte for byte) past its first ``skip_bytes`` bytes; False when that copy
+    is not on this machine."""
     copy = _local_copy(view)
     if copy is None:
         return False
-    lines = copy.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
     note = f"{why}; " if why else ""
-    where = f"from line {skip_lines + 1} " if skip_lines else ""
-    print(f"source: {note}{copy} {where}(the log as the run followed it)", file=sys.stderr)
-    sys.stdout.write("".join(lines[skip_lines:]))
+    where = f"from byte {skip_bytes} " if skip_bytes else ""
+    print(f"source: {note}{copy} {where}(the pod's log, byte for byte)", file=sys.stderr)
+    _write_bytes(copy.read_bytes()[skip_bytes:])
     return True
 
 

@@ -93,6 +93,35 @@ class TestExactlyOnce:
 
 
 @pytest.mark.slow
+def test_a_binary_log_is_copied_byte_for_byte_and_failures_name_the_copy(
+    train_run_dir: Path, shell_console: LocalShellConsole
+):
+    # 300 KiB that is no text at all (invalid UTF-8, NUL, CR, ANSI), then a failure.
+    command = write_job(
+        train_run_dir,
+        """
+        import os, sys
+        out = sys.stdout.buffer
+        out.write(b"step 1\\r\\x1b[31mred\\x1b[0m \\xff\\xfe\\x00\\n")
+        out.write(os.urandom(300 * 1024))
+        out.write(b"\\nValueError: bad batch\\n")
+        out.flush()
+        sys.exit(3)
+        """,
+    )
+    copy = train_run_dir.parent / "copy-train.log"
+    got: list[bytes] = []
+    launch_training(shell_console, str(train_run_dir), TOOLS, command, python=PY)
+    with pytest.raises(TrainingError) as err:
+        follow(shell_console, train_run_dir, on_bytes=got.append, log_copy=str(copy))
+    pod_log = (train_run_dir / "train.log").read_bytes()
+    assert len(pod_log) > 300 * 1024 and b"".join(got) == pod_log
+    message = str(err.value)
+    assert f"the full log is {copy} (the pod's log, byte for byte)" in message
+    assert "on the pod" not in message
+
+
+@pytest.mark.slow
 class TestProgressAndMetrics:
     def test_redraws_feed_progress_and_only_the_last_reaches_the_log(
         self, train_run_dir: Path, shell_console
