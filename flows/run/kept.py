@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import shlex
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
@@ -24,7 +25,17 @@ from prefect_runpod.blocks.pod_side.watchdog import KEPT_FILE
 from prefect_runpod.blocks.provider import end_command
 from prefect_runpod.flows.run.names import KEPT_TAG_PREFIX
 
-__all__ = ["fetch_command", "keep_reason", "kept_until", "left_on_pod_error", "mark_kept"]
+if TYPE_CHECKING:
+    from prefect_runpod.flows.run.report import RunReport
+
+__all__ = [
+    "fetch_command",
+    "keep_reason",
+    "kept_for",
+    "kept_until",
+    "left_on_pod_error",
+    "mark_kept",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -81,6 +92,38 @@ def left_on_pod_error(
         pod_id=pod_id,
         stage="download",
     )
+
+
+def kept_for(
+    report: RunReport,
+    handle: PodHandle | None,
+    armed_at: datetime | None,
+    lifetime_seconds: float,
+    outputs: str,
+) -> tuple[str, TransferError] | None:
+    """Why a run keeps its pod and the error it ends with, when its download left outputs
+    on the pod (``TransferReport.left_on_pod``); None when everything travelled.
+
+    Args:
+        report: the run (its download's ``left_on_pod``, flow run id and provider).
+        handle: the pod, None when none was rented.
+        armed_at: when its dead-man started (the pod's ready time, UTC), else its create.
+        lifetime_seconds: the dead-man's lifetime: the latest the kept pod lives.
+        outputs: the local folder the rest of the outputs landed in, verified.
+    """
+    left = report.download.left_on_pod if report.download else {}
+    if not left or handle is None:
+        return None
+    until = kept_until(armed_at or handle.created_at, lifetime_seconds)
+    error = left_on_pod_error(
+        left,
+        pod_id=handle.pod_id,
+        provider=report.provider,
+        flow_run_id=report.flow_run_id,
+        outputs=outputs,
+        until=until,
+    )
+    return keep_reason(left, report.flow_run_id, until), error
 
 
 def mark_kept(handle: PodHandle, key: SecretStr, run_dir: str, flow_run_id: str) -> list[str]:

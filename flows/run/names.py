@@ -6,9 +6,14 @@ one, the files it keeps in its output dir, and the Prefect states after which it
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 __all__ = [
     "FINISHED_STATE_TYPES",
@@ -70,6 +75,24 @@ def flow_run_id_from_pod_name(name: str, name_prefix: str | None) -> UUID | None
     if not _UUID_RE.fullmatch(rest):
         return None
     return UUID(rest)
+
+
+def save_pod_key(key: SecretStr, out: Path) -> str:
+    """Keep the pod's private key (mode 0600) at ``<out>/pod-ssh-key`` while the pod lives,
+    so the printed ``ssh`` command works: a local pod's throwaway per-run key, or the key
+    of a saved RunPodSSHKey block (a provider that reaches pods with the user's own key
+    file, ``Capability.USER_KEY``, names that file instead). ``forget_pod_access``
+    deletes it once the pod is confirmed gone.
+
+    Returns:
+        The key file's path.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / POD_KEY_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key.get_secret_value())
+    return str(path)
 
 
 def forget_pod_access(output_dir: str | Path | None, pod_id: str | None) -> list[Path]:

@@ -18,7 +18,6 @@ itself (``PodAttempt``) in the run's report and cost record.
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,10 +43,10 @@ from prefect_runpod.flows.run.end import end_run, record_cost, write_report
 from prefect_runpod.flows.run.guardian import Guardian
 from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
 from prefect_runpod.flows.run.inputs import PreparedRun
-from prefect_runpod.flows.run.kept import keep_reason, kept_until, left_on_pod_error, mark_kept
+from prefect_runpod.flows.run.kept import kept_for, mark_kept
 from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
 from prefect_runpod.flows.run.logs import WAY_IN
-from prefect_runpod.flows.run.names import POD_KEY_FILE, TRAIN_LOG, attempt_pod_name
+from prefect_runpod.flows.run.names import TRAIN_LOG, attempt_pod_name, save_pod_key
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.flows.run.train_steps import TrainSteps
 from prefect_runpod.tasks.models import HFDiagnosis, StageState
@@ -147,7 +146,8 @@ class PodSession(TrainSteps):
         self._publish(deferred)
         self._download()
         self._checksum()
-        return deferred or self._left_on_pod()
+        kept = self._kept()
+        return deferred or (kept[1] if kept else None)
 
     def bring_back(
         self, *, keep_pod_on_failure: bool, terminate_timeout_seconds: float
@@ -163,7 +163,8 @@ class PodSession(TrainSteps):
             write_report(self.report)
             return None
         self.brought_back = True
-        keep_reason = self._keep_reason()
+        kept = self._kept()
+        keep_reason = kept[0] if kept else None
         if keep_reason is not None and self.handle is not None:
             mark_kept(self.handle, self.key, self.run_dir, self.report.flow_run_id)
         for keeper in self.keepers:
@@ -185,31 +186,12 @@ class PodSession(TrainSteps):
             self.guardian.tell("gone" if gone else "release")
         return unconfirmed
 
-    def _kept_until(self) -> datetime:
-        assert self.handle is not None
-        armed = self.attempt.ready_at if self.attempt and self.attempt.ready_at else None
-        return kept_until(armed or self.handle.created_at, self.deadman.lifetime_seconds)
-
-    def _keep_reason(self) -> str | None:
-        """Why this pod is kept whatever the run's outcome, or None (``flows.run.kept``)."""
-        left = self.report.download.left_on_pod if self.report.download else {}
-        if not left or self.handle is None:
-            return None
-        return keep_reason(left, self.report.flow_run_id, self._kept_until())
-
-    def _left_on_pod(self) -> BaseException | None:
-        """The run's error when outputs stayed on the pod (named, with the fetch command)."""
-        if self._keep_reason() is None:
-            return None
-        assert self.handle is not None and self.report.download is not None
-        return left_on_pod_error(
-            self.report.download.left_on_pod,
-            pod_id=self.handle.pod_id,
-            provider=self.report.provider,
-            flow_run_id=self.report.flow_run_id,
-            outputs=str(self.out / "outputs"),
-            until=self._kept_until(),
-        )
+    def _kept(self) -> tuple[str, BaseException] | None:
+        """Why this pod is kept whatever the run's outcome and the run's error naming what
+        stayed on it; None when every output travelled (``flows.run.kept.kept_for``)."""
+        armed = self.attempt.ready_at if self.attempt else None
+        lifetime = self.deadman.lifetime_seconds
+        return kept_for(self.report, self.handle, armed, lifetime, str(self.out / "outputs"))
 
     # -- bring up -------------------------------------------------------------------------
 
@@ -272,7 +254,7 @@ class PodSession(TrainSteps):
                 unreachable=self.watch.unreachable,
             )
             self.attempt.ssh_command = handle.pinned_ssh_command(
-                self.key_path or _save_pod_key(self.key, self.out)
+                self.key_path or save_pod_key(self.key, self.out)
             )
             write_report(self.report)  # the report on disk names the way in while the pod is up
             self.run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{self.report.flow_run_id}"
@@ -504,17 +486,3 @@ class PodSession(TrainSteps):
             report.manifest = checksum(outputs, source, self.handle.pod_id, report.publish)
             extra = extra_entries(outputs, source) if source is not None else []
             report.verified = verification_records(outputs, report.manifest, report.publish, extra)
-
-
-def _save_pod_key(key: SecretStr, out: Path) -> str:
-    """Keep the pod's private key (mode 0600) beside the outputs while the pod lives, so
-    the printed ``ssh`` command works: a local pod's throwaway per-run key, or the key of a
-    saved RunPodSSHKey block (a provider that reaches pods with the user's own key file,
-    ``Capability.USER_KEY``, names that file instead). It is deleted once the pod is
-    confirmed gone (``flows.run.names.forget_pod_access``)."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / POD_KEY_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key.get_secret_value())
-    return str(path)
