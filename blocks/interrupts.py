@@ -4,8 +4,10 @@ Python raises a signal handler's exception at the next bytecode boundary of the 
 thread. When that boundary lies inside a weakref callback or a ``__del__`` run by the
 garbage collector, CPython reports the exception as unraisable and drops it, so a Ctrl-C
 can vanish and the run go on. The CLI's handlers therefore note the stop here before
-raising, and the loops that wait (a training poll, a paused fault point) call
-:func:`raise_if_stopped` at each step: a stop that was dropped is raised again there.
+raising, and the boundaries of a run call :func:`raise_if_stopped`: each step of a
+waiting loop (a training poll, a paused fault point), each transfer chunk and the start
+and end of every stage but terminate. A stop that was dropped is raised again there;
+one that was raised is forgotten once a stage records it (:func:`clear_stop`).
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ def stop_pending() -> bool:
 
 
 def raise_if_stopped() -> None:
-    """Raise the pending stop once, at a boundary of a waiting loop.
+    """Raise the pending stop once, at a boundary. Only the main thread raises it (where
+    Python delivers signals); a transfer lane's thread leaves it pending for the main one.
 
     Raises:
         BaseException: what :func:`note_stop` was given (``KeyboardInterrupt`` …).
     """
     global _pending
+    if _pending is None or threading.current_thread() is not threading.main_thread():
+        return
     with _lock:
         make, _pending = _pending, None
     if make is not None:

@@ -46,7 +46,7 @@ from prefect_runpod.flows.run.cost_record import record_pod_end
 from prefect_runpod.flows.run.end import end_run, write_report
 from prefect_runpod.flows.run.guardian import start_guardian
 from prefect_runpod.flows.run.inputs import PreparedRun, prepare_run
-from prefect_runpod.flows.run.ledger import run_stage
+from prefect_runpod.flows.run.ledger import error_line, run_stage
 from prefect_runpod.flows.run.logs import install_quiet_engine, stage_logger
 from prefect_runpod.flows.run.names import (
     TRAIN_LOG,
@@ -247,7 +247,7 @@ def finetune(
             # a lost pod is resumed on a new one when the bundle checkpoints (flows.run.recovery)
             deferred = attempts.run(_attempt, resume_from=resume)
         except BaseException as exc:
-            report.error = report.error or secret_mask.error_text(exc).strip()[:400]
+            report.error = report.error or error_line(report, exc)
             in_flight: BaseException | None = exc
             masked = secret_mask.masked_error(exc)
             if masked is not exc:  # Prefect copies the text into states, events, results

@@ -24,7 +24,7 @@ from pydantic import SecretStr
 from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
 from prefect_runpod.blocks.exceptions import LinksRefusedError
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.transfer.base import MethodOptions
+from prefect_runpod.blocks.transfer.base import MethodOptions, ProgressCallback
 from prefect_runpod.blocks.transfer.dispatch import download_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
@@ -80,6 +80,7 @@ def download(
     staging_dir: str | None = None,
     follow_links: bool = False,
     reconnect: ReconnectPolicy | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> TransferReport:
     """Download the tree ``remote_dir`` (relative to the pod's workdir unless absolute)
     into ``local_dir`` (files, empty directories, in-tree links). A gateway outage is
@@ -93,6 +94,9 @@ def download(
             or the tree without the links that cannot travel is staged in.
         follow_links: copy what links leaving the tree point at instead of refusing
             them.
+
+    ``on_progress`` (``(done_bytes, total_bytes)``, e.g. a ``TransferProgress``) sees
+    each confirmed chunk, so a caller knows how far a transfer that stopped got.
 
     Returns:
         The verified ``TransferReport``; its ``left_on_pod`` names the links that
@@ -124,7 +128,9 @@ def download(
                 s3=s3,
                 options=options,
                 follow_links=follow_links,
-                on_progress=progress_logger(logger, f"download from {handle.pod_id}"),
+                on_progress=progress_logger(
+                    logger, f"download from {handle.pod_id}", also=on_progress
+                ),
             )
 
         try:

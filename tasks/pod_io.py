@@ -56,13 +56,17 @@ def progress_logger(
     what: str,
     interval_seconds: float = 10.0,
     clock: Callable[[], float] = time.monotonic,
+    also: Callable[[int, int], None] | None = None,
 ) -> Any:
     """An ``on_progress(done_bytes, total_bytes)`` that logs at most once per
     ``interval_seconds``, the first time once the transfer has run that long: a quick
-    transfer logs nothing but its summary, a long one a line every interval."""
+    transfer logs nothing but its summary, a long one a line every interval. ``also``
+    (the caller's own ``on_progress``, e.g. a ``TransferProgress``) sees every call."""
     state = {"next": clock() + interval_seconds}
 
     def _log(done: int, total: int) -> None:
+        if also is not None:
+            also(done, total)
         now = clock()
         if now >= state["next"] and done < total:
             frac = done / total if total else 1.0

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.transfer.base import MethodOptions
+from prefect_runpod.blocks.transfer.base import MethodOptions, ProgressCallback
 from prefect_runpod.blocks.transfer.dispatch import check_pod_end, upload_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
@@ -62,6 +62,7 @@ def upload(
     paths: list[str] | None = None,
     follow_links: bool = False,
     reconnect: ReconnectPolicy | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> TransferReport:
     """Upload the tree ``local_dir`` to ``remote_dir`` on the pod (relative to its
     workdir): files, empty directories and in-tree links (``follow_links`` copies what
@@ -74,6 +75,9 @@ def upload(
     budget, backoff, the provider asked before each retry) and the transfer resumes
     from the last verified chunk; a retry of the task resumes the same way: verified
     files are skipped and partial ones continue from their last verified byte.
+
+    ``on_progress`` (``(done_bytes, total_bytes)``, e.g. a ``TransferProgress``) sees
+    each confirmed chunk, so a caller knows how far a transfer that stopped got.
 
     Returns:
         The verified ``TransferReport``.
@@ -98,7 +102,7 @@ def upload(
             s3=s3,
             options=options,
             follow_links=follow_links,
-            on_progress=progress_logger(logger, f"upload to {handle.pod_id}"),
+            on_progress=progress_logger(logger, f"upload to {handle.pod_id}", also=on_progress),
             paths=paths,
         )
     logger.info(

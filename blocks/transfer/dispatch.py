@@ -36,6 +36,7 @@ from pydantic import SecretStr
 from prefect_runpod.blocks.console.reconnect import resuming
 from prefect_runpod.blocks.defaults import BUILT_IN_TRANSFER_METHODS
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
+from prefect_runpod.blocks.interrupts import raise_if_stopped
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import (
@@ -264,6 +265,19 @@ def _report(
     )
 
 
+def _at_chunks(on_progress: ProgressCallback | None) -> ProgressCallback:
+    """``on_progress`` with a stop boundary after it: a Ctrl-C the garbage collector
+    dropped (``blocks.interrupts``) is raised at the next confirmed chunk, in the main
+    thread (a lane's thread leaves it to the main one)."""
+
+    def step(done: int, total: int) -> None:
+        if on_progress is not None:
+            on_progress(done, total)
+        raise_if_stopped()
+
+    return step
+
+
 def upload_dir(
     console: PodConsole,
     handle: PodHandle,
@@ -326,7 +340,7 @@ def upload_dir(
     link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
     if method == "auto":
         chosen, transfer = _choose(handle, method, config, link)
-    result = transfer.upload(link, local_dir, remote, source, on_progress=on_progress)
+    result = transfer.upload(link, local_dir, remote, source, on_progress=_at_chunks(on_progress))
     report = _report("upload", chosen, started, result, source)
     if not report.verified:  # the methods raise first; this is the last guard
         pod = handle.pod_id
@@ -369,7 +383,7 @@ def download_dir(
     link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
     if method == "auto":
         chosen, transfer = _choose(handle, method, config, link)
-    result = transfer.download(link, remote, local_dir, on_progress=on_progress)
+    result = transfer.download(link, remote, local_dir, on_progress=_at_chunks(on_progress))
     report = _report("download", chosen, started, result, result.source_manifest)
     if not report.verified:
         pod = handle.pod_id

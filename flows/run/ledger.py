@@ -3,6 +3,7 @@ with one context manager so every stage is recorded the same way."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,12 +18,13 @@ from prefect_runpod.blocks.exceptions import (
     TransferError,
 )
 from prefect_runpod.blocks.faults import fault_point
+from prefect_runpod.blocks.interrupts import clear_stop, raise_if_stopped
 from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.secret_mask import error_text, is_header_error, redact
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState
 
-__all__ = ["StageSkipped", "run_stage", "skip_stage"]
+__all__ = ["StageSkipped", "error_line", "run_stage", "skip_stage", "stop_sentence"]
 
 
 class StageSkipped(Exception):
@@ -59,6 +61,10 @@ def run_stage(  # type: ignore[no-untyped-def]
     first: when the pod is gone, the stage fails with that one sentence
     (``PodGoneError``) instead.
 
+    A stop a signal asked for (``blocks.interrupts``) is raised at the start and at the
+    end of every stage but ``terminate``, which always runs; a stop the stage records
+    is forgotten, so the cleanup after it is not stopped again.
+
     Args:
         report: the run's report, updated in place.
         name: one of ``preflight`` and ``STAGES``.
@@ -77,7 +83,9 @@ def run_stage(  # type: ignore[no-untyped-def]
     start = time.monotonic()
     if on_change:
         on_change(name, record.state)
+    boundary = raise_if_stopped if name != "terminate" else _nothing
     try:
+        boundary()  # a Ctrl-C the garbage collector dropped is raised here
         if name != "provision":  # provision's point fires once the pod id exists
             fault_point(name)
         if watch is not None:
@@ -88,12 +96,17 @@ def run_stage(  # type: ignore[no-untyped-def]
             if watch is not None and not isinstance(exc, PodGoneError):
                 watch.check_now()  # raises PodGoneError when the pod is gone
             raise
+        boundary()
     except StageSkipped as skip:
         record.state = StageState.SKIPPED
         record.reason = str(skip) or "skipped"
     except BaseException as exc:
         record.state = StageState.CANCELLED if isinstance(exc, _CANCELLED) else StageState.FAILED
-        record.reason = _one_line(exc)
+        if not isinstance(exc, Exception):
+            clear_stop()  # acted on: the cleanup that follows is not stopped again
+            record.reason = stop_sentence(exc, name, time.monotonic() - start)
+        else:
+            record.reason = _one_line(exc)
         raise
     else:
         record.state = StageState.COMPLETED
@@ -111,6 +124,54 @@ def skip_stage(report: RunReport, name: str, reason: str) -> None:
     if record.state == StageState.PENDING:
         record.state = StageState.SKIPPED
         record.reason = reason
+
+
+def _nothing() -> None:
+    return None
+
+
+def _signal_name(number: object) -> str:
+    try:
+        return signal.Signals(number).name  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "a termination signal"
+
+
+def stop_sentence(exc: BaseException, stage: str | None, seconds: float | None = None) -> str:
+    """The one sentence a run stopped by a signal ends with: what stopped it, in which
+    stage and how far into it, e.g. ``stopped by Ctrl-C during upload (1.8 s into the
+    stage); the run ends its pod``. A ``BaseException`` that is no signal keeps its text.
+
+    Args:
+        exc: the ``KeyboardInterrupt``, the CLI's ``Terminated`` (its text names the
+            signal), Prefect's ``TerminationSignal`` or a cancellation.
+        stage: the stage it stopped, or None outside any stage.
+        seconds: how long the stage had run, if known.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        what = "Ctrl-C"
+    elif isinstance(exc, TerminationSignal):
+        what = _signal_name(getattr(exc, "signal", None))
+    elif isinstance(exc, CancelledRun):
+        what = "a cancellation of the flow run"
+    else:
+        text = redact(str(exc)).strip().splitlines()
+        what = text[0] if text and text[0].startswith("SIG") else ""
+        if not what:
+            return _one_line(exc)
+    where = f" during {stage}" if stage else ""
+    into = f" ({seconds:.1f} s into the stage)" if stage and seconds is not None else ""
+    return f"stopped by {what}{where}{into}; the run ends its pod"
+
+
+def error_line(report: RunReport, exc: BaseException) -> str:
+    """The run's error sentence for ``exc``, the error that ended it: for a stop by a
+    signal, the sentence its stage recorded (``stop_sentence``, naming the stage), else
+    ``Type: message`` (redacted, at most 400 characters)."""
+    if not isinstance(exc, Exception):
+        stopped = [s.reason for s in report.stages if s.state is StageState.CANCELLED]
+        return next((r for r in reversed(stopped) if r), None) or stop_sentence(exc, None)
+    return error_text(exc).strip()[:400]
 
 
 def _one_line(exc: BaseException) -> str:

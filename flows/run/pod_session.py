@@ -18,9 +18,11 @@ itself (``PodAttempt``) in the run's report and cost record.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import get_run_logger
 from pydantic import SecretStr
@@ -36,6 +38,7 @@ from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
+from prefect_runpod.blocks.transfer.models import TransferProgress
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.budget import RunBudget
 from prefect_runpod.flows.run.checkpoints import CheckpointStore, gpu_count_refusal
@@ -344,7 +347,7 @@ class PodSession(TrainSteps):
 
         assert self.handle is not None
         settings = self.settings
-        with self._stage("upload"):
+        with self._stage("upload"), self._moving("upload") as moved:
             self.budget.check()
             self.report.upload = upload(
                 self.handle,
@@ -357,9 +360,23 @@ class PodSession(TrainSteps):
                 options=settings.transfer_options(),
                 follow_links=settings.follow_links,
                 reconnect=self.reconnect,
+                on_progress=moved,
             )
             if self.resume_from is not None:
                 self._upload_checkpoint(self.resume_from)
+
+    @contextmanager
+    def _moving(self, direction: Literal["upload", "download"]) -> Iterator[TransferProgress]:
+        """How far the stage's transfer got: when it stops before its end (a Ctrl-C, a
+        lost pod) after moving some bytes, the report keeps those as the stage's
+        unverified transfer, so the summary says what moved instead of ``0 B``."""
+        moved = TransferProgress(direction, self.settings.transfer_method)
+        try:
+            yield moved
+        except BaseException:
+            if moved.done:
+                setattr(self.report, direction, moved.partial_report())
+            raise
 
     # -- work -----------------------------------------------------------------------------
 
@@ -440,7 +457,7 @@ class PodSession(TrainSteps):
 
         assert self.handle is not None
         settings = self.settings
-        with self._stage("download"):
+        with self._stage("download"), self._moving("download") as moved:
             if settings.download == "none":
                 where = self.report.model_location
                 raise StageSkipped(
@@ -466,6 +483,7 @@ class PodSession(TrainSteps):
                 options=settings.transfer_options(),
                 follow_links=settings.follow_links,
                 reconnect=self.reconnect,
+                on_progress=moved,
             )
 
     def _checksum(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import signal
+import threading
 import weakref
 
 import pytest
@@ -52,3 +53,23 @@ def test_a_dropped_sigterm_stops_a_paused_fault_point(tmp_path, monkeypatch) -> 
         with pytest.raises(Terminated):
             faults.fault_point("upload_started")  # would wait 300 s for its release
     assert not stop_pending()  # the block's end forgets what was not acted on
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_lane_thread_leaves_the_stop_to_the_main_thread() -> None:
+    with orderly_signals():
+        _drop_a_signal_inside_gc(signal.SIGINT)
+        raised: list[BaseException] = []
+
+        def lane() -> None:
+            try:
+                raise_if_stopped()
+            except BaseException as exc:  # pragma: no cover - the failure being tested
+                raised.append(exc)
+
+        worker = threading.Thread(target=lane)
+        worker.start()
+        worker.join()
+        assert not raised and stop_pending()
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_stopped()

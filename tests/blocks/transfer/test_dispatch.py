@@ -4,6 +4,7 @@ picked, configured and called by upload_dir / download_dir like the built-in one
 from __future__ import annotations
 
 import shutil
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,3 +208,65 @@ def test_built_in_auto_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         pick_method(on_gateway, "sftp")
     with pytest.raises(SpecError, match="needs an S3Target"):
         pick_method(on_gateway, "s3")
+
+
+@dataclass
+class ChunkedCopy(CopyMethod):
+    """``copy``, one file per confirmed chunk, telling ``on_progress`` after each."""
+
+    @classmethod
+    def from_config(cls, config: MethodConfig) -> ChunkedCopy:
+        return cls(config.options_for(CopyOptions))
+
+    def upload(self, pod, local_root, remote_root, source, *, on_progress=None) -> MethodResult:
+        done = 0
+        for path in sorted(p for p in Path(local_root).rglob("*") if p.is_file()):
+            target = Path(remote_root) / path.relative_to(local_root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            done += path.stat().st_size
+            self.calls.append(("chunk", pod, str(target)))
+            if on_progress:
+                on_progress(done, source.total_bytes)
+        return MethodResult(
+            bytes=done, source_manifest=source, dest_manifest=Manifest.compute(remote_root)
+        )
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_dropped_by_the_collector_stops_the_transfer_at_the_next_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect_runpod.blocks.transfer.models import TransferProgress
+    from prefect_runpod.flows.cli.session import orderly_signals
+    from tests.blocks.test_interrupts import _drop_a_signal_inside_gc
+
+    monkeypatch.setattr(dispatch, "METHOD_REGISTRY", dict(dispatch.METHOD_REGISTRY))
+    method: list[ChunkedCopy] = []
+
+    def build(config: MethodConfig) -> ChunkedCopy:
+        method.append(ChunkedCopy.from_config(config))
+        return method[-1]
+
+    register_method("chunked", build)
+    src = make_tree(tmp_path / "src", big_bytes=10_000)
+    moved = TransferProgress("upload", "chunked")
+
+    def on_progress(done: int, total: int) -> None:
+        moved(done, total)
+        if len(method[-1].calls) == 2:  # two chunks are in: Ctrl-C, dropped by gc
+            _drop_a_signal_inside_gc(signal.SIGINT)
+
+    with orderly_signals(), pytest.raises(KeyboardInterrupt):
+        upload_dir(
+            _ShellStandIn(),  # type: ignore[arg-type]
+            _handle(tmp_path),
+            src,
+            "bundle",
+            method="chunked",
+            on_progress=on_progress,
+        )
+    assert len(method[-1].calls) == 2  # stopped at the chunk boundary after the drop
+    partial = moved.partial_report()
+    sent = sum(Path(target).stat().st_size for _kind, _pod, target in method[-1].calls)
+    assert partial.bytes == sent > 0 and not partial.verified and partial.direction == "upload"

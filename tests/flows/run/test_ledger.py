@@ -7,7 +7,8 @@ import prefect.exceptions
 import pytest
 from prefect.exceptions import TerminationSignal
 
-from prefect_runpod.flows.run.ledger import StageSkipped, run_stage
+from prefect_runpod.blocks.interrupts import note_stop, stop_pending
+from prefect_runpod.flows.run.ledger import StageSkipped, error_line, run_stage
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState
 
@@ -29,7 +30,12 @@ def test_a_stage_stopped_from_outside_is_cancelled(error: BaseException) -> None
     with pytest.raises(type(error)), run_stage(report, "train"):
         raise error
     assert report.stage("train").state is StageState.CANCELLED
-    assert report.stage("train").reason.startswith(type(error).__name__)
+    reason = report.stage("train").reason
+    if isinstance(error, Exception):  # a cancellation keeps Prefect's own sentence
+        assert reason.startswith(type(error).__name__)
+    else:
+        said = "Ctrl-C" if isinstance(error, KeyboardInterrupt) else "SIGTERM"
+        assert reason.startswith(f"stopped by {said} during train (")
 
 
 def test_an_error_that_only_shares_a_name_fails_the_stage() -> None:
@@ -40,11 +46,35 @@ def test_an_error_that_only_shares_a_name_fails_the_stage() -> None:
     assert "the job's own error" in report.stage("train").reason
 
 
-def test_a_signal_with_no_message_says_what_happens_next() -> None:
+def test_a_ctrl_c_is_one_sentence_naming_the_stage_not_an_empty_error() -> None:
     report = RunReport()
-    with pytest.raises(KeyboardInterrupt), run_stage(report, "upload"):
-        raise KeyboardInterrupt
-    assert "the pod is terminated next" in report.stage("upload").reason
+    try:
+        with run_stage(report, "upload"):
+            raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:
+        line = error_line(report, exc)
+    assert line == report.stage("upload").reason
+    assert line.startswith("stopped by Ctrl-C during upload (") and "s into the stage" in line
+    assert line.endswith("; the run ends its pod") and "KeyboardInterrupt" not in line
+
+
+def test_a_dropped_stop_is_raised_at_the_stage_boundary_but_never_skips_terminate() -> None:
+    report = RunReport()
+    note_stop(KeyboardInterrupt)  # as if the handler's own raise had been dropped by gc
+    try:
+        with run_stage(report, "terminate"):
+            pass  # the pod's end is never stopped
+        assert stop_pending()
+        with pytest.raises(KeyboardInterrupt), run_stage(report, "download"):
+            raise AssertionError("the stage must not start")  # pragma: no cover
+    finally:
+        assert not stop_pending()  # the stage recorded it: the cleanup is not stopped again
+    assert report.stage("terminate").state is StageState.COMPLETED
+    assert report.stage("download").state is StageState.CANCELLED
+    note_stop(KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt), run_stage(report, "checksum"):
+        pass  # dropped during the stage: raised at its end
+    assert report.stage("checksum").state is StageState.CANCELLED
 
 
 def test_skipped_and_completed_stages_are_timed() -> None:
