@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_TERMINATE_TIMEOUT_SECONDS",
     "GONE_CAUSES",
     "LIFETIME_ENV",
+    "OWN_LAYERS",
     "REAPER_TTL_GRACE_SECONDS",
     "DeadmanConfig",
     "EndedBy",
@@ -260,6 +261,17 @@ class PodProvider(Protocol):
         ...
 
 
+OWN_LAYERS = {
+    "deadman": "the run's own dead-man switch (its heartbeat went stale or its lifetime ran out)",
+    "guardian": "the run's guardian",
+    "hook": "the run's crash hook",
+    "reaper": "the reaper",
+    "lease": "its lease",
+}
+"""The layers of prefect-runpod that end a pod (``EndedBy`` values), as a sentence names
+them: a pod one of them ended was not "terminated outside this run"."""
+
+
 def end_command(provider_name: str, pod_id: str) -> str:
     """The command a person runs to end a pod by hand:
     ``prefect-runpod terminate --provider runpod 50qynxzilsxoey``."""
@@ -274,10 +286,17 @@ def lost_sentence(status: PodStatus) -> str:
 
     Returns:
         e.g. ``pod 50qynxzilsxoey was terminated outside this run (RunPod: not found) at
-        12:00:03 UTC; the run stopped waiting for it.``
+        12:00:03 UTC; the run stopped waiting for it.``; a pod a layer of prefect-runpod
+        ended (``status.ended_by`` in ``OWN_LAYERS``) is named as ended by that layer.
     """
     at = status.observed_at.astimezone(UTC).strftime("%H:%M:%S UTC")
     said = status.provider_status
+    layer = OWN_LAYERS.get(status.ended_by or "")
+    if status.cause is PodCause.TERMINATED_OUTSIDE and layer:
+        return (
+            f"pod {status.pod_id} was ended by {layer} ({said}; seen at {at}); the run "
+            "stopped waiting for it."
+        )
     if status.cause is PodCause.TERMINATED_OUTSIDE:
         return (
             f"pod {status.pod_id} was terminated outside this run ({said}; seen at {at}); "

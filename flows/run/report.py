@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from prefect_runpod.blocks.pod_handle import PodHandle
-from prefect_runpod.blocks.provider import Capability, PodEnd, end_command
+from prefect_runpod.blocks.provider import OWN_LAYERS, Capability, PodEnd, end_command
 from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.secret_mask import redact, redact_data
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
@@ -206,6 +206,11 @@ class RunReport(LastAttemptView):
             "exited": "exited",
             "host_lost": "host lost",
         }.get(end.cause or "", "")
+        if end.cause == "terminated_outside" and end.ended_by.value in OWN_LAYERS:
+            # one of the product's own layers ended it, not someone outside the run
+            own = OWN_LAYERS[end.ended_by.value].split(" (")[0]
+            how = f" ({end.layer})" if end.layer else ""
+            return f"gone: ended by {own}{how} at {at}, confirmed"
         lead = f"gone: {cause}, " if cause else "yes, "
         how = f" ({end.layer})" if end.layer else ""
         return f"{lead}ended by {end.ended_by.value}{how} at {at}, confirmed"
