@@ -89,10 +89,11 @@ class ConsoleConnection:
         commands as ``$ <command>``, their output, ``[exit N]``."""
         return "\n".join(self._transcript)
 
-    def connect(self) -> None:
+    def connect(self, *, spent_seconds: float = 0.0) -> None:
         """Open the SSH session and the PTY shell, and set the shell up; with a
         reconnect policy, refusals and timeouts are waited out (backoff, the provider
-        asked before each retry) for up to its budget.
+        asked before each retry) for up to its budget less ``spent_seconds`` (an outage
+        a caller has waited out already), each attempt bounded by what is left of it.
 
         Raises:
             ConsoleConnectError: connection refused or timed out (past the budget), host
@@ -102,22 +103,28 @@ class ConsoleConnection:
         """
         if self._io is not None:
             return
-        if self.reconnect_policy is None:
+        policy = self.reconnect_policy
+        if policy is None:
             self._open()
-        else:
-            self.reconnect_policy.call(
-                self._open, pod_id=self._pod_id, what=f"SSH at {self._where()}"
-            )
+            return
+        started = policy.clock() - max(0.0, spent_seconds)
 
-    def _open(self) -> None:
-        """One attempt at ``connect``."""
-        deadline = time.monotonic() + self._connect_timeout_seconds
+        def attempt() -> None:  # never longer than what is left of the budget
+            self._open(min(self._connect_timeout_seconds, policy.left(started)))
+
+        policy.call(attempt, pod_id=self._pod_id, what=f"SSH at {self._where()}", since=started)
+
+    def _open(self, timeout_seconds: float | None = None) -> None:
+        """One attempt at ``connect``, each step within ``timeout_seconds`` (default the
+        console's connect timeout)."""
+        timeout = timeout_seconds or self._connect_timeout_seconds
+        deadline = time.monotonic() + timeout
         client = open_ssh_client(
             self._endpoint,
             self._private_key,
             pinned_host_key=self._pinned_host_key,
             on_new_host_key=self._record_host_key,
-            timeout_seconds=self._connect_timeout_seconds,
+            timeout_seconds=timeout,
             where=self._where(),
             pod_id=self._pod_id,
         )
@@ -125,9 +132,7 @@ class ConsoleConnection:
             transport = client.get_transport()
             assert transport is not None
             transport.set_keepalive(15)
-            channel = transport.open_session(
-                window_size=self._window_bytes, timeout=self._connect_timeout_seconds
-            )
+            channel = transport.open_session(window_size=self._window_bytes, timeout=timeout)
             channel.get_pty(term="xterm", width=TERMINAL_WIDTH, height=TERMINAL_HEIGHT)
             channel.invoke_shell()
         except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -164,15 +169,17 @@ class ConsoleConnection:
         if client is not None:
             client.close()
 
-    def reconnect(self) -> None:
+    def reconnect(self, *, spent_seconds: float = 0.0) -> None:
         """Open a fresh session (after a drop) and export again every variable given
         to ``set_secret_env``. Commands that were running are not re-run.
+        ``spent_seconds``: how much of the reconnect budget the outage has used already
+        (a caller that waited since its first failure): the wait gets only the rest.
 
         Raises:
             ConsoleConnectError, PodGoneError: as ``connect``.
         """
         self.close()
-        self.connect()
+        self.connect(spent_seconds=spent_seconds)
         assert self._shell is not None
         for name, value in self._secret_env.items():
             self._apply_secret(self._shell, name, value.get_secret_value())

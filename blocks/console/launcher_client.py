@@ -153,8 +153,9 @@ class LogFollower:
         """Run ``command`` and return its JSON answer (the object holding ``key``).
 
         Reconnects after a ``ConsoleError`` (backoff up to 5 s) until
-        ``reconnect_budget_seconds`` pass (the command asks only for state, so asking
-        again is safe). When this process watches the pod's liveness
+        ``reconnect_budget_seconds`` pass, counted from when the command that got no
+        answer was sent (the command asks only for state, so asking again is safe); each
+        command and each reconnect is bounded by what is left of that budget. When this process watches the pod's liveness
         (``pod_watch.watch_for``), the provider is asked first, after each failure and
         before each reconnect: a pod that is gone stops the wait at once, and one whose
         SSH stayed down for the whole budget while the provider says it runs is
@@ -170,13 +171,15 @@ class LogFollower:
         garbled = 0
         delay = 0.5
         watch = watch_for(self.pod_id)
+        budget = self.reconnect_budget_seconds
         while True:
             if watch is not None:
                 watch.raise_if_lost()
+            sent = self.clock()
             try:
                 self.in_command = True
                 result = self.console.run(
-                    command, timeout_seconds=timeout_seconds or self.command_timeout_seconds
+                    command, timeout_seconds=self._deadline(timeout_seconds, first_failure, sent)
                 )
                 self.in_command = False
             except ConsoleError as exc:
@@ -184,8 +187,9 @@ class LogFollower:
                 if watch is not None:
                     watch.check_now()  # a pod that is gone: no reconnect window at all
                 now = self.clock()
-                first_failure = now if first_failure is None else first_failure
-                if now - first_failure >= self.reconnect_budget_seconds:
+                # the outage began when the command that got no answer was sent
+                first_failure = sent if first_failure is None else first_failure
+                if now - first_failure >= budget:
                     if watch is not None:
                         raise watch.unreachable(now - first_failure) from exc
                     raise TrainingError(
@@ -196,10 +200,12 @@ class LogFollower:
                         pod_id=self.pod_id,
                         stage="train",
                     ) from exc
-                sleep_in_steps(delay, self.sleep)
+                sleep_in_steps(
+                    min(delay, max(0.0, budget - (self.clock() - first_failure))), self.sleep
+                )
                 delay = min(5.0, delay * 2)
-                try:
-                    self.console.reconnect()
+                try:  # the console's own wait counts from the same first failure
+                    self.console.reconnect(spent_seconds=self.clock() - first_failure)
                     self.reconnects += 1
                 except ConsoleError:
                     pass
@@ -217,6 +223,18 @@ class LogFollower:
                     pod_id=self.pod_id,
                     stage="train",
                 )
+
+    def _deadline(self, asked: float | None, first_failure: float | None, now: float) -> float:
+        """A command's deadline: the one asked for (a start, a kill), else the default
+        command timeout, for a state query never more than half the reconnect budget (a
+        frozen pod answers nothing: its silence, and the console's wait for the Ctrl-C
+        after it, as long again at most, count against the budget); during an outage, at
+        most half of what is left of the budget (at least 1 s)."""
+        budget = self.reconnect_budget_seconds
+        deadline = asked or min(self.command_timeout_seconds, max(1.0, budget / 2))
+        if first_failure is None:
+            return deadline
+        return min(deadline, max(1.0, (budget - (now - first_failure)) / 2))
 
     # -- reading ---------------------------------------------------------------------
     def read_once(self) -> LogChunk:

@@ -71,8 +71,9 @@ class ConsoleLike(Protocol):
         """
         ...
 
-    def reconnect(self) -> None:
-        """Open a fresh session after a drop, with the secrets exported again.
+    def reconnect(self, *, spent_seconds: float = 0.0) -> None:
+        """Open a fresh session after a drop, with the secrets exported again, waiting
+        at most the reconnect budget less ``spent_seconds`` (the outage so far).
 
         Raises:
             ConsoleConnectError: the pod cannot be reached.

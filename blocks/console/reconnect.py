@@ -80,13 +80,27 @@ class ReconnectPolicy:
             if not value > 0:
                 raise SpecError(f"reconnect {name} must be > 0 s, got {value}")
 
-    def call(self, attempt: Callable[[], T], *, pod_id: str | None, what: str) -> T:
+    def left(self, since: float) -> float:
+        """Seconds left of the budget of an outage that began at ``since`` (this
+        policy's clock); at least 1 s, so a last attempt can still answer."""
+        return max(1.0, self.budget_seconds - (self.clock() - since))
+
+    def call(
+        self,
+        attempt: Callable[[], T],
+        *,
+        pod_id: str | None,
+        what: str,
+        since: float | None = None,
+    ) -> T:
         """Run ``attempt`` until it succeeds, waiting out retryable connect failures.
 
         Args:
             attempt: one try (e.g. open an SSH session); raises ``ConsoleConnectError``.
             pod_id: the pod, for messages.
             what: what is being waited for (``the SSH gateway``), for messages.
+            since: when the outage began (this policy's clock), when a caller waited
+                already; None: now. The budget counts from there.
 
         Returns:
             What ``attempt`` returned.
@@ -97,7 +111,7 @@ class ReconnectPolicy:
             ConsoleConnectError: not retryable, or still failing after ``budget_seconds``
                 (the message says how long it waited).
         """
-        started = self.clock()
+        started = self.clock() if since is None else since
 
         def out_of_budget(state: RetryCallState) -> bool:
             return self.clock() - started >= self.budget_seconds
@@ -204,9 +218,9 @@ class Resuming:
         """``console.set_secret_env`` (a fresh session exports the secrets again)."""
         self.console.set_secret_env(name, value, mask=mask)
 
-    def reconnect(self) -> None:
+    def reconnect(self, *, spent_seconds: float = 0.0) -> None:
         """``console.reconnect``."""
-        self.console.reconnect()
+        self.console.reconnect(spent_seconds=spent_seconds)
 
 
 def resuming(console: ConsoleLike) -> Resuming:

@@ -142,7 +142,8 @@ class PodConsole(ConsoleConnection):
                 shell options and tty modes are put back after it (the console owns the
                 session), and an ``exec`` of another shell is followed by setting the new
                 one up.
-            timeout_seconds: the deadline; past it Ctrl-C is sent.
+            timeout_seconds: the deadline; past it Ctrl-C is sent, and the shell's answer
+                waited for as long again at most (10 s at most).
             on_line: called with each finished output line (secrets masked) as it arrives.
             check: raise ``ConsoleError`` when the exit code is not 0.
 
@@ -163,7 +164,8 @@ class PodConsole(ConsoleConnection):
         seq = shell.send_command(body)
         code, lines = shell.read_command(seq, started + timeout_seconds, on_line, shown=shown)
         if code is None:
-            answered, more = shell.interrupt()
+            # a quick command's Ctrl-C waits no longer than the command itself did
+            answered, more = shell.interrupt(grace_seconds=timeout_seconds)
             self._record(f"[timeout; Ctrl-C; {'shell back' if answered else 'no answer yet'}]")
             lines += [line for line in more if line]
             output = "\n".join(lines)

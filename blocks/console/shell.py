@@ -321,15 +321,16 @@ class ShellSession:
 
     # -- getting back ------------------------------------------------------------------
 
-    def interrupt(self) -> tuple[bool, list[str]]:
-        """Send Ctrl-C, then a sync line, and wait for its marker.
+    def interrupt(self, grace_seconds: float | None = None) -> tuple[bool, list[str]]:
+        """Send Ctrl-C, then a sync line, and wait for its marker, for at most
+        ``grace_seconds`` (never longer than the console's interrupt grace, 10 s).
 
         Returns:
             ``(answered, lines seen meanwhile)``; when the shell did not answer, a resync
             is due before the next command.
         """
         self.io.send(b"\x03", self.feed)
-        answered, lines = self._sync()
+        answered, lines = self._sync(grace_seconds)
         self.needs_resync = not answered
         return answered, lines
 
@@ -342,11 +343,14 @@ class ShellSession:
         self.needs_resync = not answered
         return answered
 
-    def _sync(self) -> tuple[bool, list[str]]:
+    def _sync(self, grace_seconds: float | None = None) -> tuple[bool, list[str]]:
         token = _secrets.token_hex(6)
         self.type_line(sync_line(self.nonce, token))
         wanted = marker(SYNC_TAG, self.nonce, token)
-        deadline = time.monotonic() + _INTERRUPT_GRACE_SECONDS
+        grace = _INTERRUPT_GRACE_SECONDS
+        deadline = time.monotonic() + (
+            grace if grace_seconds is None else min(grace, grace_seconds)
+        )
         seen: list[str] = []
         while True:
             line = self._next_line(deadline)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -39,6 +40,22 @@ _PTY_REFUSAL = GATEWAY_PTY_ERROR.removeprefix("Error: ").encode()
 ``Error: `` prefix so that the sentence alone is recognised too."""
 
 _EXEC_READ_BYTES = 1 << 20
+
+
+class _TransportAtDebug(logging.Filter):
+    """paramiko's transport thread logs a failure it then hands to the caller (``Error
+    reading SSH protocol banner``, a reset) at ERROR, its traceback as lines of text,
+    which would reach the terminal; the console reports the same failure itself in one
+    sentence. Such records are lowered to DEBUG: only a handler that asks for debug
+    output (``--verbose`` logging) still shows them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+logging.getLogger("paramiko.transport").addFilter(_TransportAtDebug())
 
 
 def host_key_line(key: paramiko.PKey) -> str:
