@@ -35,9 +35,7 @@ _STATE = """printf '{"state": "running"}\\n'"""
 def _server_processes(server: SshdServer) -> list[psutil.Process]:
     """The sshd listening for ``server`` and every process under it (its sessions)."""
     config = str(server.root / "sshd_config")
-    listeners = [
-        p for p in psutil.process_iter(["cmdline"]) if config in (p.info["cmdline"] or [])
-    ]
+    listeners = [p for p in psutil.process_iter(["cmdline"]) if config in (p.info["cmdline"] or [])]
     return [proc for p in listeners for proc in (p, *p.children(recursive=True))]
 
 
@@ -92,5 +90,7 @@ def test_a_frozen_pod_is_given_up_within_the_budget_from_its_first_silence(
             with pytest.raises(ConsoleConnectError, match="reconnect budget"):
                 console.reconnect(spent_seconds=BUDGET - 1.0)
             print(f"reconnect with 1 s left gave up after {time.monotonic() - started:.1f} s")
-    loud = [r for r in caplog.records if r.name.startswith("paramiko") and r.levelno > logging.DEBUG]
+    loud = [
+        r for r in caplog.records if r.name.startswith("paramiko") and r.levelno > logging.DEBUG
+    ]
     assert not loud, [r.getMessage() for r in loud]
