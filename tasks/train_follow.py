@@ -28,7 +28,38 @@ from prefect_runpod.blocks.pod_watch import watch_for
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
 
-__all__ = ["follow_training", "missing_outputs"]
+__all__ = ["follow_training", "missing_outputs", "pod_disk_full"]
+
+FULL_BELOW_BYTES = 1 << 20
+"""A pod filesystem with less free space than this (1 MiB) counts as full."""
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover - the loop returns at GiB
+
+
+def pod_disk_full(console: ConsoleLike, path: str) -> str | None:
+    """Whether the pod's filesystem holding ``path`` is full (``df -Pk``): a phrase for
+    the error, e.g. ``0 B free of 1.0 MiB on /workspace: No space left on device``, or
+    None when it has room (``FULL_BELOW_BYTES`` or more free) or cannot be asked (a pod
+    gone or unreachable: that fault has its own sentence). Never raises."""
+    try:
+        answer = console.run(f"df -Pk -- {shlex.quote(path)}", timeout_seconds=10)
+    except Exception:  # noqa: BLE001 - a probe only: the failure keeps its own message
+        return None
+    for fields in reversed([line.split() for line in (answer.output or "").splitlines()]):
+        if len(fields) >= 6 and fields[1].isdigit() and fields[3].isdigit():
+            size, free = int(fields[1]) * 1024, int(fields[3]) * 1024
+            if free >= FULL_BELOW_BYTES:
+                return None
+            where = " ".join(fields[5:])
+            return f"{_size(free)} free of {_size(size)} on {where}: No space left on device"
+    return None
 
 
 def _last_lines_message(tail: deque[str] | list[str]) -> str:
@@ -167,7 +198,11 @@ def follow_training(
         log_bytes=follower.offset,
         reconnects=follower.reconnects,
     )
-    error = _outcome_error(report, stop_reason, chunk, follower.tail, pod_id, log_copy)
+    failed = not stop_reason and (chunk is None or chunk.state == "lost" or exit_code != 0)
+    disk = pod_disk_full(follower.console, run_dir) if failed else None
+    error = _outcome_error(
+        report, stop_reason, chunk, follower.tail, pod_id, log_copy=log_copy, disk=disk
+    )
     if error is not None:
         error.report = report
         raise error
@@ -249,12 +284,32 @@ def _outcome_error(
     tail: deque[str],
     pod_id: str | None,
     log_copy: str | None = None,
+    disk: str | None = None,
 ) -> TrainingError | BudgetExceededError | None:
     """The error a followed run ends with (a stop, a lost process, a non-zero exit), its
     message carrying the log's last lines and where the whole log is (``log_copy``, the
-    run's own copy, which outlives the pod); None for a run that exited 0."""
+    run's own copy, which outlives the pod), and leading with the pod's full disk when
+    ``disk`` says so (``pod_disk_full``); None for a run that exited 0."""
     exit_code = report.exit_code
     full_log = full_log_place(report.run_dir, pod_id, log_copy)
+    if disk and (chunk is None or chunk.state == "lost" or exit_code is None):
+        return TrainingError(
+            f"pod {pod_id}: the pod's disk is full ({disk}); the training process ended "
+            f"without recording an exit code after {report.seconds:.0f} s: {_cause(tail)}.\n"
+            f"Last log lines:\n{_last_lines_message(tail)}\nFree space on the pod (a larger "
+            f"volume, fewer checkpoints kept) and rerun; the full log is {full_log}.",
+            pod_id=pod_id,
+            stage="train",
+        )
+    if disk and exit_code != 0:
+        return TrainingError(
+            f"pod {pod_id}: the pod's disk is full ({disk}); training exited with code "
+            f"{exit_code} after {report.seconds:.0f} s: {_cause(tail)}.\nLast log lines:\n"
+            f"{_last_lines_message(tail)}\nFree space on the pod (a larger volume, fewer "
+            f"checkpoints kept) and rerun; the full log is {full_log}.",
+            pod_id=pod_id,
+            stage="train",
+        )
     if stop_reason:
         return BudgetExceededError(
             f"pod {pod_id}: training stopped: {stop_reason}; the process group was killed "

@@ -256,3 +256,36 @@ class TestEndings:
         assert sum("launcher.py start" in c for c in shell_console.calls) == 1
         gate.touch()
         assert follow(shell_console, train_run_dir).exit_code == 0
+
+
+FILLS_THE_DISK = """
+import sys
+print("step 1 loss 0.5", flush=True)
+with open("checkpoint.bin", "wb") as fh:
+    while True:  # until ENOSPC: the traceback cannot even reach the full log
+        fh.write(b"\\0" * 65536)
+        fh.flush()
+"""
+
+
+@pytest.mark.slow
+def test_a_pod_disk_that_fills_during_training_is_named(tiny_disk: Path) -> None:
+    """Issue 24: it used to read "the training process ended without an exit code (killed
+    with its supervisor?)", with "No space left on device" nowhere."""
+    run_dir = tiny_disk / "run"
+    (run_dir / "bundle").mkdir(parents=True)
+    console = LocalShellConsole()
+    command = write_job(run_dir, FILLS_THE_DISK)
+    launch_training(console, str(run_dir), TOOLS, command, python=PY)
+    try:
+        with pytest.raises(TrainingError) as err:
+            follow(console, run_dir)
+    finally:
+        __import__("subprocess").run(
+            [PY, str(LAUNCHER), "kill", "--run-dir", str(run_dir), "--grace-seconds", "1"],
+            capture_output=True,
+        )
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("pod pod-t: the pod's disk is full (0 B free of 1.0 MiB on "), first
+    assert f"{tiny_disk}: No space left on device)" in first
+    assert "killed with its supervisor" not in str(err.value)
