@@ -15,6 +15,8 @@ Adding a method is one module with a class that implements ``TransferMethod`` (a
 
 from __future__ import annotations
 
+import errno
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.exceptions import TransferError
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 
 if TYPE_CHECKING:
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = [
+    "is_disk_full",
+    "local_disk_full",
     "MethodConfig",
     "MethodFactory",
     "MethodOptions",
@@ -195,3 +200,41 @@ class TransferMethod(Protocol):
 
 MethodFactory = Callable[[MethodConfig], TransferMethod]
 """Builds a method from the caller's ``MethodConfig``; the registry holds these."""
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write refused for want of space (``ENOSPC``, ``EDQUOT``) on
+    this machine: no dropped connection, so never retried as one."""
+    return isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS
+
+
+def local_disk_full(local_root: Path, exc: OSError, pod: str) -> TransferError:
+    """The one sentence for a download that filled this machine's disk: the side (this
+    machine), the folder, its free and total space, and the way out.
+
+    Args:
+        local_root: the folder the download writes into.
+        exc: the refused write (``is_disk_full``).
+        pod: the pod id the download came from.
+    """
+    where = Path(local_root)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        usage = shutil.disk_usage(where)
+        space = f"{_mib(usage.free)} free of {_mib(usage.total)}"
+    except OSError:
+        space = "free space unknown"
+    return TransferError(
+        f"the local disk is full: the download from pod {pod} into {local_root} stopped "
+        f"({exc.strerror or exc}; {space} there). Free space on this machine or choose "
+        "another output folder, then download again",
+        pod_id=pod,
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"

@@ -47,6 +47,8 @@ from prefect_runpod.blocks.transfer.base import (
     ProgressCallback,
     TransferHooks,
     TransferMethod,
+    is_disk_full,
+    local_disk_full,
 )
 from prefect_runpod.blocks.transfer.models import (
     Manifest,
@@ -371,7 +373,8 @@ def download_dir(
 
     Raises:
         ChecksumMismatchError, TransferError, SpecError: as ``upload_dir`` (links on the
-            pod that leave the tree or dangle are refused before any byte moves).
+            pod that leave the tree or dangle are refused before any byte moves); a
+            full local disk is a ``TransferError`` saying so (``local_disk_full``).
     """
     started = time.monotonic()
     local_dir = Path(local_dir)
@@ -383,7 +386,12 @@ def download_dir(
     link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
     if method == "auto":
         chosen, transfer = _choose(handle, method, config, link)
-    result = transfer.download(link, remote, local_dir, on_progress=_at_chunks(on_progress))
+    try:
+        result = transfer.download(link, remote, local_dir, on_progress=_at_chunks(on_progress))
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise local_disk_full(local_dir, exc, handle.pod_id) from exc
+        raise
     report = _report("download", chosen, started, result, result.source_manifest)
     if not report.verified:
         pod = handle.pod_id

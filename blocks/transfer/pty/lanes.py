@@ -18,7 +18,7 @@ from typing import Any
 from prefect_runpod.blocks.exceptions import ConsoleError, TransferError
 from prefect_runpod.blocks.pod_side import frame_codec as codec
 from prefect_runpod.blocks.pod_side import part_files
-from prefect_runpod.blocks.transfer.base import ProgressCallback, TransferHooks
+from prefect_runpod.blocks.transfer.base import ProgressCallback, TransferHooks, is_disk_full
 
 __all__ = ["MAX_REWINDS", "Crew", "Lane", "Piece", "Stopped", "Striped", "Tally", "plan_lanes"]
 
@@ -237,5 +237,7 @@ def lane_error(pod: str, exc: BaseException) -> BaseException:
     from prefect_runpod.blocks.exceptions import RunPodFlowError
 
     if isinstance(exc, RunPodFlowError) and not isinstance(exc, ConsoleError):
+        return exc
+    if is_disk_full(exc):  # this machine's disk: said as such by the caller
         return exc
     return TransferError(f"pod {pod}: a parallel pty stream failed: {exc}", pod_id=pod)

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 from prefect_runpod.blocks.exceptions import ConsoleError, TransferError
 from prefect_runpod.blocks.pod_side import frame_codec as codec
 from prefect_runpod.blocks.pod_side.receiver import PROTOCOL_VERSION
-from prefect_runpod.blocks.transfer.base import TransferHooks
+from prefect_runpod.blocks.transfer.base import TransferHooks, is_disk_full
 from prefect_runpod.blocks.transfer.pty.options import PtyOptions
 
 __all__ = [
@@ -438,6 +438,7 @@ def resilient(
     Raises:
         TransferError: the connection dropped too often (the pod named, and that
             finished files are kept).
+        OSError: this machine's disk is full (``is_disk_full``), raised at once.
     """
     reconnects = 0
     while True:
@@ -449,6 +450,10 @@ def resilient(
             session.close()
             return result, reconnects
         except (Dropped, *DROP_ERRORS) as exc:  # type: ignore[misc]
+            if is_disk_full(exc):  # this machine's disk, not the connection: no retry
+                if session is not None:
+                    session.close()
+                raise
             reconnects += 1
             if reconnects > opts.max_reconnects or reconnect is None:
                 raise TransferError(

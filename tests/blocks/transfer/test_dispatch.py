@@ -232,6 +232,15 @@ class ChunkedCopy(CopyMethod):
             bytes=done, source_manifest=source, dest_manifest=Manifest.compute(remote_root)
         )
 
+    def download(self, pod, remote_root, local_root, *, on_progress=None) -> MethodResult:
+        source = Manifest.compute(remote_root)
+        self.upload(pod, remote_root, local_root, source, on_progress=on_progress)
+        return MethodResult(
+            bytes=source.total_bytes,
+            source_manifest=source,
+            dest_manifest=Manifest.compute(local_root),
+        )
+
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_ctrl_c_dropped_by_the_collector_stops_the_transfer_at_the_next_chunk(
@@ -270,3 +279,21 @@ def test_a_ctrl_c_dropped_by_the_collector_stops_the_transfer_at_the_next_chunk(
     partial = moved.partial_report()
     sent = sum(Path(target).stat().st_size for _kind, _pod, target in method[-1].calls)
     assert partial.bytes == sent > 0 and not partial.verified and partial.direction == "upload"
+
+
+def test_a_download_that_fills_the_local_disk_says_so_naming_this_machine(
+    tmp_path: Path, tiny_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatch, "METHOD_REGISTRY", dict(dispatch.METHOD_REGISTRY))
+    register_method("chunked", ChunkedCopy.from_config)
+    handle = _handle(tmp_path)
+    remote = make_tree(Path(handle.workdir) / "bundle")  # 3 MiB into a 1 MiB disk
+    assert remote.is_dir()
+    with pytest.raises(TransferError) as info:
+        download_dir(_ShellStandIn(), handle, "bundle", tiny_disk / "outputs", method="chunked")  # type: ignore[arg-type]
+    text = str(info.value)
+    assert text.startswith(
+        f"the local disk is full: the download from pod p-reg into {tiny_disk / 'outputs'} "
+        "stopped (No space left on device; "
+    ), text
+    assert "free of 1.0 MiB there)" in text and "lost its connection" not in text

@@ -4,6 +4,7 @@ Every fault test runs with raw frames and with base64 frames (the ``framing`` fi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -262,3 +263,23 @@ def test_a_drop_at_any_point_resumes(
             _same_tree(src, tmp_path / "back")
         assert hooks.fired == ["drop"] and result.reconnects == 1, direction
         _framed(result, framing)
+
+
+def test_a_full_local_disk_is_no_dropped_connection(
+    tmp_path: Path, tiny_disk: Path, pipe_streams
+) -> None:
+    """Issue 24: a download into a full local disk was retried as a drop and ended
+    "pty transfer ... lost its connection 6 times"; the refused write is raised at once."""
+    remote = make_tree(tmp_path / "pod")  # 3 MiB: more than the 1 MiB disk holds
+    with pytest.raises(OSError) as info:
+        pty_download(
+            pipe_streams,
+            POD_SIDE_DIR,
+            str(remote),
+            tiny_disk / "outputs",
+            options=fast("base64"),
+            reconnect=pipe_streams.reconnect,
+            pod="lp-test",
+        )
+    assert info.value.errno == errno.ENOSPC and not isinstance(info.value, TransferError)
+    assert pipe_streams.reconnects == 0
