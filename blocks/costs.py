@@ -12,7 +12,7 @@ billed seconds and USD of its cost record (``settle``).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 __all__ = [
@@ -111,6 +111,7 @@ def budget_reason(
     max_cost_usd: float | None,
     *,
     pod_id: str,
+    stop_seconds: float = 0.0,
 ) -> str | None:
     """The sentence that ends a run whose projected spend reached its budget, else None.
 
@@ -120,10 +121,15 @@ def budget_reason(
         now: the moment to check (timezone-aware).
         max_cost_usd: the budget in USD, or None for no cap (never a reason then).
         pod_id: the pod that is billing, named in the sentence.
+        stop_seconds: how long stopping takes from ``now`` until the pod's end is
+            confirmed (billing ends there): the spend is projected to that moment, so
+            a run stopped now still ends under the cap.
 
     Returns:
         For example ``projected spend 0.2200 USD reached max_cost_usd 0.2000 USD (pod
-        abc123 at 0.22 USD/h)``, or None while the spend is under the budget.
+        abc123 at 0.22 USD/h)`` (with ``stop_seconds``: ``projected spend 0.0500 USD
+        by the pod's end, 1.2 s after a stop now, reached …``), or None while the
+        spend is under the budget.
 
     Raises:
         ValueError: on naive timestamps, a negative price or a negative budget.
@@ -132,11 +138,14 @@ def budget_reason(
         return None
     if max_cost_usd < 0:
         raise ValueError(f"max_cost_usd must be ≥ 0, got {max_cost_usd}")
-    spent = projected_usd(cost_per_hr, started_at, now)
+    if stop_seconds < 0:
+        raise ValueError(f"stop_seconds must be ≥ 0, got {stop_seconds}")
+    spent = projected_usd(cost_per_hr, started_at, now + timedelta(seconds=stop_seconds))
     if spent < max_cost_usd:
         return None
+    until = f" by the pod's end, {stop_seconds:.1f} s after a stop now," if stop_seconds else ""
     return (
-        f"projected spend {spent:.4f} USD reached max_cost_usd {max_cost_usd:.4f} USD "
+        f"projected spend {spent:.4f} USD{until} reached max_cost_usd {max_cost_usd:.4f} USD "
         f"(pod {pod_id} at {cost_per_hr:.2f} USD/h)"
     )
 

@@ -51,6 +51,7 @@ __all__ = [
     "CapacityError",
     "ChecksumMismatchError",
     "CommandTimeoutError",
+    "DiskFullError",
     "ConsoleConnectError",
     "ConsoleError",
     "EnvError",
@@ -287,6 +288,11 @@ class ExecRefusedError(ConsoleError):
 
 class TransferError(RunPodFlowError):
     """Raised when a file transfer fails after its retries (disk full, dropped link)."""
+
+
+class DiskFullError(TransferError):
+    """Raised when a transfer cannot write for want of space; the message names the side
+    (this machine or the pod) and the folder. A retry cannot fix it."""
 
 
 class ChecksumMismatchError(TransferError):

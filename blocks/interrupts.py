@@ -1,4 +1,5 @@
-"""A stop that a signal asked for, kept until a boundary acts on it.
+"""A stop that a signal (or the run's budget watch) asked for, kept until a boundary acts
+on it.
 
 Python raises a signal handler's exception at the next bytecode boundary of the main
 thread. When that boundary lies inside a weakref callback or a ``__del__`` run by the
@@ -23,7 +24,8 @@ _pending: Callable[[], BaseException] | None = None
 
 def note_stop(make: Callable[[], BaseException]) -> None:
     """Record a stop: ``make()`` builds the exception a boundary raises
-    (``KeyboardInterrupt`` for Ctrl-C, the CLI's ``Terminated`` for SIGTERM)."""
+    (``KeyboardInterrupt`` for Ctrl-C, the CLI's ``Terminated`` for SIGTERM,
+    ``BudgetExceededError`` once the budget watch finds the cap reached)."""
     global _pending
     with _lock:
         _pending = make

@@ -29,7 +29,7 @@ from prefect_runpod.blocks.transfer.dispatch import download_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from prefect_runpod.tasks.bundle import BundleSpec
-from prefect_runpod.tasks.pod_io import borrowed_console, progress_logger
+from prefect_runpod.tasks.pod_io import borrowed_console, progress_logger, retry_unless_final
 
 __all__ = ["download", "eval_files", "stage_files_command", "stage_travelling_command"]
 
@@ -66,7 +66,13 @@ def stage_travelling_command(remote_dir: str, left: list[str], staging_dir: str)
     )
 
 
-@task(name="download", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+@task(
+    name="download",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_unless_final,
+)
 def download(
     handle: PodHandle,
     private_key: SecretStr,

@@ -33,6 +33,7 @@ from prefect_runpod.blocks.exceptions import EnvError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.tasks.env_plan import TORCH_INDEX_BASE, plan_env, verify_env
 from prefect_runpod.tasks.models import EnvPlan, EnvReport
+from prefect_runpod.tasks.pod_io import retry_unless_final
 
 __all__ = [
     "apply_env_plan",
@@ -158,7 +159,13 @@ def fix_env(  # noqa: PLR0913
     return verify_env(plan, after)
 
 
-@task(name="env", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(
+    name="env",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_final,
+)
 def env(
     handle: PodHandle,
     private_key: SecretStr,

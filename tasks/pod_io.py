@@ -14,9 +14,23 @@ from typing import Any
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
+from prefect_runpod.blocks.exceptions import BudgetExceededError, DiskFullError
 from prefect_runpod.blocks.pod_handle import PodHandle
 
-__all__ = ["borrowed_console", "progress_logger"]
+__all__ = ["borrowed_console", "progress_logger", "retry_unless_final"]
+
+
+def retry_unless_final(task: Any, task_run: Any, state: Any) -> bool:
+    """A pod stage task's retry condition (Prefect's ``retry_condition_fn``): retried
+    after any failure but one a retry cannot change: the run's budget spent
+    (``BudgetExceededError``) or a full disk (``DiskFullError``)."""
+    try:
+        state.result()
+    except (BudgetExceededError, DiskFullError):
+        return False
+    except Exception:  # noqa: BLE001 - anything else may pass on a second try
+        return True
+    return True
 
 
 @contextmanager

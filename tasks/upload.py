@@ -21,7 +21,7 @@ from prefect_runpod.blocks.transfer.base import MethodOptions, ProgressCallback
 from prefect_runpod.blocks.transfer.dispatch import check_pod_end, upload_dir
 from prefect_runpod.blocks.transfer.models import TransferReport
 from prefect_runpod.blocks.transfer.s3 import S3Target
-from prefect_runpod.tasks.pod_io import borrowed_console, progress_logger
+from prefect_runpod.tasks.pod_io import borrowed_console, progress_logger, retry_unless_final
 
 __all__ = ["check_upload_method", "upload"]
 
@@ -49,7 +49,13 @@ def check_upload_method(
         return check_pod_end(live, handle, method, s3=s3, private_key=private_key)
 
 
-@task(name="upload", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+@task(
+    name="upload",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_unless_final,
+)
 def upload(
     handle: PodHandle,
     private_key: SecretStr,

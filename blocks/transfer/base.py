@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from pydantic import SecretStr
 
-from prefect_runpod.blocks.exceptions import TransferError
+from prefect_runpod.blocks.exceptions import DiskFullError
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS
 
 
-def local_disk_full(local_root: Path, exc: OSError, pod: str) -> TransferError:
+def local_disk_full(local_root: Path, exc: OSError, pod: str) -> DiskFullError:
     """The one sentence for a download that filled this machine's disk: the side (this
     machine), the folder, its free and total space, and the way out.
 
@@ -228,7 +228,7 @@ def local_disk_full(local_root: Path, exc: OSError, pod: str) -> TransferError:
         space = f"{_mib(usage.free)} free of {_mib(usage.total)}"
     except OSError:
         space = "free space unknown"
-    return TransferError(
+    return DiskFullError(
         f"the local disk is full: the download from pod {pod} into {local_root} stopped "
         f"({exc.strerror or exc}; {space} there). Free space on this machine or choose "
         "another output folder, then download again",

@@ -18,6 +18,7 @@ itself (``PodAttempt``) in the run's report and cost record.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -126,6 +127,7 @@ class PodSession(TrainSteps):
         """The last training step the job reported on this pod."""
         self.checkpoints = CheckpointStore(self.out, self.settings.bundle.keep_checkpoints)
         self.brought_back = False
+        self._provision_started = time.monotonic()
 
     # -- the three steps ----------------------------------------------------------------
 
@@ -166,6 +168,7 @@ class PodSession(TrainSteps):
             write_report(self.report)
             return None
         self.brought_back = True
+        self.budget.stop()  # the terminate is never stopped by the budget
         kept = self._kept()
         keep_reason = kept[0] if kept else None
         if keep_reason is not None and self.handle is not None:
@@ -213,6 +216,9 @@ class PodSession(TrainSteps):
         self.attempt.handle = handle
         self.report.cost.cost_per_hr = handle.cost_per_hr
         if first:
+            # the provider's create, measured: the budget's estimate of its terminate
+            self.budget.create_seconds = time.monotonic() - self._provision_started
+            self.budget.watch()  # the cap is watched from the pod's first billed second
             record_cost(self.report, self.provider, final=False)
             write_report(self.report)
             fault_point("provision")
@@ -223,6 +229,7 @@ class PodSession(TrainSteps):
         from prefect_runpod.tasks.upload import check_upload_method
 
         settings, logger = self.settings, get_run_logger()
+        self._provision_started = time.monotonic()
         with self._stage("provision"):
             request = PodRequest(
                 public_key=self.run.keypair.public_key,

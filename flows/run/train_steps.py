@@ -85,7 +85,7 @@ class TrainSteps:
                 max_runtime_seconds=runtime_left(
                     self.settings.max_runtime_seconds, self.report.earlier_stages
                 ),
-                should_stop=self.budget.reason,
+                should_stop=self.budget.should_stop,
                 on_progress=_progress,
                 # A gated model is downloaded by the job itself: it needs the token in its env.
                 secret_env={"HF_TOKEN": token} if token is not None else None,
