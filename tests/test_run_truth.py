@@ -154,3 +154,29 @@ def test_a_wait_that_fails_ends_the_pod_within_the_runs_terminate_deadline(
     assert state.is_failed() and f"pod {report.pod_id} may still be billing" in state.message
     assert provision.state.value == "Failed"
     assert "terminate not confirmed after 2 s" in provision.reason, provision.reason
+
+
+def test_the_budget_cap_holds_with_the_stop_and_the_terminate(prefect_server, tmp_path):
+    """Issue 24: ``--max-cost-usd 0.05`` at 36 USD/h ended at 0.0615 USD (23 % over the
+    cap). The spend is projected to the end of a stop begun now, so the final spend, the
+    stop and the terminate included, stays under the cap."""
+    from tests.test_deployments import _slow_bundle as _slow_demo
+
+    out = tmp_path / "out"
+    # 6 USD/h: the 0.05 USD cap is 30 s of billing, spent while the slowed demo trains
+    state = finetune(
+        bundle=str(_slow_demo(tmp_path / "bundle", 30.0)),
+        output_dir=str(out),
+        local_cost_per_hr=6.0,
+        max_cost_usd=0.05,
+        return_state=True,
+    )
+    assert state.is_failed()
+    report = RunReport.model_validate_json((out / "run-report.json").read_text())
+    assert report.error is not None and "reached max_cost_usd 0.0500 USD" in report.error
+    assert report.terminated and report.pod_end is not None and report.pod_end.confirmed
+    assert report.pod is not None and report.pod_end.ended_at is not None
+    bill = settle(6.0, report.pod.created_at, report.pod_end.ended_at)
+    assert report.cost.usd == bill.usd <= 0.05, report.error
+    print(f"budget 0.05 USD: spent {report.cost.usd:.4f} USD ({report.cost.usd / 0.05:.2f} x)")
+    assert LocalPodProvider().get(report.pod_id) is None

@@ -3,7 +3,8 @@ spend against ``max_cost_usd`` (docs/architecture.md#what-a-run-cost).
 
 The spend is projected to the moment the pod's end would be confirmed if the run
 stopped now, so a run stopped by its cap ends under it: the stop takes the time until
-the next check (the measured gap between training polls, or the watch's interval), the
+the next check (the longest measured gap between training polls, or the watch's
+interval), the
 kill (one console command, like a poll) and the terminate (measured on this run's
 earlier pod, else its create, the provider's same kind of call).
 """
@@ -52,16 +53,16 @@ class RunBudget:
         self.create_seconds: float | None = None
         """How long the provider took to create this pod (s), measured at provision."""
         self.poll_gap_seconds = 0.0
-        """The measured gap between the last two training polls (s)."""
+        """The longest measured gap between two training polls (s)."""
         self._last_poll: float | None = None
         self._stop_watch = threading.Event()
         self._watch: threading.Thread | None = None
 
     def stop_seconds(self) -> float:
         """Seconds from a stop decided now to the pod's confirmed end, projected from
-        what this run measured: twice the gap between training polls (the next poll can
-        come that late; the kill is one console command, like a poll), the watch's
-        interval, and the terminate: an earlier pod's of this run, else this pod's
+        what this run measured: twice the longest gap between training polls (the next
+        poll can come that late; the kill is one console command, like a poll), the
+        watch's interval, and the terminate: an earlier pod's of this run, else this pod's
         create (0 while neither is known)."""
         earlier = [s.seconds for s in self.report.earlier_stages if s.name == "terminate"]
         end = max(earlier) if earlier else (self.create_seconds or 0.0)
@@ -86,10 +87,11 @@ class RunBudget:
         )
 
     def should_stop(self) -> str | None:
-        """``reason`` for the training poll, measuring the gap since the previous poll."""
+        """``reason`` for the training poll, measuring the gap since the previous poll
+        (the longest one counts)."""
         now = self._clock()
-        if self._last_poll is not None:
-            self.poll_gap_seconds = now - self._last_poll
+        if self._last_poll is not None:  # the slowest poll yet: the next may be as slow
+            self.poll_gap_seconds = max(self.poll_gap_seconds, now - self._last_poll)
         self._last_poll = now
         return self.reason()
 

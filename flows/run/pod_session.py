@@ -36,6 +36,7 @@ from prefect_runpod.blocks.exceptions import (
     TerminateError,
 )
 from prefect_runpod.blocks.faults import fault_point
+from prefect_runpod.blocks.interrupts import raise_if_stopped
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_watch import PodWatch
 from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
@@ -251,6 +252,7 @@ class PodSession(TrainSteps):
             self._record(handle)
             self.handle = handle
             self._same_gpus(handle)
+            raise_if_stopped()  # a stop asked for while the pod came up (Ctrl-C, the budget)
             assert self.attempt is not None
             self.attempt.ready_at = datetime.now(UTC)
             # From here on the provider is asked whether the pod lives, every
@@ -273,6 +275,7 @@ class PodSession(TrainSteps):
             )
             if self.guardian is not None:  # the dead-man switch runs on the pod now
                 self.guardian.tell("armed")
+            raise_if_stopped()
             self.keepers.append(
                 HeartbeatKeeper(
                     handle,
