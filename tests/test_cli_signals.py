@@ -39,17 +39,21 @@ def _pids_with(needle: str) -> list[int]:
 # The waits below are hang guards (300 + 240 + 120 s); the suite's 300 s would cut them first.
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
-    ("how", "expected_rc", "said"),
-    [("sigterm-to-the-cli", 143, "SIGTERM"), ("ctrl-c-to-the-group", 130, "Ctrl-C")],
+    ("how", "expected_rc", "said", "point"),
+    [
+        ("sigterm-to-the-cli", 143, "SIGTERM", "train_running"),
+        ("ctrl-c-to-the-group", 130, "Ctrl-C", "train_running"),
+        ("ctrl-c-during-upload", 130, "Ctrl-C", "upload_moving"),
+    ],
 )
 def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
-    tmp_path: Path, how: str, expected_rc: int, said: str
+    tmp_path: Path, how: str, expected_rc: int, said: str, point: str
 ) -> None:
     faults, out = tmp_path / "faults", tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(
         PREFECT_HOME=str(tmp_path / "prefect-home"),
-        PREFECT_RUNPOD_FAULTS="train_running:pause",
+        PREFECT_RUNPOD_FAULTS=f"{point}:pause",
         PREFECT_RUNPOD_FAULT_DIR=str(faults),
     )
     log = tmp_path / "cli.log"
@@ -72,8 +76,8 @@ def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
         )
     try:
         wait_until(
-            "the run to reach train_running",
-            lambda: (faults / "train_running.reached").exists() or cli.poll() is not None,
+            f"the run to reach {point}",
+            lambda: (faults / f"{point}.reached").exists() or cli.poll() is not None,
             300.0,
         )
         assert cli.poll() is None, log.read_text(errors="replace")[-3000:]
@@ -81,7 +85,7 @@ def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
         assert port, log.read_text(errors="replace")[-3000:]
         servers = _pids_with(f"--port {port.group(1)}")
         assert servers, "the temporary server is not running"
-        if how == "sigterm-to-the-cli":
+        if how.startswith("sigterm"):
             os.kill(cli.pid, signal.SIGTERM)
         else:
             os.killpg(cli.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -95,6 +99,12 @@ def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
     assert f"the run was stopped by {said}" in text
     assert "result       FAILED" in text and "terminated   yes" in text
     assert "Traceback" not in text
+    stage = point.split("_")[0]  # issue 24: one true sentence, and the bytes that moved
+    assert f"error        stopped by {said} during {stage} (" in text, text[-3000:]
+    assert "KeyboardInterrupt" not in text
+    if stage == "upload":
+        moved = re.search(r"bytes moved  (\S+ \S+) between", text)
+        assert moved and moved.group(1) != "0 B", text[-3000:]
     deadline = time.monotonic() + 120  # a process may take a moment to be reaped
     while any(os.path.exists(f"/proc/{pid}") for pid in servers) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from prefect_runpod.blocks.exceptions import LinksRefusedError
+from prefect_runpod.blocks.faults import fault_point
 
 __all__ = [
     "LinkReport",
@@ -259,7 +260,8 @@ class TransferReport(BaseModel):
 class TransferProgress:
     """An ``on_progress(done_bytes, total_bytes)`` that keeps how far a transfer got, so
     one that stops before its end (a Ctrl-C, a lost pod) still reports the bytes it
-    moved instead of none. Safe to call from several lanes' threads.
+    moved instead of none. Safe to call from several lanes' threads. The fault point
+    ``upload_moving`` / ``download_moving`` fires once the first bytes are confirmed.
 
     Args:
         direction: ``upload`` or ``download``.
@@ -281,7 +283,10 @@ class TransferProgress:
 
     def __call__(self, done: int, total: int) -> None:
         with self._lock:
+            first = done > 0 and self.done == 0
             self.done = max(self.done, done)
+        if first:  # tests: the transfer has confirmed its first bytes
+            fault_point(f"{self.direction}_moving")
 
     def partial_report(self) -> TransferReport:
         """The unverified ``TransferReport`` of the bytes confirmed so far (payload
