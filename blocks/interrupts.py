@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["clear_stop", "note_stop", "raise_if_stopped", "stop_pending"]
+__all__ = ["clear_stop", "forget_stop", "note_stop", "raise_if_stopped", "stop_pending"]
 
 _lock = threading.Lock()
 _pending: Callable[[], BaseException] | None = None
@@ -57,3 +57,12 @@ def clear_stop() -> None:
     global _pending
     with _lock:
         _pending = None
+
+
+def forget_stop(make: Callable[[], BaseException]) -> None:
+    """Forget the pending stop only when it is the one ``make`` noted (the budget watch
+    of a run that ended): a stop a signal asked for meanwhile stays pending."""
+    global _pending
+    with _lock:
+        if _pending is make:
+            _pending = None

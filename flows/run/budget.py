@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 from prefect_runpod.blocks.costs import budget_reason
 from prefect_runpod.blocks.exceptions import BudgetExceededError
-from prefect_runpod.blocks.interrupts import note_stop
+from prefect_runpod.blocks.interrupts import forget_stop, note_stop
 from prefect_runpod.flows.run.report import RunReport
 
 __all__ = ["WATCH_INTERVAL_SECONDS", "RunBudget"]
@@ -57,6 +57,7 @@ class RunBudget:
         self._last_poll: float | None = None
         self._stop_watch = threading.Event()
         self._watch: threading.Thread | None = None
+        self._noted: Callable[[], BaseException] | None = None
 
     def stop_seconds(self) -> float:
         """Seconds from a stop decided now to the pod's confirmed end, projected from
@@ -112,12 +113,19 @@ class RunBudget:
         self._watch.start()
 
     def stop(self) -> None:
-        """End the watch (before the terminate: it is never stopped by the budget)."""
+        """End the watch (before the terminate: it is never stopped by the budget), and
+        forget a stop it noted that no boundary raised, so it never reaches another run
+        served by this process."""
         self._stop_watch.set()
+        if self._watch is not None:
+            self._watch.join(10.0)
+        if self._noted is not None:
+            forget_stop(self._noted)
 
     def _run(self) -> None:
         while not self._stop_watch.wait(WATCH_INTERVAL_SECONDS):
             why = self.reason()
             if why:
-                note_stop(functools.partial(BudgetExceededError, why, pod_id=self.report.pod_id))
+                self._noted = functools.partial(BudgetExceededError, why, pod_id=self.report.pod_id)
+                note_stop(self._noted)
                 return

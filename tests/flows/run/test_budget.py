@@ -123,3 +123,11 @@ class TestStopInsideTheCap:
             budget.stop()
             clear_stop()
         assert budget.stop_seconds() >= WATCH_INTERVAL_SECONDS  # the watch's own lateness
+
+    def test_a_stop_the_watch_noted_never_outlives_its_run(self) -> None:
+        budget = self._at_36(9.0)
+        budget.watch()
+        assert wait_for(stop_pending, 60.0)
+        budget.stop()  # the run ended (terminate) before any boundary raised it
+        assert not stop_pending()
+        raise_if_stopped()  # the next run served by this process is not stopped
