@@ -224,11 +224,14 @@ def start_daemon(provider: LocalPodProvider, paths: PodPaths, pod_id: str) -> Po
 
 
 def stop_daemon(pid: int, grace_seconds: float) -> None:
-    """SIGTERM the daemon, wait up to ``grace_seconds``, then SIGKILL."""
+    """SIGTERM the daemon, wait up to ``grace_seconds``, then SIGKILL. A stopped daemon
+    (a frozen pod: SIGSTOP) is continued right after the SIGTERM, so it ends at once
+    instead of after the grace, as a shell's ``kill`` does for a stopped job."""
     import signal
 
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + grace_seconds
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
