@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
+from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as tree_manifest
@@ -140,6 +141,20 @@ class CheckpointStore:
         written = self.manifest(name).get("written_by") or {}
         count = written.get("gpu_count")
         return int(count) if isinstance(count, int) else None
+
+    def refuse_other_gpu_count(self, name: str, handle: PodHandle) -> None:
+        """Refuse to resume ``name`` on ``handle`` when the pod's GPU count is not the
+        count the checkpoint was written on (``gpu_count_refusal``).
+
+        Raises:
+            SpecError: the counts differ (naming the pod and where the checkpoint is kept).
+        """
+        refusal = gpu_count_refusal(name, self.written_gpu_count(name), handle.gpu_count)
+        if refusal is not None:
+            raise SpecError(
+                f"pod {handle.pod_id} does not resume the run: {refusal}; the checkpoint "
+                f"is kept in {self.root / name}"
+            )
 
     def verifies(self, name: str) -> bool:
         """Whether the local files of ``name`` still match its manifest (hashed now)."""

@@ -32,7 +32,6 @@ from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
 from prefect_runpod.blocks.exceptions import (
     ChecksumMismatchError,
     EvalParityError,
-    SpecError,
     TerminateError,
 )
 from prefect_runpod.blocks.faults import fault_point
@@ -43,7 +42,7 @@ from prefect_runpod.blocks.provider import DeadmanConfig, PodRequest
 from prefect_runpod.blocks.transfer.models import TransferProgress
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.budget import RunBudget
-from prefect_runpod.flows.run.checkpoints import CheckpointStore, gpu_count_refusal
+from prefect_runpod.flows.run.checkpoints import CheckpointStore
 from prefect_runpod.flows.run.end import end_run, record_cost, write_report
 from prefect_runpod.flows.run.guardian import Guardian
 from prefect_runpod.flows.run.heartbeat import HeartbeatKeeper, heartbeat_interval_seconds
@@ -251,7 +250,8 @@ class PodSession(TrainSteps):
                 self.report.provision_attempts = list(getattr(self.provider, "attempts", []) or [])
             self._record(handle)
             self.handle = handle
-            self._same_gpus(handle)
+            if self.resume_from is not None:  # per-rank state needs the same GPU count
+                self.checkpoints.refuse_other_gpu_count(self.resume_from, handle)
             raise_if_stopped()  # a stop asked for while the pod came up (Ctrl-C, the budget)
             assert self.attempt is not None
             self.attempt.ready_at = datetime.now(UTC)
@@ -293,25 +293,6 @@ class PodSession(TrainSteps):
             # The pod's end of the transfer, now that it runs: before env, hf_auth or upload.
             check_upload_method(
                 handle, self.key, settings.transfer_method, s3=self.run.s3, reconnect=self.reconnect
-            )
-
-    def _same_gpus(self, handle: PodHandle) -> None:
-        """Refuse to resume on a pod whose GPU count is not the checkpoint's.
-
-        Raises:
-            SpecError: the counts differ (the pod is brought back by the run's end).
-        """
-        if self.resume_from is None:
-            return
-        refusal = gpu_count_refusal(
-            self.resume_from,
-            self.checkpoints.written_gpu_count(self.resume_from),
-            handle.gpu_count,
-        )
-        if refusal is not None:
-            raise SpecError(
-                f"pod {handle.pod_id} does not resume the run: {refusal}; the checkpoint "
-                f"is kept in {self.checkpoints.root / self.resume_from}"
             )
 
     def _env(self) -> None:
