@@ -198,15 +198,29 @@ def follow_training(
         log_bytes=follower.offset,
         reconnects=follower.reconnects,
     )
-    failed = not stop_reason and (chunk is None or chunk.state == "lost" or exit_code != 0)
-    disk = pod_disk_full(follower.console, run_dir) if failed else None
+    _raise_if_failed(report, follower, stop_reason, chunk, pod_id, log_copy)
+    return report
+
+
+def _raise_if_failed(
+    report: TrainReport,
+    follower: LogFollower,
+    stop_reason: str | None,
+    chunk: LogChunk | None,
+    pod_id: str | None,
+    log_copy: str | None,
+) -> None:
+    """Raise the followed run's error (``_outcome_error``) carrying ``report``; for a
+    failed or lost run the pod's disk is asked first, so a full one is said."""
+    code = report.exit_code
+    failed = not stop_reason and (chunk is None or chunk.state == "lost" or code != 0)
+    disk = pod_disk_full(follower.console, report.run_dir) if failed else None
     error = _outcome_error(
         report, stop_reason, chunk, follower.tail, pod_id, log_copy=log_copy, disk=disk
     )
     if error is not None:
         error.report = report
         raise error
-    return report
 
 
 def _text_reader(
