@@ -220,6 +220,8 @@ CASES = [
     Case("cost-since-negative", ["cost", "--since", "-5d"], "--since '-5d' is not a duration"),
     Case("cost-since-future", ["cost", "--since", "2999-01-01T00:00:00Z"], "is in the future"),
     Case("reaper-ttl-minus-inf", ["reaper", "--ttl-seconds", "-inf"], "ttl_seconds (--ttl-seconds) must be"),
+    Case("hf-endpoint-unclosed-bracket", ft("--hf-endpoint", "http://[::1"), "hf_endpoint (--hf-endpoint) 'http://[::1' is not a URL"),
+    Case("api-url-unclosed-bracket", ["status"], "PREFECT_API_URL 'http://[::1' is not a URL", env={"PREFECT_API_URL": "http://[::1"}),
     Case("pod-home-read-only", ft(), "the local pods' home /proc/prefect-runpod-pods cannot be created", env={"PREFECT_RUNPOD_HOME": "/proc/prefect-runpod-pods"}),
 ]  # fmt: skip
 
@@ -231,6 +233,7 @@ ARGUMENT_CASES = [c for c in CASES if c.id in {
     "file-name-newline", "runtime-minus-inf", "cost-limit-negative", "cost-since-huge",
     "cost-since-negative", "status-limit-negative", "reaper-ttl-minus-inf", "cost-nan",
     "prefix-uppercase", "bundle-missing", "terminate-id-hyphen", "cost-run-id-garbage",
+    "api-url-unclosed-bracket",
 }]  # fmt: skip
 
 # Saved blocks are looked up on the Prefect API: these need a server (slow).
@@ -459,14 +462,19 @@ def test_argument_errors_never_import_prefect(tmp_path):
             return made[0]
 
         _make_files(case, where, bundle)
-        runs.append({"cwd": str(where), "argv": [_fill(a, where, bundle) for a in case.argv]})
+        argv = [_fill(a, where, bundle) for a in case.argv]
+        runs.append({"cwd": str(where), "argv": argv, "env": case.env})
     script = (
         "import json, os, sys\n"
         "from prefect_runpod.flows.cli import main\n"
         "out = []\n"
         "for run in json.loads(sys.argv[1]):\n"
         "    os.chdir(run['cwd'])\n"
+        "    saved = dict(os.environ)\n"
+        "    os.environ.update(run['env'])\n"
         "    out.append([main(run['argv']), 'prefect' in sys.modules])\n"
+        "    os.environ.clear()\n"
+        "    os.environ.update(saved)\n"
         "print(json.dumps(out))\n"
     )
     proc = subprocess.run(
@@ -490,6 +498,7 @@ ENVIRONMENT_CASES = [
     ("api-url-dead-cost", ["cost"], {"PREFECT_API_URL": DEAD_API}, EXIT_USAGE, f"the Prefect API at {DEAD_API} cannot be reached"),
     ("api-url-dead-finetune", ["finetune"], {"PREFECT_API_URL": DEAD_API}, EXIT_USAGE, f"the Prefect API at {DEAD_API} cannot be reached"),
     ("api-url-not-a-url", ["status"], {"PREFECT_API_URL": "not-a-url"}, EXIT_USAGE, "PREFECT_API_URL 'not-a-url' must start with http:// or https://"),
+    ("prefect-setting-unreadable", ["status"], {"PREFECT_API_REQUEST_TIMEOUT": "abc"}, EXIT_USAGE, "Prefect cannot read its settings (PREFECT_API_REQUEST_TIMEOUT 'abc': Input should be a valid number"),
     ("home-read-only", ["cost"], {"HOME": "/proc/prefect-runpod-home", "PREFECT_HOME": None}, EXIT_USAGE, "cannot be created"),
 ]  # fmt: skip
 

@@ -38,12 +38,17 @@ def check_url(url: Any, name: str, *, example: str = "https://huggingface.co") -
     if not isinstance(url, str) or not _URL_TEXT.fullmatch(url):
         problem = "is not a URL"
     else:
-        parts = urlsplit(url)
         try:
-            port_ok = parts.port is None or 0 < parts.port < 65536
+            parts = urlsplit(url)
+        except ValueError:  # an unclosed IPv6 bracket: 'http://[::1'
+            parts = None
+        try:
+            port_ok = parts is None or parts.port is None or 0 < parts.port < 65536
         except ValueError:
             port_ok = False
-        if parts.scheme not in ("http", "https"):
+        if parts is None:
+            problem = "is not a URL"
+        elif parts.scheme not in ("http", "https"):
             problem = "must start with http:// or https://"
         elif not parts.hostname:
             problem = "names no host"

@@ -126,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prefect_runpod.blocks.exceptions import RunPodFlowError, SpecError
     from prefect_runpod.blocks.secret_mask import redacted_output
     from prefect_runpod.flows.cli.arguments import (
+        check_api_url,
         check_arguments,
         make_prefect_home,
         spell_negative_values,
@@ -140,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with redacted_output():
         try:  # argument errors: refused before Prefect is imported
             check_arguments(args)
+            check_api_url()
             make_prefect_home()
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -21,7 +21,7 @@ from typing import Any
 
 from prefect_runpod.blocks import validation as v
 
-__all__ = ["check_arguments", "make_prefect_home", "spell_negative_values"]
+__all__ = ["check_api_url", "check_arguments", "make_prefect_home", "spell_negative_values"]
 
 _NEGATIVE_VALUE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
 
@@ -111,6 +111,23 @@ def _finetune_settings(args: argparse.Namespace) -> Any:
     if given:  # an earlier run's files there are not written over without --overwrite
         v.check_output_dir_unused(Path(settings.output_dir), overwrite=bool(params["overwrite"]))
     return settings
+
+
+def check_api_url(environ: dict[str, str] | None = None) -> None:
+    """``PREFECT_API_URL``, when the environment sets it, is an ``http(s)`` URL, checked
+    before Prefect is imported: Prefect reads it when it loads its settings, and a value
+    it cannot parse (``http://[::1``) fails that load with a traceback. Whether the API
+    answers is checked later, once Prefect is loaded (``flows.run.inputs.check_prefect_api``).
+
+    Args:
+        environ: the environment (default: this process's).
+
+    Raises:
+        SpecError: it is set and malformed, in one sentence.
+    """
+    url = (os.environ if environ is None else environ).get("PREFECT_API_URL")
+    if url:
+        v.check_url(url, "PREFECT_API_URL", example="http://127.0.0.1:4200/api")
 
 
 def make_prefect_home(home: str | Path | None = None) -> Path:

@@ -159,12 +159,13 @@ def prefect_api() -> Iterator[str]:
         ServerStartError: the local server did not start (its log is named).
         RuntimeError: the temporary server did not answer in time.
     """
+    prefect_settings()  # before anything else of Prefect: settings it cannot read, said
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     from prefect_runpod.blocks.secret_mask import check_prefect_api_key
     from prefect_runpod.flows.cli.arguments import make_prefect_home
 
-    settings = get_current_settings()
+    settings = prefect_settings(get_current_settings)
     make_prefect_home(settings.home)  # a profile may name another home than the environment
     check_prefect_api_key()  # before anything talks to the API with it
     ephemeral, check_api = _modes[-1]
@@ -189,6 +190,58 @@ def prefect_api() -> Iterator[str]:
     record = ensure_server(say=lambda line: print(line, file=sys.stderr, flush=True))
     with temporary_settings(updates={PREFECT_API_URL: record.api_url}), _drained():
         yield record.api_url
+
+
+def prefect_settings(load: Any = None) -> Any:
+    """Prefect's current settings, or one sentence when Prefect cannot read them.
+
+    A ``PREFECT_*`` variable Prefect cannot parse (``PREFECT_API_REQUEST_TIMEOUT=abc``)
+    fails the load of its settings, which Prefect's own import already attempts and
+    reports on stderr ("Failed to initialize plugins: …") before the traceback. The first
+    import is made here with that report held back, so the command says the problem once.
+
+    Args:
+        load: what loads the settings (default: ``prefect.settings.get_current_settings``).
+
+    Returns:
+        The settings object.
+
+    Raises:
+        SpecError: a setting Prefect cannot read, named, with what is wrong with it.
+    """
+    import io
+
+    from pydantic import ValidationError
+
+    from prefect_runpod.blocks.exceptions import SpecError
+
+    held = io.StringIO()
+    first = "prefect" not in sys.modules
+    try:
+        with contextlib.redirect_stderr(held) if first else contextlib.nullcontext():
+            if load is None:
+                from prefect.settings import get_current_settings as load
+            settings = load()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_setting_name(e['loc'])} {e['input']!r}: {e['msg']}"
+            for e in exc.errors()
+            if e["type"] != "default_factory_not_called"  # a consequence, not a cause
+        )
+        raise SpecError(
+            f"Prefect cannot read its settings ({problems}): fix or unset it."
+        ) from None
+    sys.stderr.write(held.getvalue())
+    return settings
+
+
+def _setting_name(loc: tuple[Any, ...]) -> str:
+    """The ``PREFECT_…`` variable set in the environment that a settings error's location
+    names (Prefect's nested models give only the last part: ``request_timeout`` for
+    ``PREFECT_API_REQUEST_TIMEOUT``), else the location as written."""
+    field = "_".join(str(p) for p in loc).upper()
+    found = [k for k in os.environ if k.startswith("PREFECT_") and k.endswith(f"_{field}")]
+    return found[0] if len(found) == 1 else ".".join(str(p) for p in loc) or "a setting"
 
 
 @contextlib.contextmanager

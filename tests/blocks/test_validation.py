@@ -72,6 +72,7 @@ def test_one_name_prefix_limit_for_preflight_and_the_spec_block():
         ("https://hub.example:99999", "invalid port"),
         ("https://hub example", "is not a URL"),
         ("https://hub.example\n", "is not a URL"),
+        ("http://[::1", "is not a URL"),  # urlsplit's own ValueError, not a traceback
     ],
 )
 def test_urls_are_well_formed(url, problem):
