@@ -56,9 +56,12 @@ from prefect.utilities.callables import ParameterSchema
 from pydantic import ConfigDict
 
 from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.validation import check_number
+from prefect_runpod.flows.cli.arguments import check_api_url, spell_negative_values
+from prefect_runpod.flows.cli.local_server import ServerStartError
+from prefect_runpod.flows.cli.session import api_mode, prefect_api
 from prefect_runpod.flows.finetune import finetune
 from prefect_runpod.flows.reaper import reaper
-from prefect_runpod.flows.run.inputs import check_prefect_api
 from prefect_runpod.flows.sweep import sweep
 
 __all__ = [
@@ -417,8 +420,15 @@ def main(argv: list[str] | None = None) -> int:
             help="the flows' heartbeat interval, for the zombie automation",
         )
     serve_cmd = sub.choices["serve"]
-    serve_cmd.add_argument("--limit", type=int, default=None, help="most runs at once here")
-    serve_cmd.add_argument("--query-seconds", type=float, default=None)
+    serve_cmd.add_argument(
+        "--limit", dest="run_limit", type=int, default=None, help="most runs at once here"
+    )
+    serve_cmd.add_argument(
+        "--query-seconds",
+        type=float,
+        default=None,
+        help="how often to ask for scheduled runs (default PREFECT_RUNNER_POLL_FREQUENCY)",
+    )
     serve_cmd.add_argument("--no-schedules", action="store_true", help="leave out cron/interval")
     serve_cmd.add_argument("--no-setup", action="store_true", help="skip the setup step")
     serve_cmd.add_argument(
@@ -430,32 +440,43 @@ def main(argv: list[str] | None = None) -> int:
     serve_cmd.add_argument("--runpod-credentials", help="saved RunPodCredentials block name")
     serve_cmd.add_argument("--runpod-spec", help="saved RunPodPodSpec block name")
     serve_cmd.add_argument("--ssh-key", help="saved RunPodSSHKey block name")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(spell_negative_values(sys.argv[1:] if argv is None else argv))
     try:
-        check_prefect_api()  # one sentence for a dead or malformed PREFECT_API_URL
-    except SpecError as exc:
+        for name in ("gpu_limit", "heartbeat_seconds", "run_limit", "query_seconds"):
+            if getattr(args, name, None) is not None:
+                check_number(name, getattr(args, name))
+        check_api_url()
+        # The Prefect API the CLI's commands use: PREFECT_API_URL (checked to answer),
+        # else the server prefect-runpod keeps in the background, so that the limit set up
+        # here is the one `prefect-runpod finetune --concurrency-limit runpod-gpu` finds.
+        with api_mode(ephemeral=False, check_api=True), prefect_api():
+            return _run(args)
+    except (SpecError, DeployedElsewhere) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``setup`` or ``serve``, on the API ``main`` opened."""
     if args.command == "setup" or not args.no_setup:
         done = setup(limit=args.gpu_limit, heartbeat_seconds=args.heartbeat_seconds)
         print("\n".join(["setup:", *(f"  {line}" for line in setup_lines(done))]), flush=True)
     if args.command == "serve":
-        try:
-            serve_all(
-                limit=args.limit,
-                query_seconds=args.query_seconds,
-                schedules=not args.no_schedules,
-                provider_params={
-                    "provider": args.provider,
-                    "runpod_credentials_block": args.runpod_credentials,
-                    "runpod_spec_block": args.runpod_spec,
-                    "ssh_key_block": args.ssh_key,
-                },
-                replace=args.replace,
-            )
-        except DeployedElsewhere as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        serve_all(
+            limit=args.run_limit,
+            query_seconds=args.query_seconds,
+            schedules=not args.no_schedules,
+            provider_params={
+                "provider": args.provider,
+                "runpod_credentials_block": args.runpod_credentials,
+                "runpod_spec_block": args.runpod_spec,
+                "ssh_key_block": args.ssh_key,
+            },
+            replace=args.replace,
+        )
     return 0
 
 

@@ -571,6 +571,35 @@ def test_register_setup_without_a_server_is_one_line(tmp_path):
     assert f"the Prefect API at {DEAD_API} cannot be reached" in proc.stderr
 
 
+REGISTER_CASES = [
+    ("gpu-limit-negative", ["setup", "--gpu-limit", "-5"], "gpu_limit (--gpu-limit) must be a whole number at least 1 and at most 1000, got -5"),
+    ("gpu-limit-zero", ["setup", "--gpu-limit", "0"], "gpu_limit (--gpu-limit) must be a whole number at least 1"),
+    ("heartbeat-minus-inf", ["setup", "--heartbeat-seconds", "-inf"], "heartbeat_seconds (--heartbeat-seconds) must be a finite number of seconds above 0"),
+    ("serve-limit-zero", ["serve", "--limit", "0"], "run_limit (--limit) must be a whole number at least 1"),
+    ("serve-query-negative", ["serve", "--query-seconds", "-1"], "query_seconds (--query-seconds) must be a finite number of seconds above 0"),
+    ("api-url-unclosed-bracket", ["setup"], "PREFECT_API_URL 'http://[::1' is not a URL"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"), [c[1:] for c in REGISTER_CASES], ids=[c[0] for c in REGISTER_CASES]
+)
+def test_register_refuses_bad_arguments_before_the_api(argv, match, monkeypatch, capfd):
+    """``register setup`` / ``serve`` hold their numbers to the validation layer's rules
+    (a value with a minus sign reaches its option) and the environment's PREFECT_API_URL
+    to the URL rule, before any API is opened: one line, exit 2, no pod."""
+    from prefect_runpod.deployments import register
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://[::1" if "PREFECT_API_URL" in match else DEAD_API)
+    pods_before = {h.pod_id for h in LocalPodProvider().list("")}
+    capfd.readouterr()
+    assert register.main(argv) == EXIT_USAGE
+    out, err = capfd.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and match in err, err
+    assert "cannot be reached" not in err and out == ""  # refused before the API check
+    assert {h.pod_id for h in LocalPodProvider().list("")} == pods_before
+
+
 @pytest.mark.slow
 def test_an_ssh_key_block_with_only_a_path_derives_its_public_key(
     prefect_server, tmp_path, monkeypatch

@@ -101,6 +101,10 @@ NUMBER_RULES: dict[str, NumberRule] = {
         NumberRule("max_usd_per_hour", "USD/h", "the highest price per hour to rent at", "0.5", ge=0, le=1000),
         NumberRule("max_seconds", "s", "how long `logs --follow` follows", "3600", gt=0, le=30 * _DAY_SECONDS),
         NumberRule("limit", "", "how many recent runs to list", "20", ge=1, le=1000, whole=True),
+        NumberRule("gpu_limit", "", "the slots of the runpod-gpu concurrency limit (pods at once)", "2", ge=1, le=1000, whole=True),
+        NumberRule("heartbeat_seconds", "s", "the flows' heartbeat interval the zombie automation counts", "180", gt=0, le=_DAY_SECONDS),
+        NumberRule("run_limit", "", "the most runs at once in the serving process", "4", ge=1, le=1000, whole=True),
+        NumberRule("query_seconds", "s", "how often the served deployments ask for scheduled runs", "10", gt=0, le=_DAY_SECONDS),
     ),
 }  # fmt: skip
 """Every numeric input of a run (from its parameter's declaration,

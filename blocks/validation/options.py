@@ -21,6 +21,10 @@ OPTIONS: dict[str, str] = {
     "ttl_seconds": "--ttl-seconds",
     "max_seconds": "--max-seconds",
     "limit": "--limit",
+    "gpu_limit": "--gpu-limit",
+    "heartbeat_seconds": "--heartbeat-seconds",
+    "run_limit": "--limit",
+    "query_seconds": "--query-seconds",
     "run_id": "RUN_ID",
     "pod_id": "POD_ID",
 }

@@ -178,6 +178,26 @@ def test_later_commands_reuse_it_and_its_links_outlive_the_command(machine):
 
 
 @pytest.mark.slow
+def test_register_setup_without_an_api_uses_the_same_server(machine):
+    """Without ``PREFECT_API_URL``, ``register setup`` sets up the server the commands use
+    (it set up Prefect's temporary server, whose database the commands never read, and
+    printed its 'database is locked' traceback), so ``finetune --concurrency-limit
+    runpod-gpu`` finds the limit it made."""
+    running = machine.record()
+    setup = subprocess.run(
+        [sys.executable, "-m", "prefect_runpod.deployments.register", "setup"],
+        env=machine.env, cwd=machine.root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert setup.returncode == 0 and "Traceback" not in setup.stderr, setup.stderr[-3000:]
+    assert "concurrency limit  runpod-gpu: 2 pods at once" in setup.stdout
+    assert "temporary server" not in setup.stdout + setup.stderr
+    assert machine.record() == running  # reused, not restarted
+    url = f"{running.api_url}/v2/concurrency_limits/runpod-gpu"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        assert json.loads(answer.read())["limit"] == 2
+
+
+@pytest.mark.slow
 def test_stop_ends_it_and_a_stale_record_is_noticed(machine):
     """``server stop`` ends the server and removes its record. A record whose process died,
     or whose pid now belongs to a process without the server's marker (a recycled pid),
