@@ -104,6 +104,15 @@ class BundleSpec(BaseModel):
         path = PurePosixPath(value)
         if path.is_absolute() or ".." in path.parts or not value.strip():
             raise ValueError(f"{value!r} must be a relative path inside the bundle")
+        return cls._printable(value)
+
+    @staticmethod
+    def _printable(value: str) -> str:
+        """A path or file name without a control character (a NUL ends the name the
+        pod's tools see; a newline splits the listings read back line by line)."""
+        found = v.control_character(value)
+        if found:
+            raise ValueError(f"{value!r} holds a control character ({found}): remove it")
         return value
 
     @field_validator("checkpoints")
@@ -116,7 +125,7 @@ class BundleSpec(BaseModel):
     def _marker_name(cls, value: str) -> str:
         if value and (value in (".", "..") or "/" in value or value != value.strip()):
             raise ValueError(f"checkpoint_marker {value!r} must be a plain file name")
-        return value
+        return cls._printable(value)
 
     @model_validator(mode="after")
     def _resume_contract(self) -> BundleSpec:
@@ -167,6 +176,11 @@ JOB_KEYS: frozenset[str] = frozenset(BundleSpec.model_fields) - {"root"}
 any other key is refused, with the nearest known one."""
 
 
+BUNDLE_TABLES: frozenset[str] = frozenset({"job"})
+"""The tables ``bundle.toml`` may hold at its top level; another (a misspelt ``[jobs]``
+beside ``[job]``) is refused, with the nearest known one."""
+
+
 def load_bundle(path: str | Path) -> BundleSpec:
     """Read and validate ``<path>/bundle.toml``.
 
@@ -195,6 +209,7 @@ def load_bundle(path: str | Path) -> BundleSpec:
         data = tomllib.loads(spec_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SpecError(f"{spec_file} cannot be read ({exc}): fix the file") from None
+    v.check_table_keys(data, BUNDLE_TABLES, "the top level", spec_file)  # [jobs], [Job]
     job = data.get("job")
     if not isinstance(job, dict) or not job.get("train"):
         raise SpecError(f"{spec_file} needs a [job] table with a 'train' command: add one")

@@ -274,7 +274,7 @@ def validate_settings(*, bundle: str | Path, output_dir: str | Path, **params: A
         "bundle": bundle,
         "output_dir": output_dir,
     }
-    for name in ("bundle", "output_dir"):
+    for name in ("bundle", "output_dir", "resume_from"):
         v.check_path_text(name, g[name])
     v.refuse_secret_values({k: val for k, val in g.items() if k != "hf_token_env"})
     v.check_env_name(g["hf_token_env"])

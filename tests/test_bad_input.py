@@ -220,6 +220,11 @@ CASES = [
     Case("cost-since-negative", ["cost", "--since", "-5d"], "--since '-5d' is not a duration"),
     Case("cost-since-future", ["cost", "--since", "2999-01-01T00:00:00Z"], "is in the future"),
     Case("reaper-ttl-minus-inf", ["reaper", "--ttl-seconds", "-inf"], "ttl_seconds (--ttl-seconds) must be"),
+    Case("resume-from-empty-path", ft("--resume-from", ""), "resume_from (--resume-from) is an empty path"),
+    Case("job-table-misspelt", ft("--bundle", "{tmp}/b"), "unknown key 'jobs' in the top level: did you mean 'job'?", files={"{tmp}/b/bundle.toml": TOML + "[jobs]\neval = 'x'\n"}),
+    Case("job-table-capitalised", ft("--bundle", "{tmp}/b"), "unknown key 'Job' in the top level: did you mean 'job'?", files={"{tmp}/b/bundle.toml": TOML.replace("[job]", "[Job]")}),
+    Case("outputs-nul", ft("--bundle", "{tmp}/b"), "outputs: 'out\\x00' holds a control character (NUL, U+0000)", files={"{tmp}/b/bundle.toml": TOML + 'outputs = "out\\u0000"\n'}),
+    Case("checkpoint-marker-escape", ft("--bundle", "{tmp}/b"), "checkpoint_marker: 'do\\x1bne' holds a control character (ESC, U+001B)", files={"{tmp}/b/bundle.toml": TOML + 'checkpoints = "ck"\ncheckpoint_marker = "do\\u001bne"\nresume_from_env = true\n'}),
     Case("hf-endpoint-unclosed-bracket", ft("--hf-endpoint", "http://[::1"), "hf_endpoint (--hf-endpoint) 'http://[::1' is not a URL"),
     Case("api-url-unclosed-bracket", ["status"], "PREFECT_API_URL 'http://[::1' is not a URL", env={"PREFECT_API_URL": "http://[::1"}),
     Case("pod-home-read-only", ft(), "the local pods' home /proc/prefect-runpod-pods cannot be created", env={"PREFECT_RUNPOD_HOME": "/proc/prefect-runpod-pods"}),
@@ -233,7 +238,7 @@ ARGUMENT_CASES = [c for c in CASES if c.id in {
     "file-name-newline", "runtime-minus-inf", "cost-limit-negative", "cost-since-huge",
     "cost-since-negative", "status-limit-negative", "reaper-ttl-minus-inf", "cost-nan",
     "prefix-uppercase", "bundle-missing", "terminate-id-hyphen", "cost-run-id-garbage",
-    "api-url-unclosed-bracket",
+    "api-url-unclosed-bracket", "resume-from-empty-path", "job-table-misspelt", "outputs-nul",
 }]  # fmt: skip
 
 # Saved blocks are looked up on the Prefect API: these need a server (slow).
