@@ -225,6 +225,10 @@ CASES = [
     Case("job-table-capitalised", ft("--bundle", "{tmp}/b"), "unknown key 'Job' in the top level: did you mean 'job'?", files={"{tmp}/b/bundle.toml": TOML.replace("[job]", "[Job]")}),
     Case("outputs-nul", ft("--bundle", "{tmp}/b"), "outputs: 'out\\x00' holds a control character (NUL, U+0000)", files={"{tmp}/b/bundle.toml": TOML + 'outputs = "out\\u0000"\n'}),
     Case("checkpoint-marker-escape", ft("--bundle", "{tmp}/b"), "checkpoint_marker: 'do\\x1bne' holds a control character (ESC, U+001B)", files={"{tmp}/b/bundle.toml": TOML + 'checkpoints = "ck"\ncheckpoint_marker = "do\\u001bne"\nresume_from_env = true\n'}),
+    Case("pods-block-name-malformed", ["pods", "--provider", "runpod", "--runpod-credentials", "Team_Key"], "runpod_credentials_block (--runpod-credentials) 'Team_Key' is not a block name"),
+    Case("ssh-key-name-malformed", ["ssh", "abc", "--provider", "runpod", "--ssh-key", "My Key"], "ssh_key_block (--ssh-key) 'My Key' is not a block name"),
+    Case("reaper-block-name-malformed", ["reaper", "--dry-run", "--provider", "runpod", "--runpod-credentials", "X"], "runpod_credentials_block (--runpod-credentials) 'X' is not a block name"),
+    Case("check-hf-token-env-bad", ["check", "--hf-token-env", "1TOKEN"], "hf_token_env (--hf-token-env) '1TOKEN' is not an environment variable name"),
     Case("hf-endpoint-unclosed-bracket", ft("--hf-endpoint", "http://[::1"), "hf_endpoint (--hf-endpoint) 'http://[::1' is not a URL"),
     Case("api-url-unclosed-bracket", ["status"], "PREFECT_API_URL 'http://[::1' is not a URL", env={"PREFECT_API_URL": "http://[::1"}),
     Case("pod-home-read-only", ft(), "the local pods' home /proc/prefect-runpod-pods cannot be created", env={"PREFECT_RUNPOD_HOME": "/proc/prefect-runpod-pods"}),
@@ -239,6 +243,7 @@ ARGUMENT_CASES = [c for c in CASES if c.id in {
     "cost-since-negative", "status-limit-negative", "reaper-ttl-minus-inf", "cost-nan",
     "prefix-uppercase", "bundle-missing", "terminate-id-hyphen", "cost-run-id-garbage",
     "api-url-unclosed-bracket", "resume-from-empty-path", "job-table-misspelt", "outputs-nul",
+    "pods-block-name-malformed", "reaper-block-name-malformed",
 }]  # fmt: skip
 
 # Saved blocks are looked up on the Prefect API: these need a server (slow).

@@ -30,9 +30,25 @@ _ID_CHECKS: dict[str, Callable[[Any], Any]] = {
     "pod_id": v.check_pod_id,
     "run_id": v.check_flow_run_id,
     "run": v.check_flow_run_id,
+    "concurrency_limit": v.check_limit_name,
+    "hf_token_env": v.check_env_name,
+    "hf_endpoint": lambda url: v.check_url(url, "hf_endpoint"),
+    **{
+        name: lambda block, name=name: v.check_block_name(block, name)
+        for name in (
+            "runpod_credentials_block",
+            "runpod_spec_block",
+            "ssh_key_block",
+            "hf_credentials_block",
+            "hf_token_secret",
+            "s3_target_block",
+        )
+    },
 }
 """Arguments checked by name in every command that has them (``status RUN`` and ``logs
-RUN`` take a flow run id, ``terminate POD_ID`` a pod id)."""
+RUN`` take a flow run id, ``terminate POD_ID`` a pod id, ``pods``, ``ssh``, ``reaper``
+and ``cost`` the provider's saved blocks), so a malformed one is refused before the
+Prefect API is opened to look it up."""
 
 
 def spell_negative_values(argv: Sequence[str]) -> list[str]:
