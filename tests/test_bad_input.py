@@ -509,6 +509,8 @@ ENVIRONMENT_CASES = [
     ("api-url-dead-finetune", ["finetune"], {"PREFECT_API_URL": DEAD_API}, EXIT_USAGE, f"the Prefect API at {DEAD_API} cannot be reached"),
     ("api-url-not-a-url", ["status"], {"PREFECT_API_URL": "not-a-url"}, EXIT_USAGE, "PREFECT_API_URL 'not-a-url' must start with http:// or https://"),
     ("prefect-setting-unreadable", ["status"], {"PREFECT_API_REQUEST_TIMEOUT": "abc"}, EXIT_USAGE, "Prefect cannot read its settings (PREFECT_API_REQUEST_TIMEOUT 'abc': Input should be a valid number"),
+    ("server-home-read-only", ["status"], {"HOME": "/proc/prefect-runpod-home", "PREFECT_RUNPOD_HOME": None, "PREFECT_API_URL": None}, EXIT_USAGE, "the Prefect server's home /proc/prefect-runpod-home/.prefect-runpod/server cannot be created"),
+    ("server-start-home-read-only", ["server", "start"], {"HOME": "/proc/prefect-runpod-home", "PREFECT_RUNPOD_HOME": None, "PREFECT_API_URL": None}, EXIT_USAGE, "set PREFECT_RUNPOD_HOME to a folder this user can write"),
     ("home-read-only", ["cost"], {"HOME": "/proc/prefect-runpod-home", "PREFECT_HOME": None}, EXIT_USAGE, "cannot be created"),
 ]  # fmt: skip
 

@@ -21,7 +21,13 @@ from typing import Any
 
 from prefect_runpod.blocks import validation as v
 
-__all__ = ["check_api_url", "check_arguments", "make_prefect_home", "spell_negative_values"]
+__all__ = [
+    "check_api_url",
+    "check_arguments",
+    "make_home",
+    "make_prefect_home",
+    "spell_negative_values",
+]
 
 _NEGATIVE_VALUE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
 
@@ -160,14 +166,32 @@ def make_prefect_home(home: str | Path | None = None) -> Path:
     Raises:
         SpecError: it cannot be created (a read-only HOME), in one sentence.
     """
+    path = Path(home or os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    return make_home(path, "Prefect's home", "PREFECT_HOME")
+
+
+def make_home(path: Path, what: str, variable: str) -> Path:
+    """Make a folder a command keeps its state in (with its parents), or say in one
+    sentence why it cannot be made and which variable moves it.
+
+    Args:
+        path: the folder.
+        what: what it is, for the message (``Prefect's home``).
+        variable: the environment variable that puts it elsewhere (``PREFECT_HOME``).
+
+    Returns:
+        The folder.
+
+    Raises:
+        SpecError: it cannot be created (a read-only or missing HOME).
+    """
     from prefect_runpod.blocks.exceptions import SpecError
 
-    path = Path(home or os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecError(
-            f"Prefect's home {path} cannot be created ({exc.strerror}): make HOME writable, "
-            "or set PREFECT_HOME to a folder this user can write"
+            f"{what} {path} cannot be created ({exc.strerror}): make HOME writable, "
+            f"or set {variable} to a folder this user can write"
         ) from None
     return path

@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
             )
         return 0
     if args.action == "start":
+        from prefect_runpod.flows.cli.arguments import make_home
+
+        make_home(home, "the Prefect server's home", "PREFECT_RUNPOD_HOME")  # else exit 2
         try:
             record = ls.ensure_server(say=lambda line: print(line, file=sys.stderr, flush=True))
         except ls.ServerStartError as exc:

@@ -185,8 +185,10 @@ def prefect_api() -> Iterator[str]:
                 assert url is not None
                 yield url
         return
-    from prefect_runpod.flows.cli.local_server import ensure_server
+    from prefect_runpod.flows.cli.arguments import make_home
+    from prefect_runpod.flows.cli.local_server import ensure_server, server_home
 
+    make_home(server_home(), "the Prefect server's home", "PREFECT_RUNPOD_HOME")
     record = ensure_server(say=lambda line: print(line, file=sys.stderr, flush=True))
     with temporary_settings(updates={PREFECT_API_URL: record.api_url}), _drained():
         yield record.api_url
