@@ -229,6 +229,10 @@ CASES = [
     Case("ssh-key-name-malformed", ["ssh", "abc", "--provider", "runpod", "--ssh-key", "My Key"], "ssh_key_block (--ssh-key) 'My Key' is not a block name"),
     Case("reaper-block-name-malformed", ["reaper", "--dry-run", "--provider", "runpod", "--runpod-credentials", "X"], "runpod_credentials_block (--runpod-credentials) 'X' is not a block name"),
     Case("check-hf-token-env-bad", ["check", "--hf-token-env", "1TOKEN"], "hf_token_env (--hf-token-env) '1TOKEN' is not an environment variable name"),
+    Case("output-dir-escape", ft("--output-dir", "out\x1b[31m"), "output_dir (--output-dir) 'out\\x1b[31m' holds a control character (ESC, U+001B)"),
+    Case("bundle-path-newline", ft("--bundle", "b\n"), "bundle (--bundle) 'b\\n' holds a control character (a newline, U+000A)"),
+    Case("allow-secret-file-newline", ft("--allow-secret-file", "x\ny"), "allow_secret_files (--allow-secret-file) 'x\\ny' holds a control character (a newline"),
+    Case("resume-from-newline", ft("--resume-from", "x\ny"), "resume_from (--resume-from) 'x\\ny' holds a control character"),
     Case("hf-endpoint-unclosed-bracket", ft("--hf-endpoint", "http://[::1"), "hf_endpoint (--hf-endpoint) 'http://[::1' is not a URL"),
     Case("api-url-unclosed-bracket", ["status"], "PREFECT_API_URL 'http://[::1' is not a URL", env={"PREFECT_API_URL": "http://[::1"}),
     Case("pod-home-read-only", ft(), "the local pods' home /proc/prefect-runpod-pods cannot be created", env={"PREFECT_RUNPOD_HOME": "/proc/prefect-runpod-pods"}),
@@ -243,7 +247,8 @@ ARGUMENT_CASES = [c for c in CASES if c.id in {
     "cost-since-negative", "status-limit-negative", "reaper-ttl-minus-inf", "cost-nan",
     "prefix-uppercase", "bundle-missing", "terminate-id-hyphen", "cost-run-id-garbage",
     "api-url-unclosed-bracket", "resume-from-empty-path", "job-table-misspelt", "outputs-nul",
-    "pods-block-name-malformed", "reaper-block-name-malformed",
+    "pods-block-name-malformed", "reaper-block-name-malformed", "bundle-path-newline",
+    "allow-secret-file-newline",
 }]  # fmt: skip
 
 # Saved blocks are looked up on the Prefect API: these need a server (slow).

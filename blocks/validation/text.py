@@ -49,7 +49,9 @@ _CONTROL_NAMES = {0: "NUL", 8: "backspace", 10: "a newline", 13: "a carriage ret
 
 def check_path_text(name: str, value: Any) -> Any:
     """A path given as text must not be empty or blank (``--bundle ''`` would otherwise
-    mean the current folder, or the default).
+    mean the current folder, or the default) nor hold a control character (a newline
+    splits the one-line messages and summaries that show the path, and a gitignore
+    pattern in two; an escape sequence rewrites the terminal that shows it).
 
     Args:
         name: the parameter (``bundle``); the message adds its CLI option.
@@ -59,11 +61,17 @@ def check_path_text(name: str, value: Any) -> Any:
         The value.
 
     Raises:
-        SpecError: an empty or blank string.
+        SpecError: an empty or blank string, or one with a control character.
     """
     if isinstance(value, str) and not value.strip():
         raise SpecError(
             f"{label(name)} is an empty path: give a path, or leave the option out for its default."
+        )
+    found = control_character(value) if isinstance(value, str) else None
+    if found:
+        raise SpecError(
+            f"{label(name)} {value!r} holds a control character ({found}): give the path "
+            "without it."
         )
     return value
 
