@@ -13,6 +13,7 @@ concurrency limit, the API itself) comes after, in ``flows.run.inputs``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -31,6 +32,10 @@ __all__ = [
 
 _NEGATIVE_VALUE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
 
+def _check_block_name(block: Any, name: str) -> str:
+    return v.check_block_name(block, name)
+
+
 _ID_CHECKS: dict[str, Callable[[Any], Any]] = {
     "name_prefix": v.check_name_prefix,
     "pod_id": v.check_pod_id,
@@ -40,7 +45,7 @@ _ID_CHECKS: dict[str, Callable[[Any], Any]] = {
     "hf_token_env": v.check_env_name,
     "hf_endpoint": lambda url: v.check_url(url, "hf_endpoint"),
     **{
-        name: lambda block, name=name: v.check_block_name(block, name)
+        name: functools.partial(_check_block_name, name=name)
         for name in (
             "runpod_credentials_block",
             "runpod_spec_block",
