@@ -32,6 +32,7 @@ __all__ = [
 
 _NEGATIVE_VALUE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
 
+
 def _check_block_name(block: Any, name: str) -> str:
     return v.check_block_name(block, name)
 
