@@ -15,7 +15,10 @@ Order: ``rent`` (a live pod of the same name is ended first; the pod id goes to
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
 import shlex
 import sys
 import time
@@ -49,15 +52,17 @@ from prefect_runpod.blocks.provider_registry import provider_supports
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.cost_record import CostRecord, publish_record, record_pod_end
 from prefect_runpod.flows.run.heartbeat import heartbeat_interval_seconds
-from prefect_runpod.flows.run.names import pod_name_for
+from prefect_runpod.flows.run.names import POD_KEY_FILE, forget_pod_access, pod_name_for
 from prefect_runpod.flows.worker.config import RunPodJobConfiguration
 
 __all__ = [
     "HIDDEN_ENV",
     "PREFECT_DEFAULT_COMMAND",
     "PodFlowRun",
+    "adoption_quiet_seconds",
     "local_code_dir",
     "pod_command",
+    "worker_run_dir",
 ]
 
 PREFECT_DEFAULT_COMMAND = "prefect flow-run execute"
@@ -81,6 +86,23 @@ _POLL_SECONDS = 1.0
 _STATE_EVERY_SECONDS = 2.0
 _AFTER_FINAL_STATE_SECONDS = 30.0
 _log = logging.getLogger("prefect_runpod.worker")
+
+
+def worker_run_dir(flow_run_id: str) -> Path:
+    """``<PREFECT_RUNPOD_HOME>/worker/<flow_run_id>``: where the worker keeps a local
+    pod's per-run SSH key (mode 0600) while the pod lives, so a restarted worker can
+    reach the pod again; deleted once the pod is confirmed gone."""
+    from prefect_runpod.blocks.local_pod.registry import default_home
+
+    return default_home() / "worker" / flow_run_id
+
+
+def adoption_quiet_seconds(heartbeat_stale_seconds: float) -> float:
+    """How long a pod's heartbeat must go untouched before a worker takes the pod over,
+    s: a quarter of the dead-man's limit, between 5 and 30 s. A worker that follows the
+    pod touches it about every second, so a quiet heartbeat means no worker follows it,
+    and the quarter leaves most of the limit to take the pod over in."""
+    return min(30.0, max(5.0, heartbeat_stale_seconds / 4.0))
 
 
 def local_code_dir(deployment: Any) -> Path | None:
@@ -166,6 +188,7 @@ class PodFlowRun:
         self.provider: PodProvider = _with_spec(provider, config)
         self.keypair = keypair
         self.key: SecretStr = keypair.private_key
+        self.kept_key = worker_run_dir(flow_run_id) / POD_KEY_FILE
         self.name = pod_name_for(config.name_prefix, flow_run_id)
         self.handle: PodHandle | None = None
         self.watch: PodWatch | None = None
@@ -206,6 +229,7 @@ class PodFlowRun:
         )
         handle = self.provider.create(request, self.name)
         self.handle = handle
+        self._keep_key()
         self.on_created(handle.pod_id)
         self._record_rented(handle)
         self.logger.info(
@@ -219,14 +243,87 @@ class PodFlowRun:
                 f"max_usd_per_hour={cap:g}; it is ended and the run not started"
             )
         handle = self.provider.wait_ready(handle, _READY_TIMEOUT_SECONDS)
-        self.handle = handle
-        self.watch = PodWatch(self.provider, handle.pod_id, 10.0).start()
-        self.reconnect = ReconnectPolicy(status=self.watch.ask, unreachable=self.watch.unreachable)
-        self.run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{self.flow_run_id}"
+        self._reach(handle)
         self.tools_dir = prepare_pod(handle, self.key, self.run_dir, self.deadman, self.reconnect)
         self.console = PodConsole.for_pod(handle, self.key, reconnect=self.reconnect)
         self.console.connect()
         return handle
+
+    def _reach(self, handle: PodHandle) -> None:
+        self.handle = handle
+        self.watch = PodWatch(self.provider, handle.pod_id, 10.0).start()
+        self.reconnect = ReconnectPolicy(status=self.watch.ask, unreachable=self.watch.unreachable)
+        self.run_dir = f"{handle.workdir.rstrip('/')}/prefect-runpod/{self.flow_run_id}"
+
+    def _keep_key(self) -> None:
+        """Keep a per-run key (the local pod's) where a restarted worker finds it; a
+        provider that reaches pods with the user's key, or a saved key block, needs none."""
+        if self.config.ssh_key_block or provider_supports(
+            self.config.provider, Capability.USER_KEY
+        ):
+            return
+        self.kept_key.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.kept_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.key.get_secret_value())
+
+    def adopt(self, handle: PodHandle, quiet_seconds: float) -> bool:
+        """Take over this run's live pod from a worker that stopped (a restart): reach
+        it, make sure no other worker follows it (its heartbeat stays untouched for
+        ``quiet_seconds``, ``adoption_quiet_seconds``), then put the tools on it again
+        and re-arm its dead-man switch (both idempotent), so ``follow`` and ``end`` go on
+        as if this worker had started it.
+
+        Returns:
+            True when the pod is now this worker's; False when another worker touched
+            its heartbeat meanwhile (it follows the pod; nothing was changed).
+
+        Raises:
+            ConsoleError / PodGoneError / PodTimeoutError: the pod could not be reached.
+        """
+        from prefect_runpod.blocks.console.session import PodConsole
+        from prefect_runpod.tasks.provision import prepare_pod
+
+        if self.kept_key.is_file():  # the per-run key the earlier worker reached it with
+            self.key = SecretStr(self.kept_key.read_text())
+        handle = self.provider.wait_ready(handle, 60.0)
+        self._reach(handle)
+        self.console = PodConsole.for_pod(handle, self.key, reconnect=self.reconnect)
+        self.console.connect()
+        if not self._heartbeat_quiet(quiet_seconds):
+            return False
+        self.tools_dir = prepare_pod(handle, self.key, self.run_dir, self.deadman, self.reconnect)
+        self.logger.info(
+            "adopted pod %s (%s) after a worker restart: following the flow process again",
+            handle.pod_id, self.name,
+        )  # fmt: skip
+        return True
+
+    def _heartbeat_quiet(self, quiet_seconds: float) -> bool:
+        """True once the heartbeat file is ``quiet_seconds`` old (or missing); False as
+        soon as someone touches it (another worker follows the pod)."""
+        probe = (
+            "import os, sys, time\n"
+            "try: m = os.stat(sys.argv[1]).st_mtime\n"
+            "except OSError: m = -1.0\n"
+            "print('HB=%f %f' % (m, time.time()))"
+        )
+        command = f"python3 -c {shlex.quote(probe)} {shlex.quote(self.run_dir + '/heartbeat')}"
+        first: float | None = None
+        while True:
+            output = self.console.run(command, check=True).output or ""
+            found = re.search(r"HB=(-?[0-9.]+) ([0-9.]+)", output)
+            if found is None:
+                raise SpecError(f"pod {self.name}: no answer about its heartbeat: {output!r}")
+            mtime, now = float(found.group(1)), float(found.group(2))
+            if mtime < 0:
+                return True
+            first = mtime if first is None else first
+            if mtime != first:
+                return False
+            if now - mtime >= quiet_seconds:
+                return True
+            time.sleep(1.0)
 
     def _record_rented(self, handle: PodHandle) -> None:
         """The run's ``finetune-costs`` record with the pod in it, while it may bill."""
@@ -416,6 +513,15 @@ class PodFlowRun:
 
     # -- end --------------------------------------------------------------------------
 
+    def release(self) -> None:
+        """Stop watching the pod and close its console, leaving the pod as it is (a pod
+        another worker follows)."""
+        if self.watch is not None:
+            self.watch.stop()
+        if self.console is not None:
+            with contextlib.suppress(Exception):
+                self.console.close()
+
     def end(self) -> PodEnd | None:
         """Stop watching, close the console, end the pod and wait for the provider's
         confirmation, and record the end in the run's ``finetune-costs`` record.
@@ -460,6 +566,9 @@ class PodFlowRun:
         record_pod_end(
             self.flow_run_id, end, recorded_by="worker", handle=handle, provider=self.provider
         )
+        forget_pod_access(self.kept_key.parent if self.kept_key.is_file() else None, None)
+        with contextlib.suppress(OSError):
+            self.kept_key.parent.rmdir()
         self.logger.info(
             "pod %s ended, confirmed at %s",
             handle.pod_id, result.confirmed_at.astimezone(UTC).strftime("%H:%M:%S UTC"),

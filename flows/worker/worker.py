@@ -10,7 +10,9 @@ flow process to its end, and the pod is always ended, confirmed and its cost rec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 import anyio
 import anyio.abc
@@ -21,15 +23,18 @@ from prefect.settings import get_current_settings
 from prefect.states import Crashed
 from prefect.workers.base import BaseWorker, BaseWorkerResult
 
-from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.exceptions import PodGoneError, PodTimeoutError, SpecError
 from prefect_runpod.blocks.provider import EndedBy, PodCause, PodEnd
-from prefect_runpod.blocks.secret_mask import error_text
+from prefect_runpod.blocks.secret_mask import error_text, redact
+from prefect_runpod.flows.run.recovery import POD_LOST_EVENT
 from prefect_runpod.flows.worker.api_url import api_key_kind, pod_api_url
 from prefect_runpod.flows.worker.config import RunPodJobConfiguration, RunPodJobVariables
 
-__all__ = ["RunPodWorker", "RunPodWorkerResult"]
+__all__ = ["RunPodWorker", "RunPodWorkerResult", "crash_sentence"]
 
 _FINAL = frozenset({"COMPLETED", "FAILED", "CRASHED", "CANCELLED"})
+_Outcome = tuple[int | None, str | None, str | None, list[str]]
+"""``(exit_code, problem, stopped, tail)`` of a run on its pod (``_follow_on_pod``)."""
 
 
 class RunPodWorkerResult(BaseWorkerResult):
@@ -61,6 +66,8 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._key_kind_logged = False
+        self._adoption_started = False
+        self._following: set[UUID] = set()
 
     async def run(
         self,
@@ -102,7 +109,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
         if not self._key_kind_logged:
             self._key_kind_logged = True
             self._logger.info("the pods this worker starts get %s", api_key_kind(api_key))
-        outcomes: list[tuple[int | None, str | None, str | None, list[str]]] = []
+        outcomes: list[_Outcome] = []
 
         async def work() -> None:
             try:
@@ -120,15 +127,30 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
             finally:
                 created.set()
 
+        self._following.add(flow_run.id)
         async with anyio.create_task_group() as group:
             group.start_soon(work)
             await created.wait()
             if "pod_id" in started and task_status is not None:
                 # From run()'s own task: Prefect records the pod id as the infrastructure id.
                 task_status.started(started["pod_id"])
-        exit_code, problem, stopped, tail_lines = outcomes[0]
+        self._following.discard(flow_run.id)
         if "pod_id" not in started:
-            return await self._refused(flow_run, task_status, problem or "no pod was created")
+            return await self._refused(
+                flow_run, task_status, outcomes[0][1] or "no pod was created"
+            )
+        return await self._settle(flow_run, started["pod_id"], outcomes[0])
+
+    async def _settle(
+        self,
+        flow_run: FlowRun,
+        pod_id: str,
+        outcome: tuple[int | None, str | None, str | None, list[str]],
+    ) -> RunPodWorkerResult:
+        """The flow run's last word once its pod is ended: Cancelled when it was being
+        cancelled, Crashed with the one-sentence reason when the process died without a
+        final state or the worker stopped it (the runtime cap)."""
+        exit_code, problem, stopped, tail_lines = outcome
         state = await self._state_type(flow_run)
         if stopped == "cancelled" or state == "CANCELLING":
             # The stopped engine may have proposed Crashed over Cancelling: the cancel wins.
@@ -137,11 +159,11 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
                     flow_run,
                     {"message": "Cancelled: the worker stopped the flow and ended its pod."},
                 )
-            return RunPodWorkerResult(identifier=started["pod_id"], status_code=0)
+            return RunPodWorkerResult(identifier=pod_id, status_code=0)
         if problem is None and exit_code not in (0, None) and state not in _FINAL:
             tail = " / ".join(line for line in tail_lines if line.strip())[-300:]
             problem = (
-                f"the flow process on pod {started['pod_id']} exited with code {exit_code} "
+                f"the flow process on pod {pod_id} exited with code {exit_code} "
                 f"without a final state{': ' + tail if tail else ''}"
             )
         if problem is not None and stopped == "runtime cap" and state != "COMPLETED":
@@ -151,7 +173,99 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
         elif problem is not None and state not in _FINAL:
             await self._propose_crashed_state(flow_run, problem)
         code = exit_code if exit_code is not None else (0 if problem is None else 1)
-        return RunPodWorkerResult(identifier=started["pod_id"], status_code=code)
+        return RunPodWorkerResult(identifier=pod_id, status_code=code)
+
+    # -- adopting the pods of a worker that stopped ----------------------------------
+
+    async def get_and_submit_flow_runs(self) -> list[FlowRun]:
+        """Prefect's poll for scheduled runs; the first one, once the pool is known,
+        also starts adopting the live pods a stopped worker of this pool left
+        (``_adopt_live_pods``)."""
+        if not self._adoption_started and self._work_pool is not None:
+            self._adoption_started = True
+            if self._runs_task_group is not None:
+                self._runs_task_group.start_soon(self._adopt_live_pods)
+        return await super().get_and_submit_flow_runs()
+
+    async def _adopt_live_pods(self) -> None:
+        """Adopt each live pod of this pool's flow runs that no worker follows: a run
+        whose infrastructure id is a live pod named ``<name_prefix>-<flow_run_id>``,
+        found when this worker starts, before the pod's dead-man limit ends it. Its
+        heartbeat and following resume; the pod is ended and recorded as usual."""
+        try:
+            runs = await self._runs_with_pods()
+        except Exception as exc:  # the poll goes on; the dead-man still ends the pods
+            self._logger.warning("could not look for live pods to adopt: %s", exc)
+            return
+        for flow_run in runs:
+            if flow_run.id in self._following or flow_run.id in self._submitting_flow_run_ids:
+                continue
+            try:
+                configuration = await self.job_configuration.resolve_for_flow_run(
+                    flow_run,
+                    client=self.client,
+                    work_pool=self.work_pool,
+                    worker_name=self.name,
+                    worker_id=self.backend_id,
+                )
+            except Exception as exc:
+                self._logger.warning("could not read flow run %s's job: %s", flow_run.id, exc)
+                continue
+            assert self._runs_task_group is not None
+            self._runs_task_group.start_soon(self._adopt, flow_run, configuration)
+
+    async def _runs_with_pods(self) -> list[FlowRun]:
+        """This pool's flow runs that may have a live pod: not final, or final in the
+        last hour (a run that ended while no worker followed it), with an
+        infrastructure id."""
+        from datetime import UTC, datetime, timedelta
+
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterEndTime,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+            WorkPoolFilter,
+            WorkPoolFilterName,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        pool = WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name]))
+        live = [StateType.RUNNING, StateType.PENDING, StateType.CANCELLING]
+        final = [StateType(t) for t in sorted(_FINAL)]
+        found = await self.client.read_flow_runs(
+            work_pool_filter=pool,
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=live))
+            ),
+        )
+        found += await self.client.read_flow_runs(
+            work_pool_filter=pool,
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=final)),
+                end_time=FlowRunFilterEndTime(
+                    after_=datetime.now(UTC) - timedelta(hours=1)  # type: ignore[arg-type]
+                ),
+            ),
+        )
+        return [run for run in found if run.infrastructure_pid]
+
+    async def _adopt(self, flow_run: FlowRun, configuration: RunPodJobConfiguration) -> None:
+        pod_id = str(flow_run.infrastructure_pid)
+        self._following.add(flow_run.id)
+        try:
+            outcome = await anyio.to_thread.run_sync(
+                _adopt_on_pod, configuration, str(flow_run.id), pod_id,
+                self.get_flow_run_logger(flow_run),
+            )  # fmt: skip
+            if outcome is not None:
+                await self._settle(flow_run, pod_id, outcome)
+        except Exception as exc:
+            self._logger.warning(
+                "adopting pod %s of flow run %s failed: %s", pod_id, flow_run.id, exc
+            )
+        finally:
+            self._following.discard(flow_run.id)
 
     async def _refused(
         self, flow_run: FlowRun, task_status: anyio.abc.TaskStatus[Any] | None, sentence: str
@@ -193,40 +307,82 @@ def _run_on_pod(
     api_key: str | None,
     logger: Any,
     on_created: Any,
-) -> tuple[int | None, str | None, str | None, list[str]]:
-    """The blocking part of ``RunPodWorker.run``, in a thread.
+) -> _Outcome:
+    """The blocking part of ``RunPodWorker.run``, in a thread: rent, put the code and a
+    Prefect on the pod, launch, then ``_follow_on_pod``.
 
     Returns:
         ``(exit_code, problem, stopped, tail)``: the process's exit code (None when it
         never ran or was lost), the one-sentence reason the run crashed (None), why the
         worker stopped it (None), its last output lines.
     """
-    from prefect.client.orchestration import get_client
-
-    from prefect_runpod.blocks.exceptions import TerminateError
     from prefect_runpod.flows.worker.pod_run import PodFlowRun, local_code_dir
 
-    exit_code: int | None = None
-    problem: str | None = None
-    run: PodFlowRun | None = None
+    def bring_up(run: PodFlowRun) -> bool:
+        run.rent()
+        run.put_code(local_code_dir(configuration.deployment))
+        run.ready_python()
+        run.launch()
+        return True
+
     try:
         run = PodFlowRun(
             configuration, flow_run_id, api_url=api_url, api_key=api_key, logger=logger,
             on_created=on_created,
         )  # fmt: skip
+    except Exception as exc:
+        logger.error("the run on its pod failed: %s", error_text(exc))
+        return None, error_text(exc), None, []
+    outcome = _follow_on_pod(run, configuration, bring_up)
+    assert outcome is not None  # bring_up never declines
+    return outcome
+
+
+def _adopt_on_pod(
+    configuration: RunPodJobConfiguration, flow_run_id: str, pod_id: str, logger: Any
+) -> _Outcome | None:
+    """The blocking part of adopting pod ``pod_id`` of flow run ``flow_run_id`` (a
+    stopped worker's), in a thread: None when it is not this run's live pod or another
+    worker follows it; else ``_follow_on_pod``'s outcome once the pod is ended."""
+    from prefect_runpod.flows.worker.pod_run import PodFlowRun, adoption_quiet_seconds
+
+    run = PodFlowRun(
+        configuration, flow_run_id, api_url="", api_key=None, logger=logger,
+        on_created=lambda _pod_id: None,
+    )  # fmt: skip
+    handle = run.provider.find(run.name)  # by name, and by the run's infrastructure id
+    if handle is None or handle.pod_id != pod_id:
+        return None
+    quiet = adoption_quiet_seconds(configuration.heartbeat_stale_seconds)
+    return _follow_on_pod(run, configuration, lambda r: r.adopt(handle, quiet))
+
+
+def _follow_on_pod(
+    run: Any, configuration: RunPodJobConfiguration, bring_up: Callable[[Any], bool]
+) -> _Outcome | None:
+    """Bring the pod up (``bring_up``: False leaves the pod as it is and returns None),
+    follow the flow process to its end, and always end the pod."""
+    from prefect.client.orchestration import get_client
+
+    from prefect_runpod.blocks.exceptions import TerminateError
+
+    exit_code: int | None = None
+    problem: str | None = None
+    flow_run_id = run.flow_run_id
+    try:
         with get_client(sync_client=True) as client:
 
             def state_type() -> str | None:
                 try:
-                    state = client.read_flow_run(flow_run_id).state  # type: ignore[arg-type]
+                    state = client.read_flow_run(flow_run_id).state
                 except Exception:
                     return None
                 return state.type.value if state is not None else None
 
-            run.rent()
-            run.put_code(local_code_dir(configuration.deployment))
-            run.ready_python()
-            run.launch()
+            if not bring_up(run):
+                run.release()
+                run = None
+                return None
             exit_code = run.follow(state_type)
             if exit_code is None:
                 problem = f"the flow process on pod {run.handle and run.handle.pod_id} was lost"
@@ -236,15 +392,45 @@ def _run_on_pod(
                     "on its pod; the worker stopped it and ended the pod"
                 )
     except Exception as exc:
-        problem = error_text(exc)
-        logger.error("the run on its pod failed: %s", problem, exc_info=True)
+        problem = crash_sentence(exc, run.handle.pod_id if run.handle else None, run.name)
+        run.logger.error("the run on its pod failed: %s", problem, exc_info=True)
+        if isinstance(exc, PodGoneError) and run.handle is not None:
+            _emit_pod_event(POD_LOST_EVENT, run, {"cause": exc.cause, "message": problem})
     finally:
         if run is not None:
             try:
                 run.end()
             except TerminateError as exc:
                 problem = problem or error_text(exc)
-    return exit_code, problem, run.stopped if run else None, list(run.tail) if run else []
+    return exit_code, problem, run.stopped, list(run.tail)
+
+
+def crash_sentence(exc: BaseException, pod_id: str | None, pod_name: str) -> str:
+    """The one sentence a flow run is Crashed with when its pod failed it: a pod lost
+    under the run (the provider says it ended, exited or lost its host), a pod that
+    never booted (not reachable in time), else the error's own sentence."""
+    pod = f"pod {pod_id} ({pod_name})" if pod_id else f"pod {pod_name}"
+    if not isinstance(exc, PodGoneError | PodTimeoutError):
+        return error_text(exc).rstrip(".")
+    text = redact(str(exc)).rstrip(".")
+    if isinstance(exc, PodGoneError):
+        return f"{pod} was lost under the flow run: {text}"
+    if isinstance(exc, PodTimeoutError):
+        return f"{pod} never booted, its image may not start or the host has no capacity: {text}"
+    return text
+
+
+def _emit_pod_event(event: str, run: Any, payload: dict[str, Any]) -> None:
+    """A Prefect event about a worker's pod (the fine-tune's kinds, ``prefect-runpod.pod.*``,
+    the flow run related), for automations; one that cannot be sent only logs."""
+    from prefect.events import emit_event
+
+    from prefect_runpod.flows.run.recovery import pod_event
+
+    try:
+        emit_event(**pod_event(event, run.handle.pod_id, run.name, run.flow_run_id, payload))
+    except Exception as exc:  # an event never changes the run
+        run.logger.warning("could not emit %s for pod %s: %s", event, run.handle.pod_id, exc)
 
 
 def _kill_pod(pod_id: str, configuration: RunPodJobConfiguration) -> None:
