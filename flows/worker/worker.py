@@ -127,14 +127,16 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
             finally:
                 created.set()
 
-        self._following.add(flow_run.id)
-        async with anyio.create_task_group() as group:
-            group.start_soon(work)
-            await created.wait()
-            if "pod_id" in started and task_status is not None:
-                # From run()'s own task: Prefect records the pod id as the infrastructure id.
-                task_status.started(started["pod_id"])
-        self._following.discard(flow_run.id)
+        self._following.add(flow_run.id)  # never adopted by this worker meanwhile
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(work)
+                await created.wait()
+                if "pod_id" in started and task_status is not None:
+                    # From run()'s own task: Prefect records the pod id as the infrastructure id.
+                    task_status.started(started["pod_id"])
+        finally:
+            self._following.discard(flow_run.id)
         if "pod_id" not in started:
             return await self._refused(
                 flow_run, task_status, outcomes[0][1] or "no pod was created"
@@ -145,7 +147,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
         self,
         flow_run: FlowRun,
         pod_id: str,
-        outcome: tuple[int | None, str | None, str | None, list[str]],
+        outcome: _Outcome,
     ) -> RunPodWorkerResult:
         """The flow run's last word once its pod is ended: Cancelled when it was being
         cancelled, Crashed with the one-sentence reason when the process died without a
