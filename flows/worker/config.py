@@ -14,6 +14,7 @@ from typing import Any, Literal
 from prefect.workers.base import BaseJobConfiguration, BaseVariables
 from pydantic import Field, PrivateAttr
 
+from prefect_runpod.blocks.provider import PodProvider
 from prefect_runpod.blocks.provider_registry import provider_names
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_HEARTBEAT_STALE_SECONDS,
@@ -24,7 +25,7 @@ from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_TERMINATE_TIMEOUT_SECONDS,
 )
 
-__all__ = ["POD_FIELDS", "RunPodJobConfiguration", "RunPodJobVariables"]
+__all__ = ["POD_FIELDS", "RunPodJobConfiguration", "RunPodJobVariables", "with_spec"]
 
 POD_FIELDS: dict[str, tuple[Any, Any, str]] = {
     "provider": (
@@ -224,3 +225,31 @@ class RunPodJobConfiguration(_ConfigurationBase):  # type: ignore[misc, valid-ty
             "local_mode": self.local_mode,
             "local_image": self.local_image,
         }
+
+
+def with_spec(provider: PodProvider, config: RunPodJobConfiguration) -> PodProvider:
+    """A RunPod provider whose spec takes the job variables that are set (image, GPU
+    count, cloud, data centres, disk, CUDA floor, price cap); any other as it is."""
+    spec = getattr(provider, "spec", None)
+    if spec is None:  # a provider without a pod spec (the local pod) takes none of them
+        return provider
+    update: dict[str, Any] = {
+        "gpu_count": config.gpu_count,
+        "name_prefix": config.name_prefix,
+    }
+    for field, value in (
+        ("image_name", config.image),
+        ("cloud_type", config.cloud_type),
+        ("container_disk_gb", config.container_disk_gb),
+        ("max_usd_per_hour", config.max_usd_per_hour),
+    ):
+        if value is not None:
+            update[field] = value
+    for field, values in (
+        ("data_center_ids", config.data_center_ids),
+        ("allowed_cuda_versions", config.allowed_cuda_versions),
+    ):
+        if values:
+            update[field] = list(values)
+    provider.spec = type(spec).model_validate(spec.model_dump() | update)  # type: ignore[attr-defined]
+    return provider

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shlex
 import sys
 import time
@@ -53,20 +52,17 @@ from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.cost_record import CostRecord, publish_record, record_pod_end
 from prefect_runpod.flows.run.heartbeat import heartbeat_interval_seconds
 from prefect_runpod.flows.run.names import POD_KEY_FILE, forget_pod_access, pod_name_for
-from prefect_runpod.flows.worker.config import RunPodJobConfiguration
+from prefect_runpod.flows.worker.adoption import heartbeat_quiet, worker_run_dir
+from prefect_runpod.flows.worker.code import PREFECT_DEFAULT_COMMAND, local_code_dir, pod_command
+from prefect_runpod.flows.worker.config import RunPodJobConfiguration, with_spec
 
 __all__ = [
     "HIDDEN_ENV",
     "PREFECT_DEFAULT_COMMAND",
     "PodFlowRun",
-    "adoption_quiet_seconds",
     "local_code_dir",
     "pod_command",
-    "worker_run_dir",
 ]
-
-PREFECT_DEFAULT_COMMAND = "prefect flow-run execute"
-"""Prefect's own command for a flow run (``BaseJobConfiguration``'s default)."""
 
 HIDDEN_ENV = ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_API_AUTH_STRING")
 """Settings the pod's shell gets through the console's hidden export only: never in the
@@ -77,77 +73,11 @@ _NOT_FOR_THE_POD = frozenset(
 )
 """The worker's settings that name this machine (its home, profiles, storage folder)."""
 
-_SET_WORKING_DIRECTORY = {
-    "prefect.deployments.steps.set_working_directory",
-    "prefect.deployments.steps.pull.set_working_directory",
-}
 _READY_TIMEOUT_SECONDS = 600.0
 _POLL_SECONDS = 1.0
 _STATE_EVERY_SECONDS = 2.0
 _AFTER_FINAL_STATE_SECONDS = 30.0
 _log = logging.getLogger("prefect_runpod.worker")
-
-
-def worker_run_dir(flow_run_id: str) -> Path:
-    """``<PREFECT_RUNPOD_HOME>/worker/<flow_run_id>``: where the worker keeps a local
-    pod's per-run SSH key (mode 0600) while the pod lives, so a restarted worker can
-    reach the pod again; deleted once the pod is confirmed gone."""
-    from prefect_runpod.blocks.local_pod.registry import default_home
-
-    return default_home() / "worker" / flow_run_id
-
-
-def adoption_quiet_seconds(heartbeat_stale_seconds: float) -> float:
-    """How long a pod's heartbeat must go untouched before a worker takes the pod over,
-    s: a quarter of the dead-man's limit, between 5 and 30 s. A worker that follows the
-    pod touches it about every second, so a quiet heartbeat means no worker follows it,
-    and the quarter leaves most of the limit to take the pod over in."""
-    return min(30.0, max(5.0, heartbeat_stale_seconds / 4.0))
-
-
-def local_code_dir(deployment: Any) -> Path | None:
-    """The folder of a deployment whose code is on this machine, which the worker
-    uploads: pull steps that only set the working directory to a folder that exists
-    here (what ``flow.from_source(LOCAL_DIR, …)`` and ``prefect deploy`` from a project
-    write), or no pull steps and an absolute ``path``. None for code the pod fetches
-    itself (``git_clone`` and other pull steps, which run on the pod) or no deployment."""
-    if deployment is None:
-        return None
-    steps = list(getattr(deployment, "pull_steps", None) or [])
-    if steps:
-        folder = None
-        for step in steps:
-            (name, args), *more = step.items()
-            if more or name not in _SET_WORKING_DIRECTORY:
-                return None
-            folder = (args or {}).get("directory")
-        candidate = Path(str(folder)) if folder else None
-    else:
-        path = getattr(deployment, "path", None)
-        candidate = (
-            Path(path) if path and not getattr(deployment, "storage_document_id", None) else None
-        )
-    if candidate is None or not candidate.is_absolute() or not candidate.is_dir():
-        return None
-    return candidate
-
-
-def pod_command(command: str | None, python: str, *, code_uploaded: bool) -> str:
-    """The command the launcher starts on the pod.
-
-    Prefect's default (``prefect flow-run execute``) runs the deployment's pull steps on
-    the pod; for code the worker uploaded it is Prefect's engine run in that folder
-    (``python -m prefect.engine``, the entrypoint in ``PREFECT__FLOW_ENTRYPOINT``), as
-    the pull steps name a folder of this machine. A command that starts with
-    ``prefect`` runs with the pod's venv Python (``python -m prefect …``).
-    """
-    command = (command or PREFECT_DEFAULT_COMMAND).strip()
-    q = shlex.quote(python)
-    if command == PREFECT_DEFAULT_COMMAND and code_uploaded:
-        return f"{q} -m prefect.engine"
-    if command == "prefect" or command.startswith("prefect "):
-        return f"{q} -m {command}"
-    return command
 
 
 class PodFlowRun:
@@ -185,7 +115,7 @@ class PodFlowRun:
         self.api_url, self.api_key = api_url, api_key
         self.logger, self.on_created = logger, on_created
         provider, keypair = build_provider(config.provider_params())
-        self.provider: PodProvider = _with_spec(provider, config)
+        self.provider: PodProvider = with_spec(provider, config)
         self.keypair = keypair
         self.key: SecretStr = keypair.private_key
         self.kept_key = worker_run_dir(flow_run_id) / POD_KEY_FILE
@@ -290,7 +220,7 @@ class PodFlowRun:
         self._reach(handle)
         self.console = PodConsole.for_pod(handle, self.key, reconnect=self.reconnect)
         self.console.connect()
-        if not self._heartbeat_quiet(quiet_seconds):
+        if not heartbeat_quiet(self.console, self.run_dir, self.name, quiet_seconds):
             return False
         self.tools_dir = prepare_pod(handle, self.key, self.run_dir, self.deadman, self.reconnect)
         self.logger.info(
@@ -298,32 +228,6 @@ class PodFlowRun:
             handle.pod_id, self.name,
         )  # fmt: skip
         return True
-
-    def _heartbeat_quiet(self, quiet_seconds: float) -> bool:
-        """True once the heartbeat file is ``quiet_seconds`` old (or missing); False as
-        soon as someone touches it (another worker follows the pod)."""
-        probe = (
-            "import os, sys, time\n"
-            "try: m = os.stat(sys.argv[1]).st_mtime\n"
-            "except OSError: m = -1.0\n"
-            "print('HB=%f %f' % (m, time.time()))"
-        )
-        command = f"python3 -c {shlex.quote(probe)} {shlex.quote(self.run_dir + '/heartbeat')}"
-        first: float | None = None
-        while True:
-            output = self.console.run(command, check=True).output or ""
-            found = re.search(r"HB=(-?[0-9.]+) ([0-9.]+)", output)
-            if found is None:
-                raise SpecError(f"pod {self.name}: no answer about its heartbeat: {output!r}")
-            mtime, now = float(found.group(1)), float(found.group(2))
-            if mtime < 0:
-                return True
-            first = mtime if first is None else first
-            if mtime != first:
-                return False
-            if now - mtime >= quiet_seconds:
-                return True
-            time.sleep(1.0)
 
     def _record_rented(self, handle: PodHandle) -> None:
         """The run's ``finetune-costs`` record with the pod in it, while it may bill."""
@@ -574,31 +478,3 @@ class PodFlowRun:
             handle.pod_id, result.confirmed_at.astimezone(UTC).strftime("%H:%M:%S UTC"),
         )  # fmt: skip
         return end
-
-
-def _with_spec(provider: PodProvider, config: RunPodJobConfiguration) -> PodProvider:
-    """A RunPod provider whose spec takes the job variables that are set (image, GPU
-    count, cloud, data centres, disk, CUDA floor, price cap); any other as it is."""
-    spec = getattr(provider, "spec", None)
-    if spec is None:  # a provider without a pod spec (the local pod) takes none of them
-        return provider
-    update: dict[str, Any] = {
-        "gpu_count": config.gpu_count,
-        "name_prefix": config.name_prefix,
-    }
-    for field, value in (
-        ("image_name", config.image),
-        ("cloud_type", config.cloud_type),
-        ("container_disk_gb", config.container_disk_gb),
-        ("max_usd_per_hour", config.max_usd_per_hour),
-    ):
-        if value is not None:
-            update[field] = value
-    for field, values in (
-        ("data_center_ids", config.data_center_ids),
-        ("allowed_cuda_versions", config.allowed_cuda_versions),
-    ):
-        if values:
-            update[field] = list(values)
-    provider.spec = type(spec).model_validate(spec.model_dump() | update)  # type: ignore[attr-defined]
-    return provider

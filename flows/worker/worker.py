@@ -346,7 +346,8 @@ def _adopt_on_pod(
     """The blocking part of adopting pod ``pod_id`` of flow run ``flow_run_id`` (a
     stopped worker's), in a thread: None when it is not this run's live pod or another
     worker follows it; else ``_follow_on_pod``'s outcome once the pod is ended."""
-    from prefect_runpod.flows.worker.pod_run import PodFlowRun, adoption_quiet_seconds
+    from prefect_runpod.flows.worker.adoption import adoption_quiet_seconds
+    from prefect_runpod.flows.worker.pod_run import PodFlowRun
 
     run = PodFlowRun(
         configuration, flow_run_id, api_url="", api_key=None, logger=logger,
