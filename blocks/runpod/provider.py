@@ -142,6 +142,7 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
         self._sleep = sleep
         self._api = api or credentials.get_api()
         self.attempts: list[str] = []
+        self._ended: dict[str, TerminateResult] = {}
 
     @property
     def api_name(self) -> str:
@@ -419,15 +420,25 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
         """Terminate ``pod_id`` and return once RunPod reads it back as gone; see
         ``runpod.lifecycle.terminate_until_gone`` (idempotent, never gone on a timeout).
 
+        A pod this provider has already ended (``wait_ready`` ends a pod that fails to
+        boot before it raises) answers that first confirmed end again, so the run bills
+        it until then and not until a later caller's "already gone".
+
         Raises:
             SpecError: on an unsafe pod id.
             TerminateError: not confirmed within ``timeout_seconds``.
         """
-        return terminate_until_gone(
+        pod_id = validate_pod_id(pod_id)
+        if pod_id in self._ended:
+            return self._ended[pod_id]
+        result = terminate_until_gone(
             self._api,
-            validate_pod_id(pod_id),
+            pod_id,
             timeout_seconds=timeout_seconds,
             initial_delay_seconds=self.retry_initial_delay_seconds,
             poll_interval_seconds=self.poll_interval_seconds,
             sleep=self._sleep,
         )
+        if not result.already_gone:
+            self._ended[pod_id] = result
+        return result

@@ -206,6 +206,25 @@ class TestCreateAndReady:
         assert re.fullmatch(r"status=(RUNNING|STARTING) runtime=null", info.value.last_status)
         assert runpod_emulator.pods == {}
 
+    def test_a_pod_ended_by_a_failed_boot_keeps_that_end(
+        self, runpod_emulator: RunPodEmulator, runpod_blocks: RunPodBlocks, runpod_provider: Make
+    ) -> None:
+        """The host fails while the pod boots: wait_ready ends the pod, and the run's
+        later terminates (provision's, the run's finally) get that confirmed end back,
+        so the pod is billed until then, not until the last "already gone"."""
+        runpod_emulator.faults.slow_boot_seconds = 3600
+        provider = runpod_provider()
+        handle = provider.create(_request(runpod_blocks[2]), _name())
+        runpod_emulator.fail_host(handle.pod_id, "EXITED")
+        with pytest.raises(PodGoneError):
+            provider.wait_ready(handle, timeout_seconds=240)
+        ended = runpod_emulator.ledger.entries[handle.pod_id].ended
+        assert ended is not None, "wait_ready did not end the pod"
+        again = [provider.terminate(handle.pod_id) for _ in range(2)]
+        assert again[0] == again[1] and not again[0].already_gone
+        assert ended <= again[0].confirmed_at.timestamp()
+        assert runpod_provider().terminate(handle.pod_id).already_gone  # another run's view
+
     def test_vanished_pod_is_reported(
         self, runpod_emulator: RunPodEmulator, runpod_blocks: RunPodBlocks, runpod_provider: Make
     ) -> None:
