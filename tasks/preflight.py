@@ -21,6 +21,7 @@ from prefect_runpod.blocks import validation as v
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.publish.base import publish_kind
+from prefect_runpod.blocks.sizes import human_bytes
 from prefect_runpod.blocks.transfer.dispatch import check_tree
 from prefect_runpod.blocks.transfer.pty.options import PtyOptions
 from prefect_runpod.blocks.validation import parameters as run_parameters
@@ -408,25 +409,17 @@ def check_pod_disk(upload: BundleFiles, disk_bytes: int | None, description: str
         SpecError: the bundle is larger than that disk.
     """
     size = upload.total_bytes
-    line = f"upload: {len(upload.files)} files, {size} bytes ({_human(size)})"
+    line = f"upload: {len(upload.files)} files, {size} bytes ({human_bytes(size)})"
     if upload.ignored_files:
         line += f", {upload.ignored_files} left out by {IGNORE_FILE} and the built-in excludes"
     if disk_bytes is None:
         return line
     if size > disk_bytes:
         raise SpecError(
-            f"the bundle's {len(upload.files)} files hold {_human(size)}, more than "
-            f"{description} ({_human(disk_bytes)}): leave large files out in {IGNORE_FILE}, "
+            f"the bundle's {len(upload.files)} files hold {human_bytes(size)}, more than "
+            f"{description} ({human_bytes(disk_bytes)}): leave large files out in {IGNORE_FILE}, "
             "or ask for a larger disk."
         )
     share = 100 * size / max(disk_bytes, 1)
     shown = f"{share:.2f}%" if share >= 0.01 else "under 0.01%"
-    return f"{line}; {shown} of {description} ({_human(disk_bytes)})"
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+    return f"{line}; {shown} of {description} ({human_bytes(disk_bytes)})"

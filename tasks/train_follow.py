@@ -25,6 +25,7 @@ from prefect_runpod.blocks.console.reconnect import DEFAULT_RECONNECT_BUDGET_SEC
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.blocks.interrupts import raise_if_stopped
 from prefect_runpod.blocks.pod_watch import watch_for
+from prefect_runpod.blocks.sizes import human_bytes
 from prefect_runpod.tasks.models import TrainReport
 from prefect_runpod.tasks.train_log import Progress, error_line, parse_metrics, parse_progress
 
@@ -32,15 +33,6 @@ __all__ = ["follow_training", "missing_outputs", "pod_disk_full"]
 
 FULL_BELOW_BYTES = 1 << 20
 """A pod filesystem with less free space than this (1 MiB) counts as full."""
-
-
-def _size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover - the loop returns at GiB
 
 
 def pod_disk_full(console: ConsoleLike, path: str) -> str | None:
@@ -58,7 +50,7 @@ def pod_disk_full(console: ConsoleLike, path: str) -> str | None:
             if free >= FULL_BELOW_BYTES:
                 return None
             where = " ".join(fields[5:])
-            return f"{_size(free)} free of {_size(size)} on {where}: No space left on device"
+            return f"{human_bytes(free)} free of {human_bytes(size)} on {where}: No space left on device"
     return None
 
 

@@ -14,6 +14,7 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import OWN_LAYERS, Capability, PodEnd, end_command
 from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.blocks.secret_mask import redact, redact_data
+from prefect_runpod.blocks.sizes import human_bytes
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
 from prefect_runpod.flows.run.attempts import (
     AttemptField,
@@ -216,15 +217,6 @@ class RunReport(LastAttemptView):
         return f"{lead}ended by {end.ended_by.value}{how} at {at}, confirmed"
 
 
-def _fmt_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 def _attempt_lines(report: RunReport) -> list[str]:
     """A line per pod attempt when the run had more than one, and the checkpoints the
     run copied off its pods (how many, the newest, the copy's lag)."""
@@ -237,7 +229,7 @@ def _attempt_lines(report: RunReport) -> list[str]:
         lines.append(
             f"checkpoints  {len(lags)} verified off the pod, newest {report.checkpoints[-1].name};"
             f" copy lag max {max(lags):.1f} s, mean {sum(lags) / len(lags):.1f} s;"
-            f" {_fmt_bytes(sent)} sent"
+            f" {human_bytes(sent)} sent"
         )
     return lines
 
@@ -259,19 +251,19 @@ def render_summary(report: RunReport) -> str:
         lines.append(f"get in with  {report.ssh_command}")  # the pod still lives
     lines.extend(_attempt_lines(report))
     moved = sum(t.bytes for t in (report.upload, report.download) if t is not None)
-    lines.append(f"bytes moved  {_fmt_bytes(moved)} between this machine and the pod")
+    lines.append(f"bytes moved  {human_bytes(moved)} between this machine and the pod")
     moves = [(n, t) for n, t in (("upload", report.upload), ("download", report.download)) if t]
     if moves:
         lines.append(
             "transfer     "
             + ", ".join(
-                f"{n} by {t.method} ({_fmt_bytes(t.bytes)}, {t.seconds:.1f} s)" for n, t in moves
+                f"{n} by {t.method} ({human_bytes(t.bytes)}, {t.seconds:.1f} s)" for n, t in moves
             )
         )
     if report.publish is not None:
         sent = report.publish
         lines.append(
-            f"published    {_fmt_bytes(sent.bytes)} from the pod to {sent.target} in "
+            f"published    {human_bytes(sent.bytes)} from the pod to {sent.target} in "
             f"{sent.seconds:.1f} s ({len(sent.files)} files, {sent.attempts} attempt(s))"
         )
     verified = (
