@@ -20,7 +20,8 @@ def terminate_pod(
 ) -> TerminateResult:
     """Terminate ``pod_id`` and return once the provider confirms it gone.
 
-    Idempotent: a pod already gone returns ``already_gone=True``.
+    Idempotent: a pod already gone returns ``already_gone=True``; a pod this provider
+    ended itself answers that first confirmed end again (RunPod's provider).
 
     Raises:
         TerminateError: when not confirmed in ``timeout_seconds`` (the pod may still bill;

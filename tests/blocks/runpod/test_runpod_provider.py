@@ -469,8 +469,8 @@ class TestTerminate:
         result = provider.terminate(handle.pod_id, timeout_seconds=60)
         assert result.attempts == 3 and not result.already_gone
         assert runpod_emulator.pods == {} and runpod_emulator.local.list("") == []
-        again = provider.terminate(handle.pod_id)
-        assert again.already_gone
+        assert provider.terminate(handle.pod_id) == result  # its own end, answered again
+        assert runpod_provider().terminate(handle.pod_id).already_gone
 
     def test_never_gone_on_timeout(
         self, runpod_emulator: RunPodEmulator, runpod_blocks: RunPodBlocks, runpod_provider: Make
