@@ -102,7 +102,9 @@ def test_plan_on_the_local_pod_prices_the_demo_and_rents_nothing(
     monkeypatch.delenv("HF_TOKEN", raising=False)
 
     before = LocalPodProvider().list("")
-    code = main(["plan", "--local-cost-per-hr", "0.22", "--output-dir", str(tmp_path), "--json"])
+    code = main(
+        ["plan", "--local-cost-per-hr", "0.22", "--output-dir", str(tmp_path / "out"), "--json"]
+    )
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["ok"] is True
     names = [c["name"] for c in data["checks"]]
@@ -169,7 +171,7 @@ def test_plan_and_check_on_emulated_runpod(
         "--ssh-key",
         "cockpit-key",
     ]
-    assert main(["plan", *blocks, "--output-dir", str(tmp_path), "--json"]) == 0
+    assert main(["plan", *blocks, "--output-dir", str(tmp_path / "out"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [(p["gpu_type"], p["usd_per_hr"], p["availability"]) for p in data["prices"]] == [
         ("NVIDIA GeForce RTX 3090", 0.22, "HIGH"),

@@ -300,5 +300,5 @@ def test_listing_and_terminating_need_no_ssh_key(
     assert main(["terminate", "doesnotexist00", "--provider", "runpod"]) == 0
     assert "no such pod" in capsys.readouterr().out
     # The fine-tune itself does need the key, and says how to make one (bad usage: 2).
-    assert main(["finetune", "--provider", "runpod", "--output-dir", str(tmp_path)]) == 2
+    assert main(["finetune", "--provider", "runpod", "--output-dir", str(tmp_path / "out")]) == 2
     assert "no SSH key for RunPod" in capsys.readouterr().err
