@@ -13,10 +13,12 @@ end) and its final state in Prefect.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,17 @@ pytestmark = pytest.mark.slow
 
 HANG_GUARD = 300.0
 """Every wait below ends on an event; this only stops a hung run."""
+
+
+@contextlib.contextmanager
+def _reaped(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """The CLI run is killed (and waited for) if the test leaves it running."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _start(
@@ -135,15 +148,11 @@ def test_the_api_down_when_training_finishes_costs_nothing(
     """Down at ``train_finished`` (the train stage's last artifacts), back once the pod is
     gone: the flow engine's own retry of its final state then finds it."""
     proc, log = _start(tmp_path, api_switch, "train_finished")
-    try:
+    with _reaped(proc):
         _down_at(proc, log, tmp_path, api_switch, "train_finished")
         data = _ended_while_down(proc, log, tmp_path / "out")
         api_switch.up()
         assert proc.wait(timeout=HANG_GUARD) == 0, _text(log)[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     _in_prefect_once_back(data, _text(log))
 
 
@@ -156,7 +165,7 @@ def test_the_api_down_during_download_outlasting_the_run(
     ``run-report.json``, holds the state with the records, and writes them all once the
     API is back."""
     proc, log = _start(tmp_path, api_switch, "download", PREFECT_CLIENT_MAX_RETRIES="1")
-    try:
+    with _reaped(proc):
         _down_at(proc, log, tmp_path, api_switch, "download")
         data = _ended_while_down(proc, log, tmp_path / "out")
         wait_until(
@@ -169,8 +178,4 @@ def test_the_api_down_during_download_outlasting_the_run(
         assert "the Prefect API did not answer when the run told it its end" in text
         api_switch.up()
         assert proc.wait(timeout=HANG_GUARD) == 0, _text(log)[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     _in_prefect_once_back(data, _text(log))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shlex
 import sys
 import time
@@ -51,7 +50,12 @@ from prefect_runpod.blocks.provider_registry import provider_supports
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.cost_record import CostRecord, publish_record, record_pod_end
 from prefect_runpod.flows.run.heartbeat import heartbeat_interval_seconds
-from prefect_runpod.flows.run.names import POD_KEY_FILE, forget_pod_access, pod_name_for
+from prefect_runpod.flows.run.names import (
+    POD_KEY_FILE,
+    forget_pod_access,
+    pod_name_for,
+    save_pod_key,
+)
 from prefect_runpod.flows.worker.adoption import heartbeat_quiet, worker_run_dir
 from prefect_runpod.flows.worker.code import PREFECT_DEFAULT_COMMAND, local_code_dir, pod_command
 from prefect_runpod.flows.worker.config import RunPodJobConfiguration, with_spec
@@ -192,10 +196,7 @@ class PodFlowRun:
             self.config.provider, Capability.USER_KEY
         ):
             return
-        self.kept_key.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.kept_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.key.get_secret_value())
+        save_pod_key(self.key, self.kept_key.parent)
 
     def adopt(self, handle: PodHandle, quiet_seconds: float) -> bool:
         """Take over this run's live pod from a worker that stopped (a restart): reach
