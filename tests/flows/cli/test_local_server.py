@@ -245,6 +245,9 @@ def test_the_leak_check_sees_a_server_of_this_session(tmp_path):
             assert time.monotonic() < deadline, "the leak check never saw it"
             time.sleep(0.05)
         assert fake.pid not in prefect_server_pids((str(tmp_path / "elsewhere"),))
+        # A root that only begins the same way is another session's: pytest's base
+        # ``pytest-1`` is not the parent of ``pytest-14``, whose servers run beside it.
+        assert fake.pid not in prefect_server_pids((str(tmp_path)[:-1],))
     finally:
         fake.communicate(input=b"", timeout=60)
     assert fake.pid not in prefect_server_pids((str(tmp_path),))
