@@ -181,6 +181,7 @@ def finetune(
     publish_public: bool = False,
     download: Literal["all", "eval", "none"] = DEFAULT_DOWNLOAD,
     max_pod_losses: int = DEFAULT_MAX_POD_LOSSES,
+    max_recovery_usd: float | None = None,
     resume_from: str | None = None,
     recover_outside_terminate: bool = False,
     overwrite: bool = False,

@@ -122,6 +122,8 @@ CASES = [
     Case("heartbeat-nan", ft("--heartbeat-stale-seconds", "nan"), "e.g. --heartbeat-stale-seconds 900"),
     Case("lifetime-negative", ft("--pod-lifetime-seconds", "-5"), "pod_lifetime_seconds (--pod-lifetime-seconds)"),
     Case("lifetime-inf", ft("--pod-lifetime-seconds", "inf"), "the hard cap on the pod's life"),
+    Case("recovery-usd-negative", ft("--max-recovery-usd", "-0.5"), "max_recovery_usd (--max-recovery-usd) must be a finite number of USD above 0"),
+    Case("recovery-usd-nan", ft("--max-recovery-usd", "nan"), "got nan: give the recovery spend cap"),
     # --- options of the other provider ---
     Case("gpu-type-on-local", ft("--gpu-type", "NVIDIA GeForce RTX 3090"), "gpu_type_ids (--gpu-type) applies only to --provider runpod"),
     Case("runpod-spec-on-local", ft("--runpod-spec", "spec"), "applies only to --provider runpod"),

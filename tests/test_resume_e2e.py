@@ -198,6 +198,32 @@ def test_a_loss_beyond_max_pod_losses_fails_naming_the_checkpoint_and_resume_fro
     assert LocalPodProvider().get(attempt.pod_id) is None
 
 
+def test_a_loss_at_the_recovery_spend_cap_stops_the_run_before_renting_again(
+    prefect_server, tmp_path
+):
+    """``max_recovery_usd``: the lost pod billed the cap already, so the run rents no
+    second pod; it fails in one sentence naming the cap, what the lost pod billed, the
+    last verified checkpoint (kept in the output dir) and the ``--resume-from`` command."""
+    bundle = _slow_demo(tmp_path / "bundle")
+    out = tmp_path / "out"
+    state, seen = _run_losing_the_host(bundle, out, local_cost_per_hr=0.36, max_recovery_usd=0.0001)
+    assert state.is_failed()
+    report = RunReport.model_validate_json((out / "run-report.json").read_text())
+    (only,) = report.attempts  # no second pod was rented
+    assert only.pod_id == seen["pod_id"] and only.end is not None and only.end.confirmed
+    assert only.usd >= 0.0001
+    message = state.message or ""
+    assert f"billed {only.usd:.6f} USD together, at or over max_recovery_usd 0.0001 USD" in (
+        message
+    )
+    kept = [p.name.removesuffix(".manifest.json") for p in (out / "checkpoints").glob("*.json")]
+    newest = max(kept, key=lambda n: int(n.split("-")[1]))
+    assert f"checkpoint, {newest}, is kept in {out / 'checkpoints' / newest}" in message
+    assert (out / "checkpoints" / newest / "model.json").is_file()
+    assert f"--resume-from {report.flow_run_id}" in message
+    assert LocalPodProvider().get(only.pod_id) is None
+
+
 def test_a_pod_lost_while_a_checkpoint_is_written_resumes_from_the_one_before(
     prefect_server, tmp_path
 ):

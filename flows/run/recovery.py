@@ -9,8 +9,9 @@ one ended by ``prefect-runpod terminate`` — and the bundle declares checkpoint
 has verified here, the lost pod's end and cost are recorded and its end confirmed
 (``PodSession.bring_back``), and only then a new attempt (``<prefix>-<flow_run_id>-a<n>``)
 rents a pod, puts the bundle and the checkpoint on it, and resumes training. At most one
-pod of the run is alive at a time; after ``max_pod_losses`` losses the run fails with
-the last verified checkpoint kept and named.
+pod of the run is alive at a time; after ``max_pod_losses`` losses, or once the lost
+pods billed ``max_recovery_usd`` together, the run fails with the last verified
+checkpoint kept and named.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from prefect_runpod.blocks.costs import round_usd
 from prefect_runpod.blocks.exceptions import PodGoneError, SpecError
 from prefect_runpod.blocks.pod_side import manifest as tree_manifest
 from prefect_runpod.blocks.pod_side.checkpoints import step_of
@@ -29,6 +31,7 @@ from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_MAX_POD_LOSSES,
     DEFAULT_TERMINATE_TIMEOUT_SECONDS,
 )
+from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.checkpoints import CheckpointStore, gpu_count_refusal
 from prefect_runpod.flows.run.pod_session import PodSession
 
@@ -38,8 +41,10 @@ __all__ = [
     "RECOVERABLE_CAUSES",
     "AttemptLoop",
     "changed_bundle_files",
+    "lost_spend",
     "pod_event",
     "recoverable",
+    "recovery_spend_refusal",
     "resume_checkpoint",
 ]
 
@@ -211,12 +216,46 @@ def _planned_gpus(run: Any) -> int:
     return int(run.planned.handle.gpu_count)
 
 
+def lost_spend(attempts: list[PodAttempt], through: int) -> float:
+    """What the run's pods numbered up to ``through`` billed together, USD (our
+    estimate, each to its confirmed end): the pods a run lost before it rents the next
+    one. Pure."""
+    return round_usd(sum(a.usd for a in attempts if a.number <= through))
+
+
+def recovery_spend_refusal(spent_usd: float, cap_usd: float | None) -> str | None:
+    """Why a run stops resuming once its lost pods billed ``spent_usd`` together under a
+    recovery spend cap of ``cap_usd`` (``max_recovery_usd``); None with no cap or while
+    the spend is below it. The rule is the spend so far alone: the next pod's cost is
+    not guessed, so a cap stops the run at the first loss that reaches it. Pure."""
+    if cap_usd is None or spent_usd < cap_usd:
+        return None
+    return (
+        f"the pods it lost billed {spent_usd:.6f} USD together, at or over max_recovery_usd "
+        f"{cap_usd:g} USD"
+    )
+
+
+def _stopped(exc: PodGoneError, why: str, latest: str, where: Path, run_id: str) -> PodGoneError:
+    """The error of a run that stops resuming after losing its pod (``why``: which cap):
+    one sentence naming the last verified checkpoint, where it is kept, and the
+    ``--resume-from`` command that continues the run."""
+    return PodGoneError(
+        f"{exc}; {why}: the run stops; its last verified checkpoint, {latest}, is kept in "
+        f"{where}: continue with `prefect-runpod finetune --resume-from {run_id}` (and the "
+        "same bundle and options)",
+        pod_id=exc.pod_id,
+        cause=exc.cause,
+        seen_at=exc.seen_at,
+    )
+
+
 class AttemptLoop:
     """The run's pod attempts (see the module).
 
     Args:
-        params: the flow's parameters (``max_pod_losses``, ``recover_outside_terminate``,
-            ``terminate_timeout_seconds``).
+        params: the flow's parameters (``max_pod_losses``, ``max_recovery_usd``,
+            ``recover_outside_terminate``, ``terminate_timeout_seconds``).
 
     Attributes:
         session: the current attempt (the flow's ``finally`` brings it back).
@@ -289,15 +328,8 @@ class AttemptLoop:
         limit = int(self._number("max_pod_losses", DEFAULT_MAX_POD_LOSSES))
         where = session.checkpoints.root / latest
         if self.losses >= limit:
-            raise PodGoneError(
-                f"{exc}; that is {self.losses + 1} pods lost, over max_pod_losses "
-                f"{limit}: the run stops; its last verified checkpoint, {latest}, is kept "
-                f"in {where}: continue with `prefect-runpod finetune --resume-from "
-                f"{session.report.flow_run_id}` (and the same bundle and options)",
-                pod_id=exc.pod_id,
-                cause=exc.cause,
-                seen_at=exc.seen_at,
-            ) from exc
+            why = f"that is {self.losses + 1} pods lost, over max_pod_losses {limit}"
+            raise _stopped(exc, why, latest, where, session.report.flow_run_id) from exc
         refusal = gpu_count_refusal(
             latest, session.checkpoints.written_gpu_count(latest), _planned_gpus(session.run)
         )
@@ -316,6 +348,11 @@ class AttemptLoop:
         )
         if unconfirmed is not None:  # never two pods alive: rent nothing
             raise unconfirmed from exc
+        cap = self.params.get("max_recovery_usd")
+        cap_usd = None if cap is None else self._number("max_recovery_usd", 0.0)
+        over = recovery_spend_refusal(lost_spend(session.report.attempts, session.number), cap_usd)
+        if over is not None:  # the lost pod is confirmed gone: nothing more is rented
+            raise _stopped(exc, over, latest, where, session.report.flow_run_id) from exc
         self._same_bundle(session, exc)
         self.losses += 1
         _log.warning(

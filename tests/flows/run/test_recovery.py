@@ -188,3 +188,23 @@ def test_steps_lost_counts_steps_never_epochs():
         assert progress is not None, line
         last = trained_step(progress, last)
     assert last == 80
+
+
+def test_the_recovery_spend_cap_counts_what_the_lost_pods_billed_together():
+    """``max_recovery_usd``: the run stops resuming once the pods it lost billed the cap
+    together (at it or over it); no cap never stops it."""
+    from prefect_runpod.flows.run.attempts import PodAttempt
+    from prefect_runpod.flows.run.recovery import lost_spend, recovery_spend_refusal
+
+    pods = [PodAttempt(number=1, usd=0.25), PodAttempt(number=2, usd=0.2), PodAttempt(number=3)]
+    pods[2].usd = 5.0  # the pod running now is not a lost one
+    assert lost_spend(pods, 1) == 0.25
+    assert lost_spend(pods, 2) == pytest.approx(0.45)
+    assert recovery_spend_refusal(0.45, None) is None
+    assert recovery_spend_refusal(0.45, 0.5) is None
+    refusal = recovery_spend_refusal(0.5, 0.5)
+    assert (
+        refusal
+        == "the pods it lost billed 0.500000 USD together, at or over max_recovery_usd 0.5 USD"
+    )
+    assert "0.600000 USD" in (recovery_spend_refusal(0.6, 0.5) or "")
