@@ -146,6 +146,7 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(
     assert report.checkpoints and all(c.lag_seconds >= 0 for c in report.checkpoints)
     summary = render_summary(report)
     assert "attempt 2" in summary and f"resumed from {second.resumed_from}" in summary
+    assert f"attempt 2    {second.pod_id} (cpu, no GPU) ended by" in summary  # its GPU count
     assert "copy lag" in summary
     # `status` shows both pods of the run.
     capsys.readouterr()
@@ -156,6 +157,7 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(
         and f"; 2: {second.pod_id} " in (row["attempts"])
     )
     assert f"resumed from {second.resumed_from}" in row["attempts"]
+    assert f"1: {first.pod_id} (cpu, no GPU) ended by" in row["attempts"]
     # Prefect events for the lost pod and the one the run resumed on, related to the run.
     events = _pod_events(report.flow_run_id)
     assert events.get("prefect-runpod.pod.lost") == f"prefect-runpod.pod.{first.pod_id}"

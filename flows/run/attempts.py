@@ -31,7 +31,7 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import EndedBy, PodEnd
 from prefect_runpod.blocks.validation.parameters import DEFAULT_PROVIDER
 
-__all__ = ["AttemptField", "LastAttemptView", "PodAttempt", "attempt_line"]
+__all__ = ["AttemptField", "LastAttemptView", "PodAttempt", "attempt_line", "gpu_count_text"]
 
 T = TypeVar("T")
 
@@ -141,10 +141,16 @@ class PodAttempt(BaseModel):
             self.difference_usd = round_usd(self.usd - self.provider_usd)
 
 
+def gpu_count_text(count: int) -> str:
+    """A pod's GPU count in words: ``no GPU``, ``1 GPU``, ``2 GPUs``. Pure."""
+    return "no GPU" if count == 0 else f"{count} GPU" + ("s" if count > 1 else "")
+
+
 def attempt_line(a: PodAttempt) -> str:
-    """One pod attempt in words: pod, GPU, who ended it and why, billed seconds and
-    USD, and the checkpoint it resumed from with the steps lost, e.g. ``abc (cpu) ended
-    by flow (host_lost), 9.8 s billed, 0.000980 USD``."""
+    """One pod attempt in words: pod, GPU type and count (when known), who ended it and
+    why, billed seconds and USD, and the checkpoint it resumed from with the steps lost,
+    e.g. ``abc (NVIDIA A40, 2 GPUs) ended by flow (host_lost), 9.8 s billed, 0.000980
+    USD``."""
     end = a.end
     how = (
         f"ended by {end.ended_by.value}" + (f" ({end.cause})" if end.cause else "")
@@ -154,8 +160,9 @@ def attempt_line(a: PodAttempt) -> str:
     resumed = (
         f"; resumed from {a.resumed_from}, {a.steps_lost or 0} steps lost" if a.resumed_from else ""
     )
+    gpus = f", {gpu_count_text(a.gpu_count)}" if a.gpu_count is not None else ""
     return (
-        f"{a.pod_id or '-'} ({a.gpu_type}) {how}, {a.billed_seconds:.1f} s billed, "
+        f"{a.pod_id or '-'} ({a.gpu_type}{gpus}) {how}, {a.billed_seconds:.1f} s billed, "
         f"{a.usd:.6f} USD{resumed}"
     )
 

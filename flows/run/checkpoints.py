@@ -33,6 +33,7 @@ from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as tree_manifest
 from prefect_runpod.blocks.pod_side.checkpoints import step_of
+from prefect_runpod.flows.run.attempts import gpu_count_text
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -91,15 +92,12 @@ def gpu_count_refusal(name: str, written_on: int | None, resuming_on: int) -> st
     """
     if written_on is None or written_on == resuming_on:
         return None
-
-    def gpus(n: int) -> str:
-        return "no GPU" if n == 0 else f"{n} GPU" + ("s" if n > 1 else "")
-
+    was, now = gpu_count_text(written_on), gpu_count_text(resuming_on)
     return (
-        f"checkpoint {name} was written on a pod with {gpus(written_on)} and this pod has "
-        f"{gpus(resuming_on)}: its per-rank state (each rank's random generator state and "
+        f"checkpoint {name} was written on a pod with {was} and this pod has "
+        f"{now}: its per-rank state (each rank's random generator state and "
         "data shard) would not match, so training would not continue where it stopped; "
-        f"resume on a pod with {gpus(written_on)} (the pod spec's gpu_count) or start afresh"
+        f"resume on a pod with {was} (the pod spec's gpu_count) or start afresh"
     )
 
 

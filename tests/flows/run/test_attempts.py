@@ -166,3 +166,36 @@ def test_the_cost_table_shows_a_row_per_pod_and_the_runs_total(
     assert "pod-a (runpod)" in table and "pod-b (runpod)" in table
     assert "attempt 2" in table
     assert "0.720000" in table  # the footer's total over both pods
+
+
+def test_each_attempt_line_shows_its_pods_gpu_count_in_status_and_the_summary() -> None:
+    """The GPU count a checkpoint must resume on is shown beside each pod: in the
+    summary's attempt lines and in ``status RUN`` (read back from the cost table)."""
+    from types import SimpleNamespace
+
+    from prefect_runpod.flows.cli.watch import status_row
+    from prefect_runpod.flows.run.attempts import attempt_line
+    from prefect_runpod.flows.run.report import render_summary
+
+    first, second = _two_pods()
+    first.gpu_count, second.gpu_count = 2, 1
+    assert attempt_line(first).startswith("pod-a (NVIDIA A40, 2 GPUs) ended by outside")
+    assert attempt_line(second).startswith("pod-b (NVIDIA A40, 1 GPU) ended by flow")
+    assert "(cpu, no GPU)" in attempt_line(PodAttempt(pod_id="p", gpu_type="cpu", gpu_count=0))
+    assert attempt_line(PodAttempt(pod_id="p", gpu_type="NVIDIA A40")).startswith(
+        "p (NVIDIA A40) "  # a record written before counts were kept: not guessed
+    )
+    summary = render_summary(RunReport(flow_run_id="r1", attempts=[first, second]))
+    assert "attempt 1    pod-a (NVIDIA A40, 2 GPUs) " in summary
+    assert "attempt 2    pod-b (NVIDIA A40, 1 GPU) " in summary
+    record = CostRecord(flow_run_id="r1", attempts=[first, second])
+    record.settle()
+    back = CostRecord.from_rows(record.to_rows())
+    assert [a.gpu_count for a in back.attempts] == [2, 1]
+    view = SimpleNamespace(
+        flow_run_id="r1", flow_run_name="n", state="COMPLETED", stage="-", provider="runpod",
+        started_at=None, url=None, output_dir=None, live=False, record=back, parameters={},
+    )  # fmt: skip
+    shown = status_row(view, with_pod=False)["attempts"]
+    assert shown.startswith("1: pod-a (NVIDIA A40, 2 GPUs) ")
+    assert "; 2: pod-b (NVIDIA A40, 1 GPU) " in shown
