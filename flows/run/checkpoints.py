@@ -22,9 +22,10 @@ import logging
 import shlex
 import shutil
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, SecretStr
 
@@ -34,6 +35,12 @@ from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as tree_manifest
 from prefect_runpod.blocks.pod_side.checkpoints import step_of
 from prefect_runpod.flows.run.attempts import gpu_count_text
+
+if TYPE_CHECKING:
+    from prefect_runpod.blocks.console.reconnect import ReconnectPolicy
+    from prefect_runpod.blocks.console.session import PodConsole
+    from prefect_runpod.blocks.transfer.base import MethodOptions
+    from prefect_runpod.blocks.transfer.s3 import S3Target
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -252,7 +259,8 @@ class CheckpointSync:
         manifest_folder: where the pod side writes the manifests (absolute).
         marker: the bundle's ``checkpoint_marker`` ("" for the rename signal).
         python: the pod's interpreter for the pod-side script.
-        method / options / s3: the run's transfer method and its options.
+        method / options / s3: the run's transfer method, its options (``PtyOptions``
+            for ``pty``) and the S3 target (for ``s3``), as the stages' transfers get them.
         attempt: the pod attempt's number.
         interval_seconds: seconds between two looks at the pod's folder.
         reconnect: the run's reconnect policy for the console opened here.
@@ -270,12 +278,12 @@ class CheckpointSync:
         marker: str = "",
         python: str = "python3",
         method: str = "auto",
-        options: Any = None,
-        s3: Any = None,
+        options: MethodOptions | None = None,
+        s3: S3Target | None = None,
         attempt: int = 1,
         interval_seconds: float = 2.0,
-        reconnect: Any = None,
-        on_copied: Any = None,
+        reconnect: ReconnectPolicy | None = None,
+        on_copied: Callable[[CheckpointRecord], None] | None = None,
     ) -> None:
         self.handle, self.key, self.store = handle, key, store
         self.pod_folder, self.manifest_folder, self.marker = pod_folder, manifest_folder, marker
@@ -287,7 +295,7 @@ class CheckpointSync:
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._console: Any = None
+        self._console: PodConsole | None = None
 
     def start(self) -> CheckpointSync:
         """Begin following the pod's checkpoint folder from a daemon thread (in a copy of
@@ -325,7 +333,7 @@ class CheckpointSync:
             _log.warning("%s: checkpoint copy stopped: %s", self.handle.pod_id, self.error)
             return False
 
-    def _console_now(self) -> Any:
+    def _console_now(self) -> PodConsole:
         if self._console is None:
             from prefect_runpod.blocks.console.session import PodConsole
 
