@@ -273,8 +273,8 @@ def _attempt_of(row: dict[str, Any], recorded_at: datetime) -> PodAttempt:
         pod_name=row.get("pod_name") or "",
         provider=row.get("provider") or DEFAULT_PROVIDER,
         gpu_type=str(row.get("gpu_type") or "-"),
-        gpu_count=row.get("gpu_count"),
-        data_center=row.get("data_center"),
+        **{k: row.get(k) for k in ("gpu_count", "data_center", "difference_usd")},  # as named
+        **{k: row.get(k) for k in ("resumed_from", "steps_lost")},
         cost_per_hr=float(row.get("cost_per_hr_usd_per_h") or 0.0),
         created_at=_when(row.get("created_at_utc")),
         ready_at=_when(row.get("ready_at_utc")),
@@ -284,10 +284,7 @@ def _attempt_of(row: dict[str, Any], recorded_at: datetime) -> PodAttempt:
         provider_usd=row.get("runpod_usd"),
         provider_billed_seconds=row.get("runpod_billed_s"),
         **{f"provider_{p}_usd": row.get(f"runpod_{p}_usd") for p in ("gpu", "cpu", "disk")},
-        difference_usd=row.get("difference_usd"),
         billing_note=row.get("billing_note") or "",
-        resumed_from=row.get("resumed_from"),
-        steps_lost=row.get("steps_lost"),
     )
 
 
