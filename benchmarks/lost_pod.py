@@ -16,12 +16,14 @@ is what is noticed first while training.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -84,12 +86,22 @@ def _local(runs: int, root: Path) -> list[dict[str, Any]]:
     return [_one_run("local", root / f"local-{n}", end_pod) for n in range(runs)]
 
 
-def _runpod(runs: int, root: Path) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def emulated_runpod(root: Path) -> Iterator[Any]:
+    """RunPod's API emulated on loopback (REST v2, gateway SSH; its pods under
+    ``root/emulated-pods``), with a fresh SSH key on the account, and this process's
+    RunPod settings (``RUNPOD_API_KEY``, ``RUNPOD_API_BASE_URL``, the key path, the
+    gateway) pointed at it; the emulator is stopped (its pods ended) on the way out.
+
+    Yields:
+        The ``tests.emulators.runpod_api.RunPodEmulator``.
+    """
     from prefect_runpod.blocks.keys import generate_keypair
     from tests.emulators.runpod_api import RunPodEmulator
 
     keypair = generate_keypair("bench")
     key_file = root / "id_ed25519_runpod"
+    key_file.parent.mkdir(parents=True, exist_ok=True)
     key_file.write_text(keypair.private_key.get_secret_value())
     key_file.chmod(0o600)
     emulator = RunPodEmulator(
@@ -103,15 +115,20 @@ def _runpod(runs: int, root: Path) -> list[dict[str, Any]]:
         RUNPOD_SSH_GATEWAY_HOST="127.0.0.1",
         RUNPOD_SSH_GATEWAY_PORT=str(emulator.gateway_port),
     )
-
-    def end_pod(pod_id: str) -> float:
-        emulator.terminate(pod_id)  # what RunPod's console (or its API) does
-        return emulator.ended[pod_id].at
-
     try:
-        return [_one_run("runpod", root / f"runpod-{n}", end_pod) for n in range(runs)]
+        yield emulator
     finally:
         emulator.stop()
+
+
+def _runpod(runs: int, root: Path) -> list[dict[str, Any]]:
+    with emulated_runpod(root) as emulator:
+
+        def end_pod(pod_id: str) -> float:
+            emulator.terminate(pod_id)  # what RunPod's console (or its API) does
+            return float(emulator.ended[pod_id].at)
+
+        return [_one_run("runpod", root / f"runpod-{n}", end_pod) for n in range(runs)]
 
 
 def main() -> None:
