@@ -590,6 +590,24 @@ def test_register_setup_without_a_server_is_one_line(tmp_path):
     assert f"the Prefect API at {DEAD_API} cannot be reached" in proc.stderr
 
 
+def test_register_with_a_malformed_api_url_is_one_line_before_prefect_loads(tmp_path):
+    """``python -m prefect_runpod.deployments.register`` used to import Prefect at module
+    load, so a ``PREFECT_API_URL`` Prefect cannot parse ended in its settings traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_runpod.deployments.register", "setup"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PREFECT_API_URL": "http://[::1"},
+    )
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.startswith("error: PREFECT_API_URL") and proc.stderr.count("\n") == 1, (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
 REGISTER_CASES = [
     ("gpu-limit-negative", ["setup", "--gpu-limit", "-5"], "gpu_limit (--gpu-limit) must be a whole number at least 1 and at most 1000, got -5"),
     ("gpu-limit-zero", ["setup", "--gpu-limit", "0"], "gpu_limit (--gpu-limit) must be a whole number at least 1"),

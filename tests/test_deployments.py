@@ -38,7 +38,7 @@ def test_prefect_yaml_declares_what_register_serves():
     from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
     from prefect.flows import load_flow_from_entrypoint
 
-    from prefect_runpod.deployments.register import build_deployments
+    from prefect_runpod.deployments.serving import build_deployments
 
     doc = yaml.safe_load(PREFECT_YAML.read_text())
     declared = set()
@@ -191,7 +191,7 @@ def _wait_run(run_id: Any, served: dict[str, Any], timeout_seconds: float, want=
 def test_setup_creates_the_cap_and_the_zombie_automation(prefect_api, served):
     from prefect.client.orchestration import get_client
 
-    from prefect_runpod.deployments.register import ZOMBIE_AUTOMATION
+    from prefect_runpod.deployments.serving import ZOMBIE_AUTOMATION
 
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name("runpod-gpu").limit == 2
@@ -516,34 +516,34 @@ def test_serve_refuses_to_replace_what_prefect_deploy_made(prefect_server, capsy
     now it refuses, naming them and the ways out, before serving anything."""
     from prefect.client.orchestration import get_client
 
-    from prefect_runpod.deployments import register
+    from prefect_runpod.deployments import register, serving
     from prefect_runpod.flows.finetune import finetune
 
-    register.ensure_work_pool()
+    serving.ensure_work_pool()
     deployed = finetune.to_deployment("on-demand", parameters={"provider": "local"})
-    deployed.apply(work_pool_name=register.WORK_POOL)  # what `prefect deploy` leaves
+    deployed.apply(work_pool_name=serving.WORK_POOL)  # what `prefect deploy` leaves
     assert register.main(["serve", "--no-setup", "--no-schedules"]) == 2
     err = capsys.readouterr().err
     assert "runpod-finetune/on-demand (work pool runpod-finetune) came from `prefect deploy`" in err
     assert "--replace" in err and "prefect deployment delete" in err
     with get_client(sync_client=True) as client:
         kept = client.read_deployment_by_name("runpod-finetune/on-demand")
-    assert kept.work_pool_name == register.WORK_POOL  # untouched
+    assert kept.work_pool_name == serving.WORK_POOL  # untouched
 
 
 def test_setup_prints_lines_and_creates_the_provider_variable(prefect_server, capsys):
     from prefect.variables import Variable
 
-    from prefect_runpod.deployments import register
+    from prefect_runpod.deployments import register, serving
 
     assert register.main(["setup"]) == 0
     out = capsys.readouterr().out
     assert "{" not in out  # no Python dict
     assert "variable           prefect_runpod_provider = local" in out
     assert "concurrency limit  runpod-gpu: 2 pods at once" in out
-    Variable.set(register.PROVIDER_VARIABLE, "runpod", overwrite=True)
-    assert register.ensure_provider_variable() == "runpod"  # an existing value is kept
-    Variable.set(register.PROVIDER_VARIABLE, "local", overwrite=True)
+    Variable.set(serving.PROVIDER_VARIABLE, "runpod", overwrite=True)
+    assert serving.ensure_provider_variable() == "runpod"  # an existing value is kept
+    Variable.set(serving.PROVIDER_VARIABLE, "local", overwrite=True)
 
 
 def test_setup_moves_the_old_pool_runpod_pool_to_runpod_finetune(prefect_server, capsys):
@@ -553,7 +553,7 @@ def test_setup_moves_the_old_pool_runpod_pool_to_runpod_finetune(prefect_server,
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
 
-    from prefect_runpod.deployments import register
+    from prefect_runpod.deployments import register, serving
     from prefect_runpod.flows.reaper import reaper
 
     with get_client(sync_client=True) as client:
@@ -573,11 +573,11 @@ def test_setup_moves_the_old_pool_runpod_pool_to_runpod_finetune(prefect_server,
         with pytest.raises(ObjectNotFound):
             client.read_work_pool("runpod-pool")
         client.delete_deployment(moved.id)
-    assert register.migrate_old_work_pool() == []  # idempotent
+    assert serving.migrate_old_work_pool() == []  # idempotent
 
 
 def test_prefect_yaml_takes_the_provider_from_the_variable_and_serve_from_options():
-    from prefect_runpod.deployments.register import build_deployments
+    from prefect_runpod.deployments.serving import build_deployments
 
     doc = yaml.safe_load(PREFECT_YAML.read_text())
     providers = {d["name"]: d["parameters"].get("provider") for d in doc["deployments"]}

@@ -108,6 +108,46 @@ def test_an_absolute_link_in_the_outputs_keeps_the_pod_and_the_rest_travels(
         assert (out / "outputs" / "abs").read_bytes() == (
             out / "outputs" / "model.json"
         ).read_bytes()
+        # ... and the run's report says so: nothing is left on the pod, and the folder's
+        # files (the link's target among them) are counted as verified.
+        after = json.loads((out / "run-report.json").read_text())
+        assert after["download"]["left_on_pod"] == {}
+        local = next(v for v in after["verified"] if v["where"] == "local")
+        assert local["verified"] and local["extra"] == ["stale.txt"]
+        assert local["files"] == len(here)  # model.json and the rest, now abs too
+        assert "abs" in {e["path"] for e in after["manifest"]["entries"]}
+        assert after["stages"] == report["stages"]  # the run's history stays as it was
+    finally:
+        provider.terminate(pod_id)
+
+
+@pytest.mark.slow
+def test_keep_pod_on_failure_marks_the_pod_kept_for_the_dead_man_and_the_reaper(
+    prefect_server, tmp_path
+):
+    """``--keep-pod-on-failure`` kept the pod but marked it nowhere: its dead-man ended it
+    once the run's heartbeat stopped, and the reaper could take it. Now the pod is marked
+    kept on the pod and on the flow run, as for outputs that could not travel."""
+    from prefect.client.orchestration import get_client
+
+    bundle = _bundle_with_train_suffix(tmp_path, "exit 3")
+    out = tmp_path / "out"
+    proc = _cli(
+        "finetune", "--bundle", str(bundle), "--output-dir", str(out), "--keep-pod-on-failure"
+    )
+    report = json.loads((out / "run-report.json").read_text())
+    pod_id, run_id = report["pod_id"], report["flow_run_id"]
+    provider = LocalPodProvider()
+    try:
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        terminate = next(s for s in report["stages"] if s["name"] == "terminate")
+        assert terminate["state"] == "Skipped" and "keep_pod_on_failure" in terminate["reason"]
+        handle = provider.get(pod_id)
+        assert handle is not None, "the kept pod was terminated"
+        assert (Path(handle.workdir) / "prefect-runpod" / run_id / "kept").is_file()
+        with get_client(sync_client=True) as client:
+            tags = client.read_flow_run(run_id).tags
+        assert f"kept-pod:{pod_id}" in tags
     finally:
         provider.terminate(pod_id)
 

@@ -283,6 +283,8 @@ def run_ssh(args: argparse.Namespace) -> int:
 def run_fetch(args: argparse.Namespace) -> int:
     """``prefect-runpod fetch RUN [--follow-links]``: the run's outputs from its live
     (kept) pod into ``<output_dir>/outputs``, verified; 0 once every entry is here.
+    ``<output_dir>/run-report.json`` then says so (``report_file.record_fetch``): nothing
+    left on the pod, the folder's files counted as verified.
 
     Raises:
         SpecError: the run has no live pod, no key or report on this machine.
@@ -297,6 +299,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     from prefect_runpod.blocks.exceptions import SpecError
     from prefect_runpod.blocks.transfer.dispatch import download_dir
     from prefect_runpod.flows.cli.runs import require_run
+    from prefect_runpod.flows.run.report_file import record_fetch
 
     with api():
         handle, key, _name = _resolve_pod(args, args.run, True)
@@ -318,6 +321,8 @@ def run_fetch(args: argparse.Namespace) -> int:
             follow_links=args.follow_links,
         )  # fmt: skip
     files = len(report.dest_manifest.entries) if report.dest_manifest else 0
+    if not record_fetch(str(out), args.run, report):
+        print(f"run {args.run}: could not update {saved}", file=sys.stderr)
     print(
         f"fetched {remote} from pod {handle.pod_id} into {local}: {files} entries verified "
         f"({report.bytes} bytes by {report.method}); the pod still runs: end it with "

@@ -161,7 +161,7 @@ def end_run(
         (terminate not confirmed), else None. A pod kept on purpose after a failure is
         no error of its own: the run already failed, and the record says it bills.
     """
-    failed = any(s.state in (StageState.FAILED, StageState.CANCELLED) for s in report.stages)
+    failed = report.stopped_short
     unconfirmed: TerminateError | None = None
     lost = watch.lost if watch is not None else None
     if report.pod_id and provider is not None:

@@ -171,7 +171,8 @@ class PodSession(TrainSteps):
         self.budget.stop()  # the terminate is never stopped by the budget
         kept = self._kept()
         keep_reason = kept[0] if kept else None
-        if keep_reason is not None and self.handle is not None:
+        held = kept or (keep_pod_on_failure and self.report.stopped_short)
+        if self.handle is not None and held:  # the dead-man and the reaper spare it
             mark_kept(self.handle, self.key, self.run_dir, self.report.flow_run_id)
         for keeper in self.keepers:
             keeper.stop()

@@ -33,6 +33,7 @@ from prefect_runpod.tasks.models import (
     ParityReport,
     PublishReport,
     StageRecord,
+    StageState,
     TrainReport,
     TransferReport,
     VerificationRecord,
@@ -139,6 +140,12 @@ class RunReport(LastAttemptView):
             if record.name == name:
                 return record
         raise KeyError(name)
+
+    @property
+    def stopped_short(self) -> bool:
+        """True when a stage failed or was cancelled (what ``keep_pod_on_failure`` keeps
+        the pod for)."""
+        return any(s.state in (StageState.FAILED, StageState.CANCELLED) for s in self.stages)
 
     @property
     def passed(self) -> bool:
