@@ -171,6 +171,22 @@ def _wait_deployment(name: str, served: dict[str, Any], timeout_seconds: float =
             time.sleep(1.0)
 
 
+def _wait_trigger(name: str, served: dict[str, Any], timeout_seconds: float = 120.0) -> None:
+    """Until the deployment's trigger automation exists: ``serve`` creates a deployment
+    first and its triggers' automations after it, so an event sent as soon as the
+    deployment shows may find no automation yet and start nothing (a busy machine
+    widens that gap)."""
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_seconds
+    with get_client(sync_client=True) as client:
+        resource = f"prefect.deployment.{client.read_deployment_by_name(name).id}"
+        while not client.read_resource_related_automations(resource):
+            assert served["runner"].poll() is None, _runner_log(served)
+            assert time.monotonic() < deadline, f"{name} has no trigger:\n{_runner_log(served)}"
+            time.sleep(0.5)
+
+
 def _wait_run(run_id: Any, served: dict[str, Any], timeout_seconds: float, want=FINAL):  # type: ignore[no-untyped-def]
     from prefect.client.orchestration import get_client
 
@@ -280,6 +296,7 @@ def test_dataset_event_starts_a_finetune_on_that_bundle(prefect_api, served, tmp
     from prefect_runpod.flows.upstream_example import announce_dataset
 
     _wait_deployment("runpod-finetune/on-dataset-updated", served)
+    _wait_trigger("runpod-finetune/on-dataset-updated", served)
     bundle = _slow_bundle(tmp_path / f"ds-{uuid.uuid4().hex[:6]}", sleep_per_epoch_seconds=20)
     announce_dataset(bundle=str(bundle), dataset="tickets")
     deadline = time.monotonic() + 240
