@@ -68,7 +68,8 @@ def record_fetch(output_dir: str, flow_run_id: str, fetched: TransferReport) -> 
     here = verification_records(local, fetched.dest_manifest, None, extra_entries(local, source))
     for record in here:
         record.how += " (after `prefect-runpod fetch`)"
-    report.verified = here + [v for v in report.verified if v.where != "local"]
+    places = {record.where for record in here}  # the download's; a publish's stay
+    report.verified = here + [v for v in report.verified if v.where not in places]
     return _save(report, output_dir)
 
 
