@@ -67,11 +67,15 @@ class DeadmanConfig(BaseModel):
             is older than this.
         lifetime_seconds: hard cap on the pod's life, whatever the heartbeat says.
         check_interval_seconds: how often the pod-side watchdog looks.
+        stop_run_seconds: before ending the pod, SIGTERM the run's own process and give
+            it this long to exit, s (0: not asked). A Prefect flow on a worker's pod marks
+            its run Crashed itself when signalled, which it cannot once the pod is gone.
     """
 
     heartbeat_stale_seconds: constrained("heartbeat_stale_seconds") = DEFAULT_HEARTBEAT_STALE_SECONDS  # type: ignore[valid-type]  # fmt: skip
     lifetime_seconds: constrained("pod_lifetime_seconds") = DEFAULT_POD_LIFETIME_SECONDS  # type: ignore[valid-type]
     check_interval_seconds: constrained("check_interval_seconds") = 30.0  # type: ignore[valid-type]
+    stop_run_seconds: float = Field(default=0.0, ge=0.0, le=300.0)
 
 
 class PodRequest(BaseModel):

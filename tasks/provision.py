@@ -109,6 +109,7 @@ def arm_deadman(
         f"--heartbeat-stale-seconds {deadman.heartbeat_stale_seconds:g} "
         f"--lifetime-seconds {deadman.lifetime_seconds:g} "
         f"--check-interval-seconds {deadman.check_interval_seconds:g}"
+        + (f" --stop-run-first {deadman.stop_run_seconds:g}" if deadman.stop_run_seconds else "")
         + ("" if use_api else " --no-api"),
         check=True,
     )

@@ -25,6 +25,11 @@ It then tries, in order, until one ends the pod:
    store first, then with each CA bundle found on the pod (certifi's, pip's vendored
    copy), since bare images fail TLS with ``x509: certificate signed by unknown
    authority`` (runpodctl#149). Verification is never turned off.
+With ``--stop-run-first S`` it first asks the run's own process (the launcher's group,
+``<run_dir>/train.pid``) to stop, SIGTERM, and waits up to S seconds for it to exit, so a
+process that reports for itself (a Prefect flow on a worker's pod marks its run Crashed
+when signalled) can say so before the pod goes; the pod is ended next whatever it did.
+
 4. Last resort: stop every process of the pod but PID 1 and this one (PID 1 ignores
    signals it has no handler for, and RunPod restarts a container whose PID 1 exits), so
    at least the workload stops; it records ``workload stopped, pod NOT ended`` and keeps
@@ -69,6 +74,10 @@ PID_FILE = "watchdog.pid"
 START_FILE = "watchdog.start"
 ATTEMPTS_FILE = "deadman.jsonl"
 KEPT_FILE = "kept"
+RUN_PID_FILE = "train.pid"
+"""The launcher's file: the run's pid, which is also its process-group id."""
+RUN_EXIT_FILE = "train.exit"
+STOP_RUN_LAYER = "stop the run's process first"
 """Written by the run that keeps its pod: from then on only the lifetime ends it."""
 
 DEFAULT_API_URL = "https://api.runpod.io/v2"
@@ -324,6 +333,34 @@ def _whole_container(pod_id):
         return False
 
 
+def stop_run_first(run_dir, grace_seconds):
+    """SIGTERM the run's process group (``train.pid``) and wait up to ``grace_seconds``
+    for it to exit (gone, or ``train.exit`` written). Returns ``(ok, detail)``: ok when
+    no run process is left running."""
+    try:
+        with open(os.path.join(run_dir, RUN_PID_FILE)) as fh:
+            pgid = int(fh.read().strip().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return True, "no run process recorded"
+    exit_path = os.path.join(run_dir, RUN_EXIT_FILE)
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True, "the run's process %d had already exited" % pgid
+    except PermissionError as exc:
+        return False, "could not signal the run's process %d: %s" % (pgid, exc)
+    deadline = time.time() + grace_seconds
+    while time.time() < deadline:
+        if os.path.exists(exit_path):
+            return True, "the run's process %d exited after SIGTERM" % pgid
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True, "the run's process %d exited after SIGTERM" % pgid
+        time.sleep(0.1)
+    return False, "the run's process %d still ran %.0f s after SIGTERM" % (pgid, grace_seconds)
+
+
 def stop_workload(pod_id):
     """SIGTERM, then after a grace SIGKILL, every process of the pod but PID 1 (its
     init) and this one. Returns how many were signalled."""
@@ -342,7 +379,17 @@ def stop_workload(pod_id):
 class Layers:
     """The ways this pod can end itself, tried in order (see the module docstring)."""
 
-    def __init__(self, run_dir, pod_id, commands, api_url, bundles, settle_seconds, last_resort):
+    def __init__(
+        self,
+        run_dir,
+        pod_id,
+        commands,
+        api_url,
+        bundles,
+        settle_seconds,
+        last_resort,
+        stop_run_seconds=0.0,
+    ):
         self.run_dir = run_dir
         self.pod_id = pod_id
         self.commands = commands
@@ -351,6 +398,8 @@ class Layers:
         self.settle_seconds = settle_seconds
         self.last_resort = last_resort
         self.workload_stopped = False
+        self.stop_run_seconds = stop_run_seconds
+        self.run_asked = False
 
     def _settled(self, layer, reason, detail):
         """After a layer reported success: True when this process may exit (tests: the
@@ -388,7 +437,14 @@ class Layers:
         return False
 
     def end_pod(self, reason):
-        """Try every layer once; True when one ended the pod (as far as we can tell)."""
+        """Try every layer once; True when one ended the pod (as far as we can tell).
+        With ``stop_run_seconds``, the run's own process is asked to stop first (once)."""
+        if self.stop_run_seconds > 0 and not self.run_asked:
+            self.run_asked = True
+            _record(self.run_dir, layer=STOP_RUN_LAYER, reason=reason, ok=None, detail="trying")
+            ok, detail = stop_run_first(self.run_dir, self.stop_run_seconds)
+            _log(self.run_dir, "%s: %s" % (STOP_RUN_LAYER, detail))
+            _record(self.run_dir, layer=STOP_RUN_LAYER, reason=reason, ok=ok, detail=detail)
         for layer, command in self.commands:
             if self._try(layer, reason, _run_command, self.run_dir, layer, command):
                 return True
@@ -546,6 +602,13 @@ def main(argv=None):
     parser.add_argument(
         "--no-last-resort", action="store_true", help="never stop the pod's processes"
     )
+    parser.add_argument(
+        "--stop-run-first",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="SIGTERM the run's process and give it this long before ending the pod (0: no)",
+    )
     parser.add_argument("--detach", action="store_true", help="run in the background")
     args = parser.parse_args(argv)
     limits = (args.heartbeat_stale_seconds, args.lifetime_seconds, args.check_interval_seconds)
@@ -580,6 +643,7 @@ def main(argv=None):
         ca_bundles(args.ca_bundle),
         args.settle_seconds,
         not args.no_last_resort,
+        max(0.0, args.stop_run_first),
     )
     heartbeat = args.heartbeat_file or os.path.join(run_dir, HEARTBEAT_FILE)
 

@@ -81,6 +81,9 @@ _READY_TIMEOUT_SECONDS = 600.0
 _POLL_SECONDS = 1.0
 _STATE_EVERY_SECONDS = 2.0
 _AFTER_FINAL_STATE_SECONDS = 30.0
+_FLOW_STOP_GRACE_SECONDS = 20.0
+"""How long the pod's dead-man gives the flow process, SIGTERMed, before it ends the pod:
+time for Prefect's engine to mark its run Crashed itself when no worker is left to."""
 _log = logging.getLogger("prefect_runpod.worker")
 
 
@@ -137,6 +140,7 @@ class PodFlowRun:
             heartbeat_stale_seconds=config.heartbeat_stale_seconds,
             lifetime_seconds=config.pod_lifetime_seconds,
             check_interval_seconds=heartbeat_interval_seconds(config.heartbeat_stale_seconds),
+            stop_run_seconds=_FLOW_STOP_GRACE_SECONDS,
         )
 
     # -- bring up ---------------------------------------------------------------------

@@ -477,3 +477,45 @@ def test_the_api_layer_reads_runpods_v2_answers(  # type: ignore[no-untyped-def]
     got, detail = module.api_terminate(api.url, FAKE_POD_KEY, "podtest1", [str(bundle)])
     assert (got, said in detail) == (ok, True), detail
     assert FAKE_POD_KEY not in detail
+
+
+def test_the_runs_own_process_is_stopped_before_the_pod_is_ended(
+    tmp_path: Path, pod_env: dict, pod_id: str
+) -> None:
+    """``--stop-run-first``: the run's process group (the launcher's ``train.pid``) gets
+    SIGTERM and may report before the pod is ended (a flow's engine marks its run
+    Crashed); the pod is ended once it exited."""
+    import threading
+
+    said, ready = tmp_path / "said.txt", tmp_path / "ready"
+    trap = (
+        "import signal, sys, time\n"
+        f"def bye(*_): open({str(said)!r}, 'w').write('stopped'); sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "time.sleep(120)\n"
+    )
+    run = subprocess.Popen([sys.executable, "-c", trap], start_new_session=True)
+
+    def supervise() -> None:  # the launcher's supervisor: reap it, record its exit
+        (tmp_path / "train.exit").write_text(f"{run.wait()}\n")
+
+    supervisor = threading.Thread(target=supervise, daemon=True)
+    supervisor.start()
+    try:
+        wait_for(ready.exists, 60.0, "the run's SIGTERM handler")
+        (tmp_path / "train.pid").write_text(f"{run.pid}\n")
+        marker = tmp_path / "removed.txt"
+        removed = f"test -f {said} && echo after-stop > {marker} || echo before-stop > {marker}"
+        done = _stale(tmp_path, "--stop-run-first", "20", "--remove-command", removed, env=pod_env)
+        assert done.returncode == 0, done.stderr
+        supervisor.join(timeout=10)
+        assert (tmp_path / "train.exit").read_text() == "143\n"
+        assert said.read_text() == "stopped"
+        assert marker.read_text() == "after-stop\n"
+        layers = [(a["layer"], a["ok"]) for a in _attempts(tmp_path)]
+        assert layers == [("stop the run's process first", True), ("remove command", True)]
+    finally:
+        if run.poll() is None:
+            run.kill()
+        supervisor.join(timeout=10)

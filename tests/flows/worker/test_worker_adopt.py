@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,3 +133,33 @@ def test_two_workers_on_one_pool_never_run_one_flow_run_twice(
         assert [a.pod_id for a in record.attempts] == [run.infrastructure_pid]
         assert LocalPodProvider().status(run.infrastructure_pid).gone
         assert latest_record(str(run.id)) is not None
+
+
+def test_a_worker_left_down_has_its_pod_end_itself_and_the_run_crashed(
+    adopt_pool: str, workers: Workers
+) -> None:
+    """SIGKILL the worker while its flow runs and start none again: the pod's dead-man
+    (a 20 s heartbeat limit) stops the flow process first, whose engine marks the run
+    Crashed, then ends the pod; nothing is left running."""
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+
+    first, first_log = workers.start(adopt_pool, "left-down")
+    deployment_id = _deploy(adopt_pool, name="left-down", heartbeat_stale_seconds=20)
+    flow_run_id = _run(deployment_id, seed="down", rounds=3, linger_seconds=600)
+    _wait_for_log(flow_run_id, "digest ")  # the flow runs on its pod
+    run = _wait(flow_run_id, {"RUNNING"}, first_log)
+    pod_id = run.infrastructure_pid
+    provider = LocalPodProvider()
+    assert pod_id and provider.get(pod_id) is not None
+    first.send_signal(signal.SIGKILL)  # the worker process alone: no teardown at all
+    first.wait(timeout=30)
+    run = _wait(flow_run_id, FINAL, first_log, deadline_s=180)
+    assert run.state.type.value == "CRASHED", run.state
+    wait_gone = time.monotonic() + 60
+    while not provider.status(pod_id).gone and time.monotonic() < wait_gone:
+        time.sleep(0.5)
+    tombstone = provider.ended(pod_id)
+    assert tombstone is not None and tombstone.by == "deadman", tombstone
+    stops = [a for a in tombstone.attempts if a.get("layer") == "stop the run's process first"]
+    assert [a["ok"] for a in stops if a["ok"] is not None] == [True], tombstone.attempts
+    assert provider.status(pod_id).gone
