@@ -67,6 +67,13 @@ POD_FIELDS: dict[str, tuple[Any, Any, str]] = {
         [],
         "RunPod: CUDA versions the host's driver must support (e.g. '12.4'); empty for any.",
     ),
+    "requirements": (
+        list[str],
+        [],
+        "pip requirement specifiers installed on the pod before the flow starts (e.g. "
+        "'pandas>=2', 'name @ URL'), into the Python that runs it; checked before any pod "
+        "is rented.",
+    ),
     "runpod_credentials_block": (
         str | None,
         None,

@@ -9,7 +9,8 @@ and its log follower (``blocks.console.launcher_client``), the confirmed termina
 the ``finetune-costs`` record (``flows.run.cost_record``).
 
 Order: ``rent`` (a live pod of the same name is ended first; the pod id goes to
-``on_created`` before any wait), ``put_code``, ``ready_python``, ``launch``, ``follow``;
+``on_created`` before any wait), ``put_code``, ``ready_python``,
+``install_requirements``, ``launch``, ``follow``;
 ``end`` whatever happened.
 """
 
@@ -319,6 +320,20 @@ class PodFlowRun:
             self.console.run(command, check=True, timeout_seconds=900.0)
         self.python = f"{venv}/bin/python"
         return self.python
+
+    def install_requirements(self) -> None:
+        """``code.install_requirements`` with the flow's Python in the code folder: the job
+        variable's, and the uploaded code's ``pip_install_requirements`` files."""
+        from prefect_runpod.flows.worker.code import install_requirements, requirement_files
+
+        assert self.handle is not None
+        files = requirement_files(self.config.deployment) if self.code_uploaded else []
+        installed = install_requirements(
+            self.console, self.python, f"{self.run_dir}/code", list(self.config.requirements),
+            files, pod_id=self.handle.pod_id,
+        )  # fmt: skip
+        if installed:
+            self.logger.info("installed on pod %s: %s", self.handle.pod_id, " ".join(installed))
 
     def launch(self) -> None:
         """Hand the pod's shell the Prefect API URL and key hidden, export the flow's

@@ -28,6 +28,7 @@ from prefect_runpod.blocks.provider import EndedBy, PodCause, PodEnd
 from prefect_runpod.blocks.secret_mask import error_text, redact
 from prefect_runpod.flows.run.recovery import POD_LOST_EVENT
 from prefect_runpod.flows.worker.api_url import api_key_kind, pod_api_url
+from prefect_runpod.flows.worker.code import checked_requirements
 from prefect_runpod.flows.worker.config import RunPodJobConfiguration, RunPodJobVariables
 
 __all__ = ["RunPodWorker", "RunPodWorkerResult", "crash_sentence"]
@@ -80,7 +81,8 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
         to its end, then end the pod (confirmed) and record its cost.
 
         A run the pod cannot do is marked Crashed with one sentence: a Prefect API a
-        RunPod pod cannot reach (refused before renting), a pod that never came up, code
+        RunPod pod cannot reach or a ``requirements`` entry that is no pip requirement
+        specifier (both refused before renting), requirements pip could not install, a pod that never came up, code
         that could not be put on it, a process that died without a final state, the
         runtime cap. A run being cancelled has its process stopped and is marked
         Cancelled once its pod is gone.
@@ -104,6 +106,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
                 configuration.prefect_api_url_for_pod,
                 provider=configuration.provider,
             )
+            checked_requirements(list(configuration.requirements))
         except SpecError as exc:
             return await self._refused(flow_run, task_status, str(exc))
         if not self._key_kind_logged:
@@ -324,6 +327,7 @@ def _run_on_pod(
         run.rent()
         run.put_code(local_code_dir(configuration.deployment))
         run.ready_python()
+        run.install_requirements()
         run.launch()
         return True
 

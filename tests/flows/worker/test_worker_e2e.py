@@ -294,3 +294,78 @@ def test_the_runtime_cap_stops_the_flow_and_ends_its_pod(worker: Path, runpod_po
             time.sleep(0.5)
     assert run.state.type.value == "CRASHED"
     assert LocalPodProvider().status(run.infrastructure_pid).gone
+
+
+def test_a_requirement_that_does_not_parse_is_refused_before_renting(
+    worker: Path, runpod_pool: str
+) -> None:
+    deployment_id = _deploy(runpod_pool, name="bad-requirement", requirements=["tiny pkg >= 1"])
+    flow_run_id = _run(deployment_id)
+    run = _wait(flow_run_id, FINAL, worker)
+    assert run.state.type.value == "CRASHED"
+    assert run.state.message.startswith(
+        "job variable requirements: requirement 'tiny pkg >= 1' is not a pip requirement "
+        "specifier ("
+    ), run.state.message
+    assert run.state.message.endswith("; no pod was rented")
+    assert not run.infrastructure_pid  # nothing was rented
+
+
+NEEDS_PACKAGES = """
+from prefect import flow, get_run_logger
+
+
+@flow(name="needs-packages")
+def needs_packages() -> str:
+    import prft_tiny_job
+    import prft_tiny_pull
+
+    said = f"packages {prft_tiny_job.VALUE} {prft_tiny_pull.VALUE}"
+    get_run_logger().info(said)
+    return said
+"""
+
+
+def test_requirements_are_installed_on_the_pod_before_the_flow_starts(
+    worker: Path, runpod_pool: str, tmp_path: Path
+) -> None:
+    """The ``requirements`` job variable and the deployment's ``pip_install_requirements``
+    pull step (its file in the uploaded folder) are installed into the flow's Python on
+    the pod: two tiny local wheels that exist nowhere else, which the flow imports."""
+    from prefect.client.orchestration import get_client
+
+    from prefect_runpod.blocks.local_pod.tiny_wheels import build_wheel
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    specs = {}
+    for name in ("prft_tiny_job", "prft_tiny_pull"):
+        file_name, data = build_wheel(name, "0.1", {f"{name}/__init__.py": f"VALUE = {name!r}\n"})
+        (wheels / file_name).write_bytes(data)
+        specs[name] = f"{name} @ {(wheels / file_name).as_uri()}"
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "needs.py").write_text(NEEDS_PACKAGES)
+    (code / "requirements.txt").write_text(specs["prft_tiny_pull"] + "\n")
+    steps = [
+        {"prefect.deployments.steps.set_working_directory": {"directory": str(code)}},
+        {"prefect.deployments.steps.pip_install_requirements": {"directory": str(code)}},
+    ]
+    with get_client(sync_client=True) as client:
+        deployment_id = client.create_deployment(
+            flow_id=client.create_flow_from_name("needs-packages"),
+            name="needs-packages",
+            entrypoint="needs.py:needs_packages",
+            work_pool_name=runpod_pool,
+            pull_steps=steps,
+            job_variables={"requirements": [specs["prft_tiny_job"]]},
+        )
+    flow_run_id = _run(str(deployment_id))
+    run = _wait(flow_run_id, FINAL, worker)
+    assert run.state.type.value == "COMPLETED", (run.state, worker.read_text()[-4000:])
+    assert _wait_for_log(flow_run_id, "packages ") == ["packages prft_tiny_job prft_tiny_pull"]
+    installed = _wait_for_log(flow_run_id, f"installed on pod {run.infrastructure_pid}: ")
+    assert installed == [
+        f"installed on pod {run.infrastructure_pid}: {specs['prft_tiny_job']} requirements.txt"
+    ]
+    _wait_for_record(flow_run_id)
