@@ -1,0 +1,90 @@
+"""The ``runpod`` worker with provider ``runpod``, on emulated RunPod (REST v2, the SSH
+gateway): the real ``prefect worker start`` process rents the pod through RunPod's API,
+uploads examples/any-flow, runs it with the image's own Prefect, ends the pod and
+records its cost."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from prefect_runpod.blocks.keys import generate_keypair
+from tests.flows.worker.test_worker_adopt import Workers
+from tests.flows.worker.test_worker_e2e import (
+    FINAL,
+    _deploy,
+    _logs,
+    _prefect,
+    _run,
+    _wait,
+    _wait_for_log,
+    _wait_for_record,
+)
+
+pytestmark = pytest.mark.slow
+
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@pytest.fixture
+def emulated_workers(
+    prefect_server: None, runpod_emulator: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Workers]:
+    """A worker whose environment reaches the emulator (its key, the gateway, the
+    account's SSH key), as a user's would reach RunPod; stopped at the end."""
+    keypair = generate_keypair("worker-runpod")
+    key_file = tmp_path / "id_ed25519_runpod"
+    key_file.write_text(keypair.private_key.get_secret_value())
+    key_file.chmod(0o600)
+    runpod_emulator.pub_key = keypair.public_key  # type: ignore[attr-defined]
+    monkeypatch.setenv("RUNPOD_API_KEY", runpod_emulator.api_key)  # type: ignore[attr-defined]
+    monkeypatch.setenv("RUNPOD_SSH_KEY_PATH", str(key_file))
+    monkeypatch.setenv("RUNPOD_SSH_GATEWAY_HOST", "127.0.0.1")
+    monkeypatch.setenv("RUNPOD_SSH_GATEWAY_PORT", str(runpod_emulator.gateway_port))  # type: ignore[attr-defined]
+    started = Workers(tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop_all()
+
+
+def test_any_flow_completes_on_an_emulated_runpod_pod(
+    emulated_workers: Workers, runpod_emulator: object
+) -> None:
+    """The image has a Prefect of the worker's minor version (its ``python3`` is first on
+    the pod's ``PATH``, set by the spec block's env), so nothing is installed; the pod is
+    reached through the gateway, the loopback API through ``prefect_api_url_for_pod``."""
+    from prefect.settings import get_current_settings
+
+    from prefect_runpod.blocks.runpod.blocks import RunPodPodSpec
+
+    spec = RunPodPodSpec(env={"PATH": f"{Path(sys.executable).parent}:{_SYSTEM_PATH}"})
+    spec.save("worker-emulated-spec", overwrite=True)
+    done = _prefect("work-pool", "create", "emulated-pool", "--type", "runpod", "--overwrite")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, log = emulated_workers.start("emulated-pool", "emulated")
+    deployment_id = _deploy(
+        "emulated-pool",
+        name="on-runpod",
+        provider="runpod",
+        runpod_spec_block="worker-emulated-spec",
+        prefect_api_url_for_pod=str(get_current_settings().api.url),
+    )
+    flow_run_id = _run(deployment_id, seed="runpod", rounds=3)
+    run = _wait(flow_run_id, FINAL, log, deadline_s=300)
+    assert run.state.type.value == "COMPLETED", (run.state, log.read_text()[-4000:])
+    pod_id = run.infrastructure_pid
+    record = _wait_for_record(flow_run_id)  # written once the pod's end is confirmed
+    assert record.pod_id == pod_id and record.recorded_by == "worker"
+    assert record.cost_per_hr == pytest.approx(0.22) and record.end.confirmed
+    assert pod_id in runpod_emulator.ended, runpod_emulator.ended  # type: ignore[attr-defined]
+    digest = _wait_for_log(flow_run_id, "digest ")
+    assert f"/prefect-runpod/{flow_run_id}/code/result.txt" in digest[0]
+    messages = _logs(flow_run_id)
+    created = [m for m in messages if m.startswith(f"pod {pod_id} (prft-{flow_run_id}) created: ")]
+    assert created and created[0].endswith(", 0.2200 USD/h"), created
+    started = [m for m in messages if m.startswith(f"flow process started on pod {pod_id} ")]
+    assert started and started[0].endswith(": python3 -m prefect.engine"), started
