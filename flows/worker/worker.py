@@ -220,9 +220,10 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
             self._runs_task_group.start_soon(self._adopt, flow_run, configuration)
 
     async def _runs_with_pods(self) -> list[FlowRun]:
-        """This pool's flow runs that may have a live pod: not final, or final in the
-        last hour (a run that ended while no worker followed it), with an
-        infrastructure id."""
+        """This pool's flow runs that may have a live pod to adopt: Running or
+        Cancelling, or final in the last hour (a run that ended while no worker followed
+        it), with an infrastructure id. A Pending run's pod is still being brought up by
+        the worker that claimed it (no heartbeat yet, no flow process): never adopted."""
         from datetime import UTC, datetime, timedelta
 
         from prefect.client.schemas.filters import (
@@ -236,7 +237,7 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
         from prefect.client.schemas.objects import StateType
 
         pool = WorkPoolFilter(name=WorkPoolFilterName(any_=[self._work_pool_name]))
-        live = [StateType.RUNNING, StateType.PENDING, StateType.CANCELLING]
+        live = [StateType.RUNNING, StateType.CANCELLING]
         final = [StateType(t) for t in sorted(_FINAL)]
         found = await self.client.read_flow_runs(
             work_pool_filter=pool,
