@@ -55,7 +55,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ from prefect_runpod.blocks.faults import (
     run_fault_dir,
 )
 from prefect_runpod.flows.run.cost_record import CostRecord, latest_record
-from tests.fixtures.fault_matrix import FaultLab, wait_until
+from tests.fixtures.fault_matrix import Cell, FaultLab, wait_until
 from tests.fixtures.runpod_emulator import assert_billed_as_the_ledger
 
 STAGES = ("provision", "env", "upload", "train", "download")
@@ -107,19 +107,6 @@ REAPER_STALE_SECONDS = 2.0
 DROP_AFTER_BYTES = 8192
 """The gateway cuts the stage's next connection after this much traffic: past the SSH
 handshake and login, inside the stage's first commands."""
-
-
-@dataclass
-class Cell:
-    """One cell's outcome, as printed and written to JSON."""
-
-    stage: str
-    fault: str
-    layer: str
-    seconds: float
-    state: str
-    message: str
-    pods_left: int
 
 
 _RESULTS: list[Cell] = []
