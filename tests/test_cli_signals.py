@@ -1,7 +1,11 @@
 """SIGTERM or Ctrl-C to ``prefect-runpod finetune --ephemeral`` (issue 14): the run ends
 its pod, the CLI prints the summary without a traceback, and the temporary Prefect server
 it started is gone too — it used to be left running, orphaned (reparented to init). (The
-server prefect-runpod keeps by default stays by design: tests/flows/cli/test_local_server.py.)"""
+server prefect-runpod keeps by default stays by design: tests/flows/cli/test_local_server.py.)
+
+A Ctrl-C reaches the run at three points end to end (issue 24): during the upload and the
+download (paused at the transfer's first confirmed bytes) and while the job trains; each
+ends with 130, one sentence naming the stage, the bytes that moved and the pod ended."""
 
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ def _pids_with(needle: str) -> list[int]:
         ("sigterm-to-the-cli", 143, "SIGTERM", "train_running"),
         ("ctrl-c-to-the-group", 130, "Ctrl-C", "train_running"),
         ("ctrl-c-during-upload", 130, "Ctrl-C", "upload_moving"),
+        ("ctrl-c-during-download", 130, "Ctrl-C", "download_moving"),
     ],
 )
 def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
@@ -102,9 +107,11 @@ def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
     stage = point.split("_")[0]  # issue 24: one true sentence, and the bytes that moved
     assert f"error        stopped by {said} during {stage} (" in text, text[-3000:]
     assert "KeyboardInterrupt" not in text
-    if stage == "upload":
+    if stage in ("upload", "download"):  # the bytes moved, not 0 B
         moved = re.search(r"bytes moved  (\S+ \S+) between", text)
         assert moved and moved.group(1) != "0 B", text[-3000:]
+    if stage == "download":  # stopped midway: the outputs were never taken in as verified
+        assert "result       PASSED" not in text and "manifest     verified" not in text
     deadline = time.monotonic() + 120  # a process may take a moment to be reaped
     while any(os.path.exists(f"/proc/{pid}") for pid in servers) and time.monotonic() < deadline:
         time.sleep(0.2)
