@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from prefect_runpod.blocks.exceptions import ConsoleConnectError, TerminateError
 from prefect_runpod.blocks.provider import (
@@ -78,6 +79,9 @@ class PodWatch:
         """Answers for which the provider could not be asked (never a loss)."""
         self._failing = 0
         self._starting_seen = 0
+        self._ending: tuple[PodStatus, float] | None = None
+        """While ``unreachable`` terminates the pod: the provider's last "it runs" and the
+        seconds its SSH stayed silent (a concurrent ask then finds the run's own end)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"podwatch-{pod_id}", daemon=True)
@@ -135,6 +139,8 @@ class PodWatch:
                         "provider_status": f"{status.provider_status}: runtime gone",
                     }
                 )
+            if status.gone and self._ending is not None:  # gone by the run's own terminate
+                status = _own_end(*self._ending, ended_at=status.ended_at or status.observed_at)
             self.last = status
             first = status.gone and self.lost is None
             if first:
@@ -187,21 +193,33 @@ class PodWatch:
             )
         _log.warning("%s: unreachable for %.0f s while the provider says it runs: "
                      "terminating it", self.pod_id, seconds)  # fmt: skip
+        with self._lock:  # from now on, "gone" is this terminate, never "outside this run"
+            self._ending = (status, seconds)
         try:
             ended = self.provider.terminate(self.pod_id)
         except TerminateError as exc:
+            with self._lock:
+                self._ending = None
             return exc
-        lost = status.model_copy(
-            update={
-                "cause": PodCause.HOST_LOST,
-                "provider_status": f"the provider says {status.provider_status}, yet its SSH "
-                f"did not answer for {seconds:.0f} s; the run terminated it, confirmed gone "
-                f"at {ended.confirmed_at:%H:%M:%S} UTC",
-                "ended_at": ended.confirmed_at,
-                "ended_by": "flow",
-                "ended_layer": "terminate (the run, its pod unreachable)",
-            }
-        )
+        lost = _own_end(status, seconds, ended_at=ended.confirmed_at)
         with self._lock:
             self.lost = self.lost or lost
         return lost_error(self.lost)
+
+
+def _own_end(running: PodStatus, seconds: float, *, ended_at: datetime | None) -> PodStatus:
+    """The loss of a pod the run terminated itself because its SSH stayed silent for
+    ``seconds`` while the provider said it runs (``running``): host lost, ended by the
+    run, at ``ended_at`` (the provider's confirmed end)."""
+    at = f", confirmed gone at {ended_at:%H:%M:%S} UTC" if ended_at else ""
+    return running.model_copy(
+        update={
+            "cause": PodCause.HOST_LOST,
+            "provider_status": f"the provider says {running.provider_status}, yet its SSH "
+            f"did not answer for {seconds:.0f} s; the run terminated it{at}",
+            "ended_at": ended_at,
+            "observed_at": datetime.now(UTC),
+            "ended_by": "flow",
+            "ended_layer": "terminate (the run, its pod unreachable)",
+        }
+    )

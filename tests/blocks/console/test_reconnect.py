@@ -127,6 +127,31 @@ class TestReconnectPolicy:
         assert "did not answer for 20 s" in str(info.value)
         assert "the run terminated it, confirmed gone" in str(info.value)
 
+    def test_a_gone_pod_seen_during_the_runs_own_terminate_is_the_runs_end(self) -> None:
+        """Issue 24: another thread (the background poll, a follower's reconnect) asks
+        the provider while the watch terminates an unreachable pod and finds it gone: the
+        loss is the run's own terminate of a host lost, never "terminated outside this
+        run" (which a frozen pod's run used to fail with)."""
+        provider = _RunningProvider()
+        watch = PodWatch(provider, "p", poll_seconds=3600)  # type: ignore[arg-type]
+        seen: list[PodStatus] = []
+        terminate = provider.terminate
+
+        def terminate_and_ask(pod_id: str, timeout_seconds: float = 120.0) -> TerminateResult:
+            ended = terminate(pod_id, timeout_seconds)
+            seen.append(watch.ask(fresh=True))  # the provider says gone now
+            return ended
+
+        provider.terminate = terminate_and_ask  # type: ignore[method-assign]
+        error = watch.unreachable(20.0)
+        assert isinstance(error, PodGoneError) and provider.terminated == ["p"]
+        assert [s.cause for s in seen] == [PodCause.HOST_LOST]
+        assert watch.lost is not None and (watch.lost.cause, watch.lost.ended_by) == (
+            PodCause.HOST_LOST, "flow",
+        )  # fmt: skip
+        assert "outside this run" not in str(error) and "the run terminated it" in str(error)
+        assert "did not answer for 20 s" in str(error)
+
     def test_without_a_watch_a_spent_budget_decides_no_loss(self) -> None:
         """Only the pod watch gives the unreachable verdict (it can terminate and confirm);
         a policy without one gives up with the connect error."""
