@@ -2,7 +2,9 @@
 
 Prefect's API is the run's bookkeeping, never its work: an outage must not fail a stage,
 stall the training log's follower or lose the model. Every artifact, and the
-``finetune-costs`` record, a run writes goes through one ``ApiOutbox``:
+``finetune-costs`` record, a run writes goes through one ``ApiOutbox``, and so does every
+``finetune-costs`` version written from outside the run (its hooks, the reaper, the
+guardian, the worker, the CLI):
 
 - ``put`` queues the write and returns at once (it never blocks and never raises); a
   background thread writes the queue in order, each write with a client of its own, so a
@@ -15,7 +17,8 @@ stall the training log's follower or lose the model. Every artifact, and the
   ``capacity`` writes; a progress update replaces the one still queued instead of
   adding to it) is named in ``unwritten``;
 - ``flush`` waits until everything held is written or the API is found down (a stage
-  that wants its artifact in Prefect before it ends, as long as Prefect answers);
+  that wants its artifact in Prefect before it ends, as long as Prefect answers), and
+  ``wait_for`` the same for one write;
   ``drain`` waits until everything held is written or a deadline passes; ``finish``, at
   a process's end, drains for ``hold_seconds()`` and says what became of the writes
   (an ``atexit`` hook does it for a process that did not).
@@ -225,6 +228,20 @@ class ApiOutbox:
                     break
                 self._cond.wait(min(left, 1.0))
         return self.held
+
+    def wait_for(self, held: Held, timeout_seconds: float = DEFAULT_FLUSH_SECONDS) -> bool:
+        """Wait until ``held`` is written (True), given up, the API is found down or
+        ``timeout_seconds`` pass (False: still held, or ``held.error`` says why not): a
+        writer outside the run (a hook, the reaper, the guardian, the worker) that wants
+        its record in Prefect before it goes on, as long as Prefect answers."""
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        with self._cond:
+            while not held.done.is_set() and self.down_since is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 1.0))
+        return held.done.is_set() and held.error is None
 
     def finish(self, timeout_seconds: float | None = None) -> list[str]:
         """The end of a process that wrote through the outbox: when writes are still

@@ -446,9 +446,10 @@ def record_pod_end(
 ) -> CostRecord | None:
     """Record who ended a run's pod, when, and whether it was confirmed, where the run's
     record picks it up: a new ``finetune-costs`` version (and ``run-report.json`` when
-    reachable). For hooks, the reaper and the CLI, which may run in another process. A
-    confirmed end also deletes the pod's key kept beside the run's outputs
-    (``flows.run.names.forget_pod_access``).
+    reachable), for the writers outside the run (hooks, reaper, guardian, worker, CLI).
+    Read, merge and write are one write of the process's outbox (``blocks.api_outbox``):
+    held through an outage of the Prefect API, done once it answers. A confirmed end
+    also deletes the pod's key kept beside the run's outputs (``forget_pod_access``).
 
     Args:
         flow_run_id: the pod's run (from its name ``<prefix>-<flow_run_id>``).
@@ -459,40 +460,40 @@ def record_pod_end(
         provider: to ask RunPod's billing.
 
     Returns:
-        The record written, or None when the Prefect API could not be reached (logged).
+        The record written; None while it is held (an outage) or when it could not be.
     """
-    try:
-        record = latest_record(flow_run_id)
-    except Exception as exc:
-        _log.warning("run %s: could not read its cost record (%s)", flow_run_id, exc)
-        record = None
-    attempt = record.attempt_of(end.pod_id) if record is not None else None
-    if attempt is None and handle is None:
-        _log.warning("run %s has no cost record of pod %s to complete", flow_run_id, end.pod_id)
-        return None
-    if record is None:
-        record = CostRecord(flow_run_id=flow_run_id)
-    if attempt is None:
-        assert handle is not None
-        attempt = PodAttempt.of(handle, len(record.attempts) + 1).model_copy(
-            update={"handle": None}
-        )
-        record.attempts.append(attempt)
-    attempt.end = merge_end(attempt.end, end)
-    record.recorded_by = recorded_by
-    record.recorded_at = datetime.now(UTC)
-    record.settle()
-    if record.end is not None and record.end.confirmed:
+
+    def complete(_client: Any) -> CostRecord | None:  # an outage raises: done again later
         from prefect_runpod.flows.run.names import forget_pod_access
+        from prefect_runpod.flows.run.report_file import rewrite_report
 
-        forget_pod_access(record.output_dir, record.pod_id)  # the pod is confirmed gone
-    fetch_provider_bill(provider, record)
-    try:
+        record = latest_record(flow_run_id)
+        attempt = record.attempt_of(end.pod_id) if record is not None else None
+        if attempt is None and handle is None:
+            _log.warning("run %s: no cost record of pod %s to complete", flow_run_id, end.pod_id)
+            return None
+        if record is None:
+            record = CostRecord(flow_run_id=flow_run_id)
+        if attempt is None:
+            assert handle is not None
+            attempt = PodAttempt.of(handle, len(record.attempts) + 1).model_copy(
+                update={"handle": None}
+            )
+            record.attempts.append(attempt)
+        attempt.end = merge_end(attempt.end, end)
+        record.recorded_by = recorded_by
+        record.recorded_at = datetime.now(UTC)
+        record.settle()
+        if record.end is not None and record.end.confirmed:
+            forget_pod_access(record.output_dir, record.pod_id)  # the pod is confirmed gone
+        fetch_provider_bill(provider, record)
         publish_record(record)
-    except Exception as exc:
-        _log.warning("run %s: could not write its cost record (%s)", flow_run_id, exc)
-        return None
-    from prefect_runpod.flows.run.report_file import rewrite_report
+        rewrite_report(record)
+        return record
 
-    rewrite_report(record)
-    return record
+    held = outbox().put(f"the {COST_ARTIFACT_KEY} record of pod {end.pod_id}'s end", complete)
+    if outbox().wait_for(held):
+        return held.result if isinstance(held.result, CostRecord) else None
+    why = held.error or "held until the Prefect API answers"
+    _log.warning("run %s: the cost record of pod %s's end: %s", flow_run_id, end.pod_id, why)
+    return None

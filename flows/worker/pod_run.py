@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from prefect_runpod.blocks.api_outbox import outbox
 from prefect_runpod.blocks.console.launcher_client import (
     LogFollower,
     kill_training,
@@ -240,10 +241,10 @@ class PodFlowRun:
         attempt = PodAttempt.of(handle, 1).model_copy(update={"handle": None})
         record = CostRecord(flow_run_id=self.flow_run_id, attempts=[attempt], recorded_by="worker")
         record.settle()
-        try:
-            publish_record(record)
-        except Exception as exc:  # the pod is ended whatever; say why the record lags
-            self.logger.warning("could not write the cost record of pod %s: %s", handle.pod_id, exc)
+        held = publish_record(record, hold=True)  # held through an outage of the Prefect API
+        if held is not None and not outbox().wait_for(held):  # the pod is ended whatever
+            why = held.error or "held until the Prefect API answers"
+            self.logger.warning("the cost record of pod %s: %s", handle.pod_id, why)
 
     def put_code(self, local_dir: Path | None) -> None:
         """Upload the deployment's local folder to ``<run_dir>/code``, verified by
