@@ -5,7 +5,9 @@ server prefect-runpod keeps by default stays by design: tests/flows/cli/test_loc
 
 A Ctrl-C reaches the run at three points end to end (issue 24): during the upload and the
 download (paused at the transfer's first confirmed bytes) and while the job trains; each
-ends with 130, one sentence naming the stage, the bytes that moved and the pod ended."""
+ends with 130, one sentence naming the stage, the bytes that moved and the pod ended. The
+download's runs against the session's server (the temporary server's end is the other
+cells') and records the fault matrix's figures (``tests/fixtures/run_cells.py``)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
-from tests.fixtures.fault_matrix import wait_until
+from tests.fixtures.fault_matrix import Cell, wait_until
+from tests.fixtures.run_cells import cell_of, reaped, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +51,6 @@ def _pids_with(needle: str) -> list[int]:
         ("sigterm-to-the-cli", 143, "SIGTERM", "train_running"),
         ("ctrl-c-to-the-group", 130, "Ctrl-C", "train_running"),
         ("ctrl-c-during-upload", 130, "Ctrl-C", "upload_moving"),
-        ("ctrl-c-during-download", 130, "Ctrl-C", "download_moving"),
     ],
 )
 def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
@@ -107,14 +109,45 @@ def test_a_signal_ends_the_run_the_server_and_prints_the_summary(
     stage = point.split("_")[0]  # issue 24: one true sentence, and the bytes that moved
     assert f"error        stopped by {said} during {stage} (" in text, text[-3000:]
     assert "KeyboardInterrupt" not in text
-    if stage in ("upload", "download"):  # the bytes moved, not 0 B
-        moved = re.search(r"bytes moved  (\S+ \S+) between", text)
-        assert moved and moved.group(1) != "0 B", text[-3000:]
-    if stage == "download":  # stopped midway: the outputs were never taken in as verified
-        assert "result       PASSED" not in text and "manifest     verified" not in text
+    if stage == "upload":
+        _bytes_moved(text)
     deadline = time.monotonic() + 120  # a process may take a moment to be reaped
     while any(os.path.exists(f"/proc/{pid}") for pid in servers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in servers if os.path.exists(f"/proc/{pid}")], "server orphaned"
     pod_id = json.loads((out / "run-report.json").read_text())["pod_id"]
     assert pod_id and LocalPodProvider().get(pod_id) is None
+
+
+def _bytes_moved(text: str) -> None:
+    """The summary's bytes moved is what moved, not 0 B."""
+    moved = re.search(r"bytes moved  (\S+ \S+) between", text)
+    assert moved and moved.group(1) != "0 B", text[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_during_the_download_ends_the_run_in_one_sentence(
+    prefect_server: None, tmp_path: Path, cli_cells: list[Cell]
+) -> None:
+    from prefect.settings import get_current_settings
+
+    api_url = str(get_current_settings().api.url)
+    with reaped(start_cli(tmp_path, "download_moving:pause", PREFECT_API_URL=api_url)) as run:
+        run.wait_reached("download_moving")
+        stopped_at = time.time()
+        os.killpg(run.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        rc = run.wait(240.0)
+    text = run.text()
+    assert rc == 130, text[-3000:]
+    assert "the run was stopped by Ctrl-C" in text
+    errors = re.findall(r"^error        (.*)$", text, flags=re.MULTILINE)
+    assert len(errors) == 1 and errors[0].startswith("stopped by Ctrl-C during download ("), text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    _bytes_moved(text)
+    assert "result       FAILED" in text and "terminated   yes" in text
+    assert "manifest     verified" not in text  # stopped midway: nothing taken in as verified
+    data = run.report()
+    assert data is not None and LocalPodProvider().get(data["pod_id"]) is None
+    cell = cell_of("download", "ctrl-c", run, stopped_at, errors[0])
+    cli_cells.append(cell)
+    assert cell.pods_left == 0 and cell.state != "RUNNING", cell
