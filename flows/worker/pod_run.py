@@ -243,8 +243,7 @@ class PodFlowRun:
         record.settle()
         held = publish_record(record, hold=True)  # held through an outage of the Prefect API
         if held is not None and not outbox().wait_for(held):  # the pod is ended whatever
-            why = held.error or "held until the Prefect API answers"
-            self.logger.warning("the cost record of pod %s: %s", handle.pod_id, why)
+            self.logger.warning("pod %s's cost record: %s", handle.pod_id, held.error or "held")
 
     def put_code(self, local_dir: Path | None) -> None:
         """Upload the deployment's local folder to ``<run_dir>/code``, verified by
