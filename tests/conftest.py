@@ -16,6 +16,9 @@ os.environ.setdefault("PREFECT_HOME", str(_SESSION_TMP / "prefect-home"))
 os.environ["PREFECT_RUNPOD_HOME"] = str(_SESSION_TMP / "runpod-home")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The test servers (both inherit this) log the cause of each 503 they answer: on a busy
+# machine SQLite's write races show up in the failing test's captured output.
+os.environ.setdefault("PREFECT_API_LOG_RETRYABLE_ERRORS", "true")
 # Keep huggingface_hub on loopback: its import-time endpoint is used for a registry fetch
 # (user-agent detection); point it at a closed local port and a private HF_HOME.
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")

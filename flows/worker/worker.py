@@ -17,6 +17,7 @@ from uuid import UUID
 import anyio
 import anyio.abc
 import anyio.to_thread
+import httpx
 from prefect.client.schemas.objects import FlowRun
 from prefect.exceptions import InfrastructureNotFound
 from prefect.settings import get_current_settings
@@ -282,6 +283,27 @@ class RunPodWorker(BaseWorker[RunPodJobConfiguration, RunPodJobVariables, RunPod
         if task_status is not None:
             task_status.started(SpecError(sentence))
         return RunPodWorkerResult(identifier="", status_code=1)
+
+    async def _give_worker_labels_to_flow_run(self, flow_run_id: UUID) -> None:
+        """Prefect's labels for a run being submitted (``prefect.worker.name``, the
+        pool's name and id), best effort: the run goes on without them when the Prefect
+        API still fails after its client's own retries (``PREFECT_CLIENT_MAX_RETRIES``).
+
+        Prefect's base worker makes this PATCH before ``run()`` and crashes the run on
+        any error ("Failed to submit flow run to infrastructure"). Its server answers
+        503 when the PATCH's read-then-write loses SQLite's write race
+        (``SQLITE_BUSY_SNAPSHOT``), which a busy server does again and again; the
+        labels name who ran the run, they decide nothing here (adoption reads the
+        pool and the infrastructure id).
+        """
+        try:
+            await super()._give_worker_labels_to_flow_run(flow_run_id)
+        except (httpx.HTTPStatusError, httpx.TransportError) as exc:
+            self._logger.warning(
+                "flow run %s goes on without this worker's labels: the Prefect API answered %s",
+                flow_run_id,
+                error_text(exc).splitlines()[0],
+            )
 
     async def _state_type(self, flow_run: FlowRun) -> str | None:
         try:

@@ -4,8 +4,10 @@ one flow run twice: real ``prefect worker start`` processes on the local pod."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -43,14 +45,16 @@ class Workers:
         self.folder = folder
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, pool: str, name: str) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(
+        self, pool: str, name: str, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.folder / f"{name}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
                  "--type", "runpod", "--name", name, "--prefetch-seconds", "5"],
                 env=_env() | {"PREFECT_WORKER_QUERY_SECONDS": "1",
-                              "PREFECT_LOGGING_LEVEL": "INFO"},
+                              "PREFECT_LOGGING_LEVEL": "INFO"} | (env or {}),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
@@ -133,6 +137,55 @@ def test_two_workers_on_one_pool_never_run_one_flow_run_twice(
         assert [a.pod_id for a in record.attempts] == [run.infrastructure_pid]
         assert LocalPodProvider().status(run.infrastructure_pid).gone
         assert latest_record(str(run.id)) is not None
+
+
+@contextlib.contextmanager
+def _labels_answer_503(worker_name: str) -> Iterator[None]:
+    """The session server's SQLite database fails the write of the labels Prefect's
+    base worker gives a flow run it submits, for worker ``worker_name`` only, the way the
+    server answers 503 Service Unavailable: a trigger whose blob is over SQLite's length
+    limit (``SQLITE_TOOBIG``, a DB-API error the server marks retryable, as it marks
+    the ``SQLITE_BUSY_SNAPSHOT`` this PATCH's read-then-write meets on a busy machine).
+    The trigger is dropped on the way out."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    assert url is not None and url.get_secret_value().startswith("sqlite+aiosqlite:///")
+    path = url.get_secret_value().removeprefix("sqlite+aiosqlite:///")
+    name = f"labels_503_{worker_name.replace('-', '_')}"
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as db:
+        db.execute(
+            f"CREATE TRIGGER {name} BEFORE UPDATE OF labels ON flow_run "
+            f"WHEN json_extract(NEW.labels, '$.\"prefect.worker.name\"') = '{worker_name}' "
+            "BEGIN SELECT zeroblob(2000000000); END"
+        )
+        db.commit()
+        try:
+            yield
+        finally:
+            db.execute(f"DROP TRIGGER {name}")
+            db.commit()
+
+
+def test_a_503_on_the_labels_prefect_gives_a_submitted_run_does_not_crash_it(
+    adopt_pool: str, workers: Workers
+) -> None:
+    """Before the pod is rented Prefect's base worker PATCHes the run's labels; the
+    session server answers 503 every time (its client's one retry included): the run
+    still gets its pod and completes, and the worker says once that it went on without
+    them. Before, the run was Crashed with "Failed to submit flow run to infrastructure:
+    ... 503 Service Unavailable" (a loaded machine's suite, two workers on one pool)."""
+    with _labels_answer_503("labels-503"):
+        _, log = workers.start(adopt_pool, "labels-503", {"PREFECT_CLIENT_MAX_RETRIES": "1"})
+        deployment_id = _deploy(adopt_pool, name="labels-503")
+        flow_run_id = _run(deployment_id, seed="labels", rounds=2)
+        run = _wait(flow_run_id, FINAL, log)
+    assert run.state.type.value == "COMPLETED", (run.state, log.read_text()[-3000:])
+    warned = [
+        line for line in log.read_text().splitlines() if "without this worker's labels" in line
+    ]
+    assert len(warned) == 1 and "503 Service Unavailable" in warned[0], warned
+    assert "prefect.worker.name" not in (run.labels or {})
 
 
 def test_a_worker_left_down_has_its_pod_end_itself_and_the_run_crashed(
