@@ -36,11 +36,11 @@ from prefect_runpod.flows.run.cost_record import (
     COST_ARTIFACT_KEY,
     CostRecord,
     attempt_state_line,
-    fetch_provider_bill,
     latest_record,
     publish_record,
 )
 from prefect_runpod.flows.run.crashed import FINISHED_STATE_TYPES
+from prefect_runpod.flows.run.provider_bill import fetch_provider_bill
 from prefect_runpod.flows.run.report_file import merge_report_ends, rewrite_report
 
 __all__ = ["add_parser", "parse_since", "reconcile", "run", "totals"]

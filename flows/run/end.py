@@ -29,13 +29,13 @@ from prefect_runpod.blocks.provider import (
 from prefect_runpod.blocks.secret_mask import error_text, redact
 from prefect_runpod.flows.run.cost_record import (
     CostRecord,
-    fetch_provider_bill,
     latest_record,
     merge_end,
     publish_record,
 )
 from prefect_runpod.flows.run.ledger import run_stage
 from prefect_runpod.flows.run.names import forget_pod_access
+from prefect_runpod.flows.run.provider_bill import fetch_provider_bill
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState
 from prefect_runpod.tasks.terminate import terminate

@@ -157,7 +157,8 @@ def test_v1_answering_410_does_not_break_reconciling(
     from prefect_runpod.blocks.runpod.blocks import RunPodPodSpec
     from prefect_runpod.blocks.runpod.provider import RunPodProvider
     from prefect_runpod.blocks.runpod.ssh_key import RunPodSSHKey
-    from prefect_runpod.flows.run.cost_record import CostRecord, fetch_provider_bill
+    from prefect_runpod.flows.run.cost_record import CostRecord
+    from prefect_runpod.flows.run.provider_bill import fetch_provider_bill
 
     gone = requests.get(f"{runpod_emulator.rest_base_url}/billing/pods", timeout=30)
     assert gone.status_code == 410
