@@ -42,8 +42,9 @@ from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_TRANSFER_METHOD,
     ProviderName,
 )
-from prefect_runpod.flows.run.cost_record import record_pod_end
-from prefect_runpod.flows.run.end import end_run, write_report
+from prefect_runpod.flows.run.continuation import carry_run
+from prefect_runpod.flows.run.cost_record import latest_record, record_pod_end
+from prefect_runpod.flows.run.end import end_run, record_cost, write_report
 from prefect_runpod.flows.run.guardian import start_guardian
 from prefect_runpod.flows.run.inputs import PreparedRun, prepare_run
 from prefect_runpod.flows.run.ledger import error_line, run_stage
@@ -85,8 +86,19 @@ def _terminate_hook(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
         return
     run_name = pod_name_for(params.get("name_prefix", DEFAULT_NAME_PREFIX), str(flow_run.id))
     attempts = 1 + int(params.get("max_pod_losses") or DEFAULT_MAX_POD_LOSSES)
+    attempts += _carried(str(flow_run.id)) if params.get("resume_from") else 0
     for number in range(1, attempts + 1):  # every pod attempt of the run, by its name
         _terminate_attempt(flow, flow_run, state, attempt_pod_name(run_name, number), number)
+
+
+def _carried(flow_run_id: str) -> int:
+    """How many attempts the run's record carried from the run it continued (its own
+    pods are numbered after them); 0 when the record cannot be read."""
+    try:
+        record = latest_record(flow_run_id)
+    except Exception:  # the hook still ends the attempts it can name
+        return 0
+    return sum(1 for a in record.attempts if a.carried_from) if record is not None else 0
 
 
 def _terminate_attempt(
@@ -246,7 +258,7 @@ def finetune(
                 )
 
             # a lost pod is resumed on a new one when the bundle checkpoints (flows.run.recovery)
-            deferred = attempts.run(_attempt, resume_from=resume)
+            deferred = attempts.run(_attempt, resume_from=resume, first=len(report.attempts) + 1)
         except BaseException as exc:
             report.error = report.error or error_line(report, exc)
             in_flight: BaseException | None = exc
@@ -287,6 +299,9 @@ def _preflight(
             check_output_dir_unused(Path(params["output_dir"]), overwrite=params["overwrite"])
         run = prepare_run(params, demo_bundle=demo_bundle(), run_name=report.pod_name)
         resume = resume_checkpoint(params.get("resume_from"), run)
+        timeout = run.settings.terminate_timeout_seconds
+        if carry_run(report, params.get("resume_from"), run.provider, timeout):
+            record_cost(report, None, final=False)  # the record carries the old attempts
         get_run_logger().info(
             "preflight: %s; Hugging Face token: %s", run.upload_line, run.hf.source
         )

@@ -29,9 +29,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from prefect_runpod.blocks.provider import Capability, EndedBy, PodCause, PodEnd, PodProvider
+from prefect_runpod.blocks.provider import Capability, PodCause, PodEnd, PodProvider
 from prefect_runpod.blocks.provider_registry import provider_class, provider_supports
 from prefect_runpod.flows.run.attempts import PodAttempt
+from prefect_runpod.flows.run.continuation import counted_pods, end_of_gone_pod
 from prefect_runpod.flows.run.cost_record import (
     COST_ARTIFACT_KEY,
     CostRecord,
@@ -44,11 +45,6 @@ from prefect_runpod.flows.run.provider_bill import fetch_provider_bill
 from prefect_runpod.flows.run.report_file import merge_report_ends, rewrite_report
 
 __all__ = ["add_parser", "parse_since", "reconcile", "run", "totals"]
-
-_WITNESSES = {"deadman": EndedBy.DEADMAN, "lease": EndedBy.LEASE, "terminate": EndedBy.OUTSIDE}
-"""Who a local pod's tombstone may name (``lease`` only in one an older release left): a
-``terminate`` call is not the dead-man, whatever the run's state says; who made it is
-known only to the run's own record (``run-report.json``, merged first)."""
 
 
 def add_parser(
@@ -156,7 +152,7 @@ def _reconcile_attempt(
         status = provider.status(attempt.pod_id)
     fetch_provider_bill(provider, record)  # the bill, whenever it has the pod's records
     if status is not None and status.cause is PodCause.TERMINATED_OUTSIDE:
-        attempt.end = _end_from(
+        attempt.end = end_of_gone_pod(
             attempt, status.ended_at, status.ended_by, status.ended_layer, run_state
         )
     elif status is not None:
@@ -168,41 +164,6 @@ def _reconcile_attempt(
     record.settle()
     if attempt.provider_usd is not None:
         fetch_provider_bill(provider, record)  # the window now ends at the confirmed end
-
-
-def _end_from(
-    record: PodAttempt,
-    ended_at: datetime | None,
-    witness: str | None,
-    layer: str | None,
-    run_state: str,
-) -> PodEnd:
-    """The confirmed end of a pod the provider no longer knows (see ``reconcile``)."""
-    assert record.pod_id is not None
-    detail = "the provider no longer knows the pod"
-    when = ended_at
-    if when is None and record.created_at and record.provider_billed_seconds is not None:
-        when = record.created_at + timedelta(seconds=record.provider_billed_seconds)
-        detail += "; ended at create + the time RunPod billed"
-    if when is None:
-        when = datetime.now(UTC)
-        detail += "; end not known, counted to now (an upper bound)"
-    by = _WITNESSES.get(witness or "")
-    inferred = by is None
-    if by is None:
-        died = run_state in ("RUNNING", "CRASHED", "PENDING")
-        by = EndedBy.DEADMAN if died else EndedBy.OUTSIDE
-        detail += f"; no witness left a record, so inferred from the run ({run_state})"
-    return PodEnd(
-        pod_id=record.pod_id,
-        ended_by=by,
-        confirmed=True,
-        ended_at=when,
-        layer=layer or "",
-        cause="terminated_outside",
-        inferred=inferred,
-        detail=detail,
-    )
 
 
 def _provider_for(record: CostRecord, args: argparse.Namespace) -> PodProvider | None:
@@ -292,17 +253,22 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 
 def totals(records: list[CostRecord]) -> dict[str, Any]:
-    """The totals of ``records`` over every pod of each run: runs, billed seconds, USD
-    (ours), the providers' USD over the runs whose bill is known (and how many), and how
-    many may still be billing."""
-    billed = [[a.provider_usd for a in r.attempts if a.provider_usd is not None] for r in records]
-    known = [sum(bills) for bills in billed if bills]
+    """The totals of ``records``, each pod counted once: a pod carried into the record of
+    the run that continued its run (``--resume-from``) is summed in its own run's record
+    only (``flows.run.continuation.counted_pods``). Runs, pods, billed seconds, USD
+    (ours), the providers' USD over the pods whose bill is known (and how many runs
+    those are), and how many runs may still be billing."""
+    pods = counted_pods(records)
+    billed = [a for a in pods if a.provider_usd is not None]
+    ids = {a.pod_id for a in billed}
+    billed_runs = {r.flow_run_id for r in records for a in r.own_attempts if a.pod_id in ids}
     return {
         "runs": len(records),
-        "billed_seconds": round(sum(r.total_billed_seconds for r in records), 3),
-        "usd": round(sum(r.total_usd for r in records), 8),
-        "runpod_usd": round(sum(known), 8) if known else None,
-        "runpod_billed_runs": len(known),
+        "pods": len(pods),
+        "billed_seconds": round(sum(a.billed_seconds for a in pods), 3),
+        "usd": round(sum(a.usd for a in pods), 8),
+        "runpod_usd": round(sum(a.provider_usd or 0.0 for a in billed), 8) if billed else None,
+        "runpod_billed_runs": len(billed_runs),
         "may_still_bill": sum(1 for r in records if r.may_still_bill),
     }
 
@@ -318,7 +284,7 @@ def _show(records: list[CostRecord], as_json: bool) -> None:
 
     table = Table(title="finetune-costs", show_footer=True)
     footer = {
-        "run": f"total: {total['runs']} runs",
+        "run": f"total: {total['runs']} runs, {total['pods']} pods",
         "billed s": f"{total['billed_seconds']:.1f}",
         "USD (ours)": f"{total['usd']:.6f}",
         "USD (RunPod)": "-"
@@ -350,7 +316,8 @@ def _show(records: list[CostRecord], as_json: bool) -> None:
                 f"{a.usd:.6f}",
                 "-" if a.provider_usd is None else f"{a.provider_usd:.6f}",
                 "-" if a.difference_usd is None else f"{a.difference_usd:+.6f}",
-                attempt_state_line(a),
+                attempt_state_line(a)
+                + (f"; carried from run {a.carried_from}, counted there" if a.carried_from else ""),
             )
     Console(width=200).print(table)
 

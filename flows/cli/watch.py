@@ -63,7 +63,9 @@ def add_parsers(sub: Any) -> None:
 def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
     """One run as ``status`` shows it (JSON-ready): ids, state, stage, pod, provider, GPU,
     age (s and as text), USD so far (ours; to now while the pod may still bill), the ssh
-    command while the pod lives, the run's page.
+    command while the pod lives, the run's page; the run it continues (``carried_from``)
+    and the one that continued it (``continued_by``; ``pod_end`` then ends ``continued by
+    RUN``).
 
     Args:
         view: a ``flows.cli.runs.RunView``.
@@ -106,6 +108,8 @@ def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
         "usd_so_far": usd,
         "pod_end": record.state_line() if record else "no pod was created",
         "attempts": _attempts_text(record),
+        "carried_from": record.carried_from if record else None,
+        "continued_by": record.continued_by if record else None,
         "ssh_command": ssh,
         "url": view.url,
         "output_dir": out,

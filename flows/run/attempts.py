@@ -65,6 +65,9 @@ class PodAttempt(BaseModel):
             fresh start.
         steps_lost: training steps done on the previous pod after its last checkpoint
             (redone here); None for a fresh start.
+        carried_from: the flow run that rented this pod, when the attempt was carried
+            into this run's record from that run's (``finetune --resume-from RUN_ID``):
+            shown here, counted in that run's totals; None for the run's own pod.
     """
 
     number: int = Field(default=1, ge=1)
@@ -91,6 +94,7 @@ class PodAttempt(BaseModel):
     ssh_command: str | None = None
     resumed_from: str | None = None
     steps_lost: int | None = None
+    carried_from: str | None = None
 
     @classmethod
     def of(cls, handle: PodHandle, number: int = 1, **more: Any) -> PodAttempt:
@@ -148,8 +152,8 @@ def gpu_count_text(count: int) -> str:
 
 def attempt_line(a: PodAttempt) -> str:
     """One pod attempt in words: pod, GPU type and count (when known), who ended it and
-    why, billed seconds and USD, and the checkpoint it resumed from with the steps lost,
-    e.g. ``abc (NVIDIA A40, 2 GPUs) ended by flow (host_lost), 9.8 s billed, 0.000980
+    why, billed seconds and USD, the checkpoint it resumed from with the steps lost, and
+    the run it was carried from (``; carried from run …``), e.g. ``abc (NVIDIA A40, 2 GPUs) ended by flow (host_lost), 9.8 s billed, 0.000980
     USD``."""
     end = a.end
     how = (
@@ -161,9 +165,10 @@ def attempt_line(a: PodAttempt) -> str:
         f"; resumed from {a.resumed_from}, {a.steps_lost or 0} steps lost" if a.resumed_from else ""
     )
     gpus = f", {gpu_count_text(a.gpu_count)}" if a.gpu_count is not None else ""
+    carried = f"; carried from run {a.carried_from}" if a.carried_from else ""
     return (
         f"{a.pod_id or '-'} ({a.gpu_type}{gpus}) {how}, {a.billed_seconds:.1f} s billed, "
-        f"{a.usd:.6f} USD{resumed}"
+        f"{a.usd:.6f} USD{resumed}{carried}"
     )
 
 

@@ -68,6 +68,10 @@ class CostRecord(LastAttemptView):
         recorded_by: who wrote this version (``flow``, ``hook``, ``reaper``, ``cli``,
             ``cost --reconcile``).
         recorded_at: when.
+        carried_from: the run this one continues (``finetune --resume-from RUN_ID``):
+            its attempts are this record's first ones, each ``carried_from`` it; None
+            for a run that started afresh.
+        continued_by: the run that continued this one from its checkpoint, once one did.
 
     Views of the last attempt, under the names the table always had: ``pod_id``,
     ``pod_name``, ``provider``, ``gpu_type``, ``cost_per_hr`` (USD/h), ``created_at``
@@ -104,6 +108,8 @@ class CostRecord(LastAttemptView):
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     recorded_by: str = "flow"
     recorded_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    carried_from: str | None = None
+    continued_by: str | None = None
 
     def attempt_of(self, pod_id: str) -> PodAttempt | None:
         """The attempt of pod ``pod_id``, or None."""
@@ -111,13 +117,19 @@ class CostRecord(LastAttemptView):
 
     @property
     def total_usd(self) -> float:
-        """Our estimate over every pod of the run, USD."""
+        """Our estimate over every pod of the run, carried ones included, USD."""
         return round_usd(sum(a.usd for a in self.attempts))
 
     @property
     def total_billed_seconds(self) -> float:
-        """Billed seconds over every pod of the run."""
+        """Billed seconds over every pod of the run, carried ones included."""
         return round(sum(a.billed_seconds for a in self.attempts), 3)
+
+    @property
+    def own_attempts(self) -> list[PodAttempt]:
+        """The pods this run rented itself (not ``carried_from`` another run's record):
+        what totals over many runs sum, so each pod counts once."""
+        return [a for a in self.attempts if a.carried_from is None]
 
     @property
     def provider_display(self) -> str:
@@ -132,11 +144,13 @@ class CostRecord(LastAttemptView):
 
     def state_line(self) -> str:
         """One line: ``ended by the flow at …, confirmed`` / ``may still be billing: …``,
-        of the first pod that may still bill, else of the last."""
+        of the first pod that may still bill, else of the last; ``; continued by RUN`` once
+        another run continued this one."""
         pending = [a for a in self.attempts if not a.confirmed]
-        return attempt_state_line(
+        line = attempt_state_line(
             pending[0] if pending else self.attempts[-1] if self.attempts else None
         )
+        return line + (f"; continued by {self.continued_by}" if self.continued_by else "")
 
     def settle(self, now: datetime | None = None) -> None:
         """Recompute each attempt's estimate: create → its confirmed end (or ``now`` while
@@ -190,6 +204,9 @@ class CostRecord(LastAttemptView):
             "end_recorded_at_utc": _iso(a.end.recorded_at) if a.end else None,
             "resumed_from": a.resumed_from,
             "steps_lost": a.steps_lost,
+            "attempt_carried_from": a.carried_from,
+            "carried_from": self.carried_from,
+            "continued_by": self.continued_by,
             "published_bytes": self.published_bytes,
             "published_to": self.published_to,
             "output_dir": self.output_dir,
@@ -229,6 +246,8 @@ class CostRecord(LastAttemptView):
             },
             recorded_by=str(row.get("recorded_by") or "flow"),
             recorded_at=recorded_at,
+            carried_from=row.get("carried_from"),
+            continued_by=row.get("continued_by"),
         )
 
 
@@ -273,6 +292,7 @@ def _attempt_of(row: dict[str, Any], recorded_at: datetime) -> PodAttempt:
         gpu_type=str(row.get("gpu_type") or "-"),
         **{k: row.get(k) for k in ("gpu_count", "data_center", "difference_usd")},  # as named
         **{k: row.get(k) for k in ("resumed_from", "steps_lost")},
+        carried_from=row.get("attempt_carried_from"),
         cost_per_hr=float(row.get("cost_per_hr_usd_per_h") or 0.0),
         created_at=_when(row.get("created_at_utc")),
         ready_at=_when(row.get("ready_at_utc")),

@@ -98,6 +98,8 @@ def record_of(report: RunReport, *, recorded_by: str = "flow") -> CostRecord:
         published_to=report.publish.target if report.publish is not None else "",
         stage_seconds=dict(report.cost.stage_seconds),
         recorded_by=recorded_by,
+        carried_from=report.carried_from,
+        continued_by=report.continued_by,
     )
 
 
@@ -110,6 +112,8 @@ def _merge_with_api(record: CostRecord) -> None:
         if not is_outage(exc):  # an outage: the outbox says so, once
             _log.warning("could not read the run's earlier cost record: %s", exc)
         return
+    if earlier is not None:  # a run that continued this one said so in its record
+        record.continued_by = record.continued_by or earlier.continued_by
     for attempt in record.attempts if earlier is not None else []:
         seen = earlier.attempt_of(attempt.pod_id) if attempt.pod_id else None  # type: ignore[union-attr]
         if seen is None:
@@ -164,7 +168,9 @@ def end_run(
     failed = report.stopped_short
     unconfirmed: TerminateError | None = None
     lost = watch.lost if watch is not None else None
-    if report.pod_id and provider is not None:
+    # the last attempt carried from a continued run's record: this run rented no pod
+    carried = bool(report.attempts) and report.attempts[-1].carried_from is not None
+    if report.pod_id and provider is not None and not carried:
         if keep_reason is not None:
             report.stage("terminate").attempt = attempt
             report.stage("terminate").state = StageState.SKIPPED
@@ -202,7 +208,7 @@ def end_run(
                     detail=f"terminate not confirmed: {redact(str(exc))}"[:300],
                 )
                 report.error = str(unconfirmed)
-    elif report.pod_id is None:
+    elif report.pod_id is None or carried:
         report.stage("terminate").state = StageState.SKIPPED
         report.stage("terminate").reason = "no pod was created"
     if report.pod is not None:

@@ -273,9 +273,12 @@ class AttemptLoop:
         value = self.params.get(name)
         return default if value is None else float(check_number(name, value))  # type: ignore[arg-type]
 
-    def run(self, make: SessionFactory, resume_from: str | None = None) -> BaseException | None:
+    def run(
+        self, make: SessionFactory, resume_from: str | None = None, first: int = 1
+    ) -> BaseException | None:
         """Attempt after attempt until the work is done or a loss is not recovered;
-        the first resumes from ``resume_from`` (a checkpoint of the run's store) if given.
+        the first, numbered ``first`` (k + 1 after the k attempts a continued run's record
+        carried), resumes from ``resume_from`` (a checkpoint of the run's store) if given.
 
         Returns:
             The last attempt's deferred error (``PodSession.work``).
@@ -286,12 +289,12 @@ class AttemptLoop:
             TerminateError: the lost pod's end could not be confirmed (nothing more is
                 rented).
         """
-        number, resume, lost_steps = 1, resume_from, None
+        number, resume, lost_steps = first, resume_from, None
         while True:
             self.session = make(number, resume, lost_steps)
             try:
                 self.session.bring_up()
-                if number > 1:
+                if number > first:
                     self._said(POD_RECOVERED_EVENT, self.session, resumed_from=resume)
                 return self.session.work()
             except PodGoneError as exc:

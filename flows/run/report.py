@@ -68,6 +68,9 @@ class RunReport(LastAttemptView):
         error: the first failure, one line, when the run failed.
         checkpoints: each checkpoint copied off a pod and verified here, in order
             (``CheckpointRecord``: step, bytes sent, the copy's lag).
+        carried_from: the run this one continues (``--resume-from RUN_ID``): its pods
+            are this run's first attempts, carried (see ``CostRecord``); else None.
+        continued_by: the run that continued this one, once one did.
 
     Views of the last attempt (``PodAttempt``): ``pod_id``, ``pod`` (its handle),
     ``pod_end`` and ``ssh_command``; and ``terminated``: True only when the
@@ -103,6 +106,8 @@ class RunReport(LastAttemptView):
     output_dir: str | None = None
     error: str | None = None
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
+    carried_from: str | None = None
+    continued_by: str | None = None
 
     @classmethod
     def _run_fields(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +200,8 @@ class RunReport(LastAttemptView):
         )
         c.runpod_usd, c.runpod_billed_seconds = record.runpod_usd, record.runpod_billed_seconds
         c.difference_usd, c.billing_note = record.difference_usd, record.billing_note
+        self.carried_from = self.carried_from or record.carried_from
+        self.continued_by = record.continued_by or self.continued_by
 
     def end_line(self) -> str:
         """What happened to the pod, in one line: confirmed gone (by whom, when, how), or
@@ -315,9 +322,16 @@ def render_summary(report: RunReport) -> str:
         lines.append(f"cost         {c.usd:.6f} USD (no pod was created: nothing billed)")
     else:
         until = "confirmed end" if report.terminated else "now, may still be billing"
+        carried = [a for a in report.attempts if a.carried_from]
+        over = (
+            f"; the sum over all {len(report.attempts)} attempts, the {len(carried)} carried "
+            f"from run {report.carried_from} included"
+            if carried
+            else ""
+        )
         lines.append(
             f"cost         {c.usd:.6f} USD ({c.cost_per_hr:.2f} USD/h x "
-            f"{c.billed_seconds:.1f} s billed, create -> {until})"
+            f"{c.billed_seconds:.1f} s billed, create -> {until}{over})"
         )
     if report.pod_id and provider_supports(report.provider, Capability.BILL):
         bill = f"{report.provider} bill"
