@@ -23,6 +23,7 @@ from prefect_runpod.flows.run.cost_record import latest_record
 from prefect_runpod.flows.run.report import RunReport, render_summary
 from tests.fixtures.demo_bundle import copy_demo_bundle, demo_with_points, run_script
 from tests.fixtures.fault_matrix import wait_until
+from tests.fixtures.run_cells import HANG_GUARD, reaped, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -164,11 +165,12 @@ def test_a_pod_lost_mid_training_resumes_on_a_new_pod_with_the_same_model(
     assert events.get("prefect-runpod.pod.recovered") == f"prefect-runpod.pod.{second.pod_id}"
 
 
-def test_a_loss_beyond_max_pod_losses_fails_naming_the_checkpoint_and_resume_from_continues(
+def test_a_loss_beyond_max_pod_losses_fails_naming_the_checkpoint_and_the_resume_from_command(
     prefect_server, tmp_path
 ):
     """With ``max_pod_losses=0`` the first loss is one too many: the run fails, rents no
-    second pod, and its error names the last verified checkpoint, kept in the output dir."""
+    second pod, and its error names the last verified checkpoint, kept in the output dir,
+    and the ``--resume-from`` command (which the SIGKILL test below runs end to end)."""
     bundle = _slow_demo(tmp_path / "bundle")
     out = tmp_path / "out"
     state, seen = _run_losing_the_host(bundle, out, max_pod_losses=0)
@@ -184,20 +186,87 @@ def test_a_loss_beyond_max_pod_losses_fails_naming_the_checkpoint_and_resume_fro
     assert LocalPodProvider().get(only.pod_id) is None
     assert f"--resume-from {report.flow_run_id}" in message
 
-    # The command the error names continues the run from that checkpoint on a new pod.
+
+@pytest.mark.timeout(900)
+def test_resume_from_a_killed_cli_continues_the_run_as_a_new_attempt_of_its_record(
+    prefect_server, tmp_path, capsys
+):
+    """Issue 25's example: SIGKILL the CLI once a checkpoint verified off its pod; the
+    pod's dead-man ends the pod (the heartbeat goes stale); ``finetune --resume-from
+    RUN_ID`` continues the run: the model is the uninterrupted run's, the new record
+    carries the old pod as its attempt 1 (its end confirmed from the pod's tombstone) and
+    rents attempt 2, the old record says who continued it, and ``cost`` counts 2 pods,
+    not 3."""
+    from prefect.settings import get_current_settings
+
+    bundle = _slow_demo(tmp_path / "bundle")
+    first = tmp_path / "killed"
+    first.mkdir()
+    cli = start_cli(
+        first, "", "--bundle", str(bundle), "--heartbeat-stale-seconds", "4",
+        "--pod-poll-seconds", "1", "--local-cost-per-hr", "0.36",
+        PREFECT_API_URL=str(get_current_settings().api.url),
+    )  # fmt: skip
+    with reaped(cli):
+        wait_until(
+            "a checkpoint to verify off the pod",
+            lambda: (
+                any((cli.out / "checkpoints").glob("step-*.manifest.json"))
+                or cli.proc.poll() is not None
+            ),
+            HANG_GUARD,
+            0.1,
+        )
+        assert cli.proc.poll() is None, cli.tail()
+        os.kill(cli.proc.pid, signal.SIGKILL)  # the run's own process dies, its pod lives on
+        cli.wait()
+    old = json.loads((cli.out / "run-report.json").read_text())
+    old_id, old_pod = old["flow_run_id"], old["pod_id"]
+    before = latest_record(old_id)
+    assert before is not None and before.may_still_bill  # nobody recorded its end
+    local = LocalPodProvider()
+    wait_until("the dead-man to end the pod", lambda: local.get(old_pod) is None, HANG_GUARD)
+
     again = tmp_path / "again"
     resumed = finetune(
-        bundle=str(bundle), output_dir=str(again), resume_from=report.flow_run_id,
-        return_state=True,
+        bundle=str(bundle), output_dir=str(again), resume_from=old_id, return_state=True,
+        local_cost_per_hr=0.36,
     )  # fmt: skip
-    assert resumed.is_completed(), resumed.message
-    second = RunReport.model_validate_json((again / "run-report.json").read_text())
-    (attempt,) = second.attempts
-    assert attempt.resumed_from == newest
+    report = RunReport.model_validate_json((again / "run-report.json").read_text())
+    assert resumed.is_completed(), (resumed.message, report.error)
     assert (again / "outputs" / "model.json").read_bytes() == _uninterrupted_model(
         bundle, tmp_path / "plain"
     )
-    assert LocalPodProvider().get(attempt.pod_id) is None
+
+    # The new record: the old pod carried as attempt 1, its own pod attempt 2 (-a2).
+    record = latest_record(report.flow_run_id)
+    assert record is not None and record.carried_from == old_id
+    carried, own = record.attempts
+    assert (carried.number, carried.pod_id, carried.carried_from) == (1, old_pod, old_id)
+    assert carried.end is not None and carried.end.confirmed
+    assert carried.end.ended_by.value == "deadman"  # the local pod's tombstone says so
+    assert own.number == 2 and own.carried_from is None and own.resumed_from is not None
+    assert own.pod_name == f"{report.pod_name}-a2" and local.get(own.pod_id) is None  # type: ignore[arg-type]
+    assert report.terminated and report.cost.usd == pytest.approx(record.total_usd, abs=1e-6)
+    assert record.total_usd == pytest.approx(carried.usd + own.usd, abs=1e-6)
+    assert "carried from run" in render_summary(report)
+
+    # The old record says who continued it, with its pod's end confirmed.
+    after = latest_record(old_id)
+    assert after is not None and after.continued_by == report.flow_run_id
+    assert not after.may_still_bill
+    capsys.readouterr()
+    assert main(["status", old_id, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["continued_by"] == report.flow_run_id
+    assert row["pod_end"].endswith(f"continued by {report.flow_run_id}")
+
+    # `cost` over the two runs: the old pod shown in both records, counted once.
+    assert main(["cost", "--json", "--limit", "2"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert {r["flow_run_id"] for r in shown["runs"]} == {old_id, report.flow_run_id}
+    assert shown["totals"]["pods"] == 2  # not 3
+    assert shown["totals"]["usd"] == pytest.approx(carried.usd + own.usd, abs=1e-6)
 
 
 def test_a_loss_at_the_recovery_spend_cap_stops_the_run_before_renting_again(

@@ -164,9 +164,9 @@ def _confirm_gone(old: CostRecord, provider: PodProvider, timeout: float) -> dic
         if a.confirmed or a.pod_id is None:
             continue
         why = f"resume_from {old.flow_run_id}: its pod {a.pod_id}"
-        if a.provider != provider.name:
+        if a.provider != provider.provider_name:
             raise SpecError(
-                f"{why} is a {a.provider} pod and this run's provider is {provider.name}: "
+                f"{why} is a {a.provider} pod and this run's provider is {provider.provider_name}: "
                 f"confirm its end first with `prefect-runpod cost {old.flow_run_id} "
                 "--reconcile`; nothing was rented"
             )

@@ -42,7 +42,10 @@ def test_the_old_attempts_are_carried_as_the_first_ones_of_the_new_record() -> N
     pending.handle = None
     old.attempts.append(pending)
     gone = PodEnd(
-        pod_id="pod-b", ended_by=EndedBy.DEADMAN, confirmed=True, ended_at=T0 + timedelta(seconds=72)
+        pod_id="pod-b",
+        ended_by=EndedBy.DEADMAN,
+        confirmed=True,
+        ended_at=T0 + timedelta(seconds=72),
     )
     carried = carried_attempts(old, {"pod-b": gone})
     assert [(a.number, a.pod_id, a.carried_from) for a in carried] == [
@@ -110,4 +113,4 @@ def test_the_summary_says_the_cost_is_the_sum_over_every_attempt() -> None:
     assert report.cost.usd == pytest.approx(record.total_usd)
     summary = render_summary(report)
     assert f"the sum over all 2 attempts, the 1 carried from run {OLD} included" in summary
-    assert f"attempt 1    pod-a (cpu) ended by deadman, 36.0 s billed" in summary
+    assert "attempt 1    pod-a (cpu) ended by deadman, 36.0 s billed" in summary
