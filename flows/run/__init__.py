@@ -10,6 +10,8 @@
 - ``heartbeat``    the flow's side of the dead-man switch
 - ``logs``         how much a run logs, on Prefect and on the console
 - ``cost_record``  the ``finetune-costs`` record: who ended the pod, when, what it cost
+- ``provider_bill`` each pod's bill from its provider (RunPod's REST v2 billing) in the record
+- ``continuation`` a run continued by another (``--resume-from``): carried attempts, ``continued_by``
 - ``artifacts``    the run's model links
 - ``end``          the run's end: terminate, record, settle, write the report
 - ``guardian``     the local process that ends the pod if the run dies before the dead-man is armed
