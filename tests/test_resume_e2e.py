@@ -389,3 +389,50 @@ def test_resume_from_a_checkpoint_of_another_gpu_count_is_refused_before_renting
     assert "per-rank state" in message and "nothing was rented" in message
     assert not [r for r in runpod_env.requests if r.get("operation") == "createPod"]
     assert runpod_env.live_pod_ids() == []
+
+
+def test_a_recovered_pod_rented_with_another_gpu_count_is_refused_and_ended(
+    prefect_server, runpod_env, tmp_path
+):
+    """Emulated RunPod: once a checkpoint (written on a 1-GPU pod) verified, the pod's
+    host fails and RunPod hands the re-rented pod 2 GPUs (``faults.gpu_count``). The
+    pre-rent check passes (the pod spec still asks for 1); the new pod is refused once it
+    is up, before the checkpoint is uploaded, with the reason (per-rank state), and the
+    run fails with no pod left."""
+    bundle = _slow_demo(tmp_path / "bundle")
+    out = tmp_path / "out"
+    seen: dict = {}
+
+    def lose_and_regpu() -> None:
+        wait_until(
+            "a checkpoint to verify off the pod",
+            lambda: any((out / "checkpoints").glob("step-*.manifest.json")),
+            300.0,
+            0.1,
+        )
+        seen["pod_id"] = json.loads((out / "run-report.json").read_text())["pod_id"]
+        runpod_env.faults.gpu_count = 2  # the next pod RunPod hands out has 2 GPUs
+        runpod_env.fail_host(seen["pod_id"], "ERROR")
+
+    killer = threading.Thread(target=lose_and_regpu, daemon=True)
+    killer.start()
+    state = finetune(
+        bundle=str(bundle), output_dir=str(out), provider="runpod", pod_poll_seconds=1.0,
+        return_state=True,
+    )  # fmt: skip
+    killer.join(timeout=60)
+    assert state.is_failed()
+    report = RunReport.model_validate_json((out / "run-report.json").read_text())
+    first, second = report.attempts
+    assert first.pod_id == seen["pod_id"] and first.gpu_count == 1
+    assert second.gpu_count == 2 and second.pod_name == f"{report.pod_name}-a2"
+    message = state.message or ""
+    assert f"pod {second.pod_id} does not resume the run: checkpoint {second.resumed_from} " in (
+        message
+    )
+    assert "was written on a pod with 1 GPU and this pod has 2 GPUs" in message
+    assert "per-rank state" in message and "the checkpoint is kept in" in message
+    assert report.stage("provision").state.value == "Failed"
+    assert report.stage("upload").attempt != 2  # no checkpoint was put on the refused pod
+    assert all(a.end is not None and a.end.confirmed for a in report.attempts)
+    assert runpod_env.live_pod_ids() == []

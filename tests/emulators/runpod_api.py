@@ -633,7 +633,9 @@ class RunPodEmulator:
         v2: dict[str, Any] | None = None,
     ) -> EmulatedPod:
         """A real local pod behind a new emulated pod (either API's create), billed from
-        now; its system log says it pulled the image and started."""
+        now; its system log says it pulled the image and started (with
+        ``faults.gpu_count``'s GPUs when that is set)."""
+        count = self.faults.gpu_count or count
         public_key = env.get("PUBLIC_KEY") or (self.pub_key.splitlines() or [""])[0]
         public_key = public_key or generate_keypair().public_key
         pod_key = f"rpa_pod_{secrets.token_hex(16)}"

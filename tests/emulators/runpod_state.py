@@ -90,6 +90,9 @@ class Faults:
             "at the same moment", by count, never by timing.
         log_cut_after_events: the next log stream is cut (no closing chunk) after this
             many events; spent once it fires.
+        gpu_count: pods created from now on get this many GPUs whatever the create
+            asked (0: as asked), as a host that hands a re-rented pod another
+            ``gpuCount`` would; their price is that count's.
         boot_failure: pods created from now on fail to boot: ``image_pull`` (the image
             cannot be pulled: the pod stays STARTING with no runtime) or ``no_ssh`` (the
             container runs, but no SSH endpoint ever appears); either way their ``system``
@@ -118,6 +121,7 @@ class Faults:
     ssh_keys_barrier: int = 0
     log_cut_after_events: int = 0
     boot_failure: str = ""
+    gpu_count: int = 0
 
     def take(self, table: dict[str, int], op: str) -> bool:
         """Consume one count for ``op`` (or ``*``); True when a fault fires."""
