@@ -261,6 +261,11 @@ def test_resume_from_a_killed_cli_continues_the_run_as_a_new_attempt_of_its_reco
     assert row["continued_by"] == report.flow_run_id
     assert row["pod_end"].endswith(f"continued by {report.flow_run_id}")
 
+    assert main(["status", report.flow_run_id, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["carried_from"] == old_id and row["attempts"].startswith(f"1: {old_pod} ")
+    assert row["usd_so_far"] == pytest.approx(record.total_usd, abs=1e-6)  # both pods
+
     # `cost` over the two runs: the old pod shown in both records, counted once.
     assert main(["cost", "--json", "--limit", "2"]) == 0
     shown = json.loads(capsys.readouterr().out)

@@ -62,7 +62,8 @@ def add_parsers(sub: Any) -> None:
 
 def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
     """One run as ``status`` shows it (JSON-ready): ids, state, stage, pod, provider, GPU,
-    age (s and as text), USD so far (ours; to now while the pod may still bill), the ssh
+    age (s and as text), USD so far (ours, every pod of the run; to now while a pod may
+    still bill), the ssh
     command while the pod lives, the run's page; the run it continues (``carried_from``)
     and the one that continued it (``continued_by``; ``pod_end`` then ends ``continued by
     RUN``).
@@ -84,7 +85,7 @@ def status_row(view: Any, *, with_pod: bool = True) -> dict[str, Any]:
     usd = None
     if record is not None:
         record.settle(now)
-        usd = record.usd
+        usd = record.total_usd  # every pod of the run, those carried from the run it continues too
     out = view.output_dir
     ssh = None
     if handle is not None:

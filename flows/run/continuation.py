@@ -36,6 +36,7 @@ from prefect_runpod.flows.run.cost_record import (
 __all__ = [
     "carried_attempts",
     "carry_run",
+    "confirm_gone",
     "continued_run_id",
     "counted_pods",
     "end_of_gone_pod",
@@ -151,9 +152,13 @@ def _run_state(flow_run_id: str) -> str:
     return state.type.value if state else "UNKNOWN"
 
 
-def _confirm_gone(old: CostRecord, provider: PodProvider, timeout: float) -> dict[str, PodEnd]:
+def confirm_gone(old: CostRecord, provider: PodProvider, timeout: float) -> dict[str, PodEnd]:
     """The ends of the old run's pods its record left unconfirmed, confirmed now: gone
-    (at the provider's time, by its witness), or EXITED / host lost and terminated here.
+    (at the provider's time, by its witness), or EXITED / host lost and terminated here
+    (within ``timeout`` seconds).
+
+    Returns:
+        Pod id → its confirmed end, for each pod the record had not confirmed.
 
     Raises:
         SpecError: a pod still runs or is starting, its provider cannot be asked, or it
@@ -242,7 +247,7 @@ def carry_run(report: Any, value: str | None, provider: PodProvider, timeout: fl
         a record of its own, as a checkpoint copied from anywhere does).
 
     Raises:
-        SpecError: a pod of the old run may still live (see ``_confirm_gone``).
+        SpecError: a pod of the old run may still live (see ``confirm_gone``).
     """
     old_id = continued_run_id(value) if value is not None else None
     old = latest_record(old_id) if old_id and old_id != report.flow_run_id else None
@@ -250,7 +255,7 @@ def carry_run(report: Any, value: str | None, provider: PodProvider, timeout: fl
         if value is not None:
             _log.info("resume_from %s: no run record to continue; this run's record is its own", value)  # fmt: skip
         return False
-    ends = _confirm_gone(old, provider, timeout)
+    ends = confirm_gone(old, provider, timeout)
     report.attempts = carried_attempts(old, ends)
     report.carried_from = old.flow_run_id
     mark_continued(old.flow_run_id, report.flow_run_id, ends)

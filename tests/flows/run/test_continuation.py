@@ -5,6 +5,8 @@ own total sums every attempt, carried ones included. Plain functions, no Prefect
 
 from __future__ import annotations
 
+import os
+import signal
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -114,3 +116,36 @@ def test_the_summary_says_the_cost_is_the_sum_over_every_attempt() -> None:
     summary = render_summary(report)
     assert f"the sum over all 2 attempts, the 1 carried from run {OLD} included" in summary
     assert "attempt 1    pod-a (cpu) ended by deadman, 36.0 s billed" in summary
+
+
+def test_a_pod_of_the_old_run_still_there_refuses_the_resume_and_a_lost_one_is_ended(
+    local_provider,
+) -> None:
+    """Before anything is rented: a pod the old record left unconfirmed that still runs
+    refuses the resume (a run has at most one pod alive), naming the command that ends
+    it; one whose host was lost is terminated here and its end confirmed."""
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.local_pod.registry import read_record
+    from prefect_runpod.flows.run.continuation import confirm_gone
+    from tests.fixtures.local_pod import start_pod
+
+    handle, _ = start_pod(local_provider)
+    try:
+        attempt = PodAttempt.of(handle, 1).model_copy(update={"handle": None})
+        old = CostRecord(flow_run_id=OLD, attempts=[attempt])
+        with pytest.raises(SpecError) as refused:
+            confirm_gone(old, local_provider, 30.0)
+        said = str(refused.value)
+        assert f"its pod {handle.pod_id} is still there (daemon running)" in said
+        assert f"prefect-runpod terminate --provider local {handle.pod_id}" in said
+        assert "nothing was rented" in said
+
+        record = read_record(local_provider.home, handle.pod_id)
+        assert record is not None
+        os.kill(record.pid, signal.SIGKILL)  # its host is lost
+        ends = confirm_gone(old, local_provider, 30.0)
+        end = ends[handle.pod_id]
+        assert end.confirmed and end.cause == "host_lost" and end.ended_by is EndedBy.FLOW
+        assert local_provider.get(handle.pod_id) is None
+    finally:
+        local_provider.terminate(handle.pod_id)
