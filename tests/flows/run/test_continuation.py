@@ -11,12 +11,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from prefect_runpod.blocks.provider import EndedBy, PodEnd
+from prefect_runpod.blocks.provider import EndedBy, PodCause, PodEnd
 from prefect_runpod.flows.cli.cost import totals
 from prefect_runpod.flows.run.attempts import PodAttempt, attempt_line
 from prefect_runpod.flows.run.continuation import carried_attempts, counted_pods
 from prefect_runpod.flows.run.cost_record import CostRecord
 from prefect_runpod.flows.run.report import RunReport, render_summary
+from tests.fixtures.fault_matrix import wait_until
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 OLD = "0b6e2f0e-5f43-4f7c-9b0e-8d5c1c1b2a3f"
@@ -143,9 +144,35 @@ def test_a_pod_of_the_old_run_still_there_refuses_the_resume_and_a_lost_one_is_e
         record = read_record(local_provider.home, handle.pod_id)
         assert record is not None
         os.kill(record.pid, signal.SIGKILL)  # its host is lost
+        wait_until(
+            "the pod's daemon to be seen dead",
+            lambda: local_provider.status(handle.pod_id).cause is PodCause.HOST_LOST,
+            30.0,
+        )
         ends = confirm_gone(old, local_provider, 30.0)
         end = ends[handle.pod_id]
         assert end.confirmed and end.cause == "host_lost" and end.ended_by is EndedBy.FLOW
         assert local_provider.get(handle.pod_id) is None
     finally:
         local_provider.terminate(handle.pod_id)
+
+
+def test_a_run_that_ends_before_renting_its_own_pod_leaves_the_carried_one_alone(
+    local_provider,
+) -> None:
+    """The new run failed after carrying the old attempts and before its own pod was
+    created: its end terminates nothing (the carried pod is the old run's, confirmed
+    gone) and keeps the carried end as the old record has it."""
+    from prefect_runpod.flows.run.end import end_run
+
+    old = CostRecord(flow_run_id=OLD, attempts=[_pod(1, "gone0pod000001", 36.0)])
+    report = RunReport(flow_run_id=NEW, pod_name=f"p-{NEW}", provider="local", carried_from=OLD)
+    report.attempts = carried_attempts(old)
+    before = report.attempts[0].model_copy(deep=True)
+    assert end_run(
+        report, local_provider, None, keep_pod_on_failure=False, terminate_timeout_seconds=5.0,
+        on_stage=lambda *_: None,
+    ) is None  # fmt: skip
+    terminate = report.stage("terminate")
+    assert terminate.state.value == "Skipped" and terminate.reason == "no pod was created"
+    assert report.attempts == [before]
