@@ -5,6 +5,7 @@ records its cost."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +89,45 @@ def test_any_flow_completes_on_an_emulated_runpod_pod(
     assert created and created[0].endswith(", 0.2200 USD/h"), created
     started = [m for m in messages if m.startswith(f"flow process started on pod {pod_id} ")]
     assert started and started[0].endswith(": python3 -m prefect.engine"), started
+
+
+def test_any_flow_completes_on_an_image_without_prefect(
+    emulated_workers: Workers, runpod_emulator: object
+) -> None:
+    """The image's ``python3`` (this machine's system Python, first on the pod's
+    ``PATH``) has no Prefect: the worker makes a venv beside the image's packages, pip
+    installs the worker's own Prefect version there (``prefect==<version>``, from the
+    package index), and the flow's engine runs with that venv's Python."""
+    from prefect.settings import get_current_settings
+
+    from prefect_runpod.blocks.runpod.blocks import RunPodPodSpec
+
+    bare = subprocess.run(
+        ["env", f"PATH={_SYSTEM_PATH}", "python3", "-c", "import prefect"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if bare.returncode == 0:
+        pytest.skip("this machine's system python3 has Prefect: no image without it here")
+    RunPodPodSpec(env={"PATH": _SYSTEM_PATH}).save("worker-bare-spec", overwrite=True)
+    done = _prefect("work-pool", "create", "bare-pool", "--type", "runpod", "--overwrite")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, log = emulated_workers.start("bare-pool", "bare")
+    deployment_id = _deploy(
+        "bare-pool",
+        name="on-a-bare-image",
+        provider="runpod",
+        runpod_spec_block="worker-bare-spec",
+        prefect_api_url_for_pod=str(get_current_settings().api.url),
+    )
+    flow_run_id = _run(deployment_id, seed="bare", rounds=2)
+    run = _wait(flow_run_id, FINAL, log, deadline_s=600)
+    assert run.state.type.value == "COMPLETED", (run.state, log.read_text()[-4000:])
+    pod_id = run.infrastructure_pid
+    venv_python = f"/prefect-runpod/{flow_run_id}/venv/bin/python"
+    started = [
+        m for m in _logs(flow_run_id) if m.startswith(f"flow process started on pod {pod_id} ")
+    ]
+    assert started and started[0].endswith(f"{venv_python} -m prefect.engine"), started
+    record = _wait_for_record(flow_run_id)
+    assert record.pod_id == pod_id and record.end.confirmed
+    assert pod_id in runpod_emulator.ended, runpod_emulator.ended  # type: ignore[attr-defined]
