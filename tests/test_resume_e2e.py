@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefect.client.orchestration import get_client
 
 from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 from prefect_runpod.blocks.local_pod.registry import read_record
@@ -255,6 +256,11 @@ def test_resume_from_a_killed_cli_continues_the_run_as_a_new_attempt_of_its_reco
     after = latest_record(old_id)
     assert after is not None and after.continued_by == report.flow_run_id
     assert not after.may_still_bill
+    # Its flow run, left Running by the killed process, is Crashed and names who goes on.
+    with get_client(sync_client=True) as client:
+        old_state = client.read_flow_run(old_id).state  # type: ignore[arg-type]
+    assert old_state is not None
+    assert old_state.is_crashed() and report.flow_run_id in (old_state.message or ""), old_state
     capsys.readouterr()
     assert main(["status", old_id, "--json"]) == 0
     row = json.loads(capsys.readouterr().out)

@@ -32,6 +32,7 @@ from prefect_runpod.flows.run.cost_record import (
     merge_end,
     publish_record,
 )
+from prefect_runpod.flows.run.crashed import mark_crashed
 
 __all__ = [
     "carried_attempts",
@@ -198,9 +199,10 @@ def confirm_gone(old: CostRecord, provider: PodProvider, timeout: float) -> dict
 
 def mark_continued(old_id: str, new_id: str, ends: dict[str, PodEnd]) -> CostRecord | None:
     """Write ``continued_by`` = ``new_id`` into run ``old_id``'s record, with the pod ends
-    confirmed for it (``ends``), and bring its ``run-report.json`` in line when it can be
-    reached: read, merge and write as one write of the process's outbox
-    (``blocks.api_outbox``), held through an outage of the Prefect API.
+    confirmed for it (``ends``), bring its ``run-report.json`` in line when it can be
+    reached, and set the old flow run Crashed when Prefect still says it is not over
+    (``flows/run/crashed.mark_crashed``): read, merge and write as one write of the
+    process's outbox (``blocks.api_outbox``), held through an outage of the Prefect API.
 
     Returns:
         The record written; None while it is held or when the run has no record.
@@ -220,6 +222,10 @@ def mark_continued(old_id: str, new_id: str, ends: dict[str, PodEnd]) -> CostRec
         record.settle()
         publish_record(record)
         rewrite_report(record)
+        # Its process died (Prefect would show it Running forever): Crashed, naming who goes on.
+        mark_crashed(
+            old_id, f"the run's process died; flow run {new_id} continues it (--resume-from)"
+        )
         return record
 
     held = outbox().put(f"the {COST_ARTIFACT_KEY} record of run {old_id} (continued)", complete)
