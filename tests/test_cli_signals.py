@@ -7,7 +7,8 @@ A Ctrl-C reaches the run at three points end to end (issue 24): during the uploa
 download (paused at the transfer's first confirmed bytes) and while the job trains; each
 ends with 130, one sentence naming the stage, the bytes that moved and the pod ended. The
 download's runs against the session's server (the temporary server's end is the other
-cells') and records the fault matrix's figures (``tests/fixtures/run_cells.py``)."""
+cells') and records the fault matrix's figures (``tests/fixtures/run_cells.py``); the
+flow run ends Cancelled, its message naming the Ctrl-C and the pod's end."""
 
 from __future__ import annotations
 
@@ -150,4 +151,16 @@ def test_ctrl_c_during_the_download_ends_the_run_in_one_sentence(
     assert data is not None and LocalPodProvider().get(data["pod_id"]) is None
     cell = cell_of("download", "ctrl-c", run, stopped_at, errors[0])
     cli_cells.append(cell)
-    assert cell.pods_left == 0 and cell.state != "RUNNING", cell
+    # The user stopped it: Cancelled in Prefect, as a cancelled run is, not Crashed.
+    assert cell.pods_left == 0 and cell.state == "CANCELLED", cell
+    message = _state_message(data["flow_run_id"])
+    assert "stopped by Ctrl-C during download" in message, message
+    assert f"pod {data['pod_id']} was ended" in message, message
+
+
+def _state_message(flow_run_id: str) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+    return (state.message or "") if state is not None else ""

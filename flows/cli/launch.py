@@ -35,7 +35,14 @@ from prefect_runpod.flows.cli.common import (
     quiet_console_tracebacks,
 )
 
-__all__ = ["add_finetune_options", "add_parser", "finetune_params", "print_report", "run"]
+__all__ = [
+    "add_finetune_options",
+    "add_parser",
+    "cancel_interrupted_run",
+    "finetune_params",
+    "print_report",
+    "run",
+]
 
 
 def add_parser(sub: Any) -> None:
@@ -118,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
             name = "SIGTERM" if isinstance(signalled, Terminated) else "Ctrl-C"
             print(f"\nthe run was stopped by {name}", file=sys.stderr)
             if out is not None and (out / "run-report.json").is_file():
-                print_report(out / "run-report.json", args.json)
+                data = print_report(out / "run-report.json", args.json)
+                if not isinstance(signalled, Terminated):
+                    cancel_interrupted_run(data)
+                    held_records(data.get("flow_run_id"))
             return EXIT_SIGTERM if isinstance(signalled, Terminated) else EXIT_SIGINT
         except Exception as exc:
             if not is_outage(exc):
@@ -136,6 +146,45 @@ def run(args: argparse.Namespace) -> int:
         data = print_report(report_file, args.json)
         held_records(data.get("flow_run_id"))
     return 0 if (state.is_completed() and data.get("passed")) else EXIT_FAILED
+
+
+def cancel_interrupted_run(data: dict[str, Any]) -> str | None:
+    """Record a run the user stopped with Ctrl-C as Cancelled in Prefect, as Prefect's
+    runner records a run it cancelled (a forced Cancelled state), over the Crashed the flow
+    engine sets for any ``KeyboardInterrupt``. The write goes through the process's outbox,
+    so an outage holds it until the API answers.
+
+    Args:
+        data: the run's ``run-report.json`` (``flow_run_id``, ``error``, ``pod_id``,
+            ``terminated``).
+
+    Returns:
+        The state's message (``stopped by Ctrl-C during upload (1.8 s into the stage);
+        pod 3f2a… was ended``), or None when the report names no flow run.
+    """
+    from prefect.states import Cancelled
+
+    from prefect_runpod.blocks.api_outbox import outbox
+
+    run_id = data.get("flow_run_id")
+    if not run_id:
+        return None
+    said = str(data.get("error") or "stopped by Ctrl-C").split("; the run ends its pod")[0]
+    if "Ctrl-C" not in said:
+        said = f"stopped by Ctrl-C ({said})"
+    pod_id = data.get("pod_id")
+    if not pod_id:
+        end = "no pod was created"
+    elif data.get("terminated"):
+        end = f"pod {pod_id} was ended"
+    else:
+        end = f"pod {pod_id} may still be billing: `prefect-runpod terminate {pod_id}` ends it"
+    message = f"{said}; {end}"[:500]
+    outbox().put(
+        "the run's final state",
+        lambda client: client.set_flow_run_state(run_id, Cancelled(message=message), force=True),
+    )
+    return message
 
 
 def _ended_without_api(args: argparse.Namespace, exc: Exception) -> int:
