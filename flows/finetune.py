@@ -22,6 +22,7 @@ from prefect.logging.loggers import flow_run_logger
 
 from prefect_runpod.blocks import secret_mask
 from prefect_runpod.blocks.exceptions import TerminateError
+from prefect_runpod.blocks.interrupts import end_stops
 from prefect_runpod.blocks.provider import EndedBy, PodEnd
 from prefect_runpod.blocks.validation import parameters as run_parameters
 from prefect_runpod.blocks.validation.parameters import (
@@ -213,6 +214,7 @@ def finetune(
         command that ends it). A run whose pod may still bill never ends Completed.
     """
     params = dict(locals())  # every parameter, as the hooks see them in flow_run.parameters
+    end_stops(keep_pending=True)  # an earlier run's stop is not this one's (a process serves many)
     logger = get_run_logger()
     run_id = _flow_run_id()
     out = Path(output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()

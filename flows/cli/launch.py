@@ -93,6 +93,7 @@ def finetune_params(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Carry out ``prefect-runpod finetune``; returns the exit status (0 only when every
     stage passed and the pod is confirmed gone)."""
+    from prefect_runpod.blocks.interrupts import end_stops, stops_sentence
     from prefect_runpod.flows.cli.session import EXIT_SIGINT, EXIT_SIGTERM, Terminated
     from prefect_runpod.flows.finetune import demo_bundle, finetune, last_output_dir
     from prefect_runpod.flows.run.inputs import check_concurrency_limit, prepare_run
@@ -118,12 +119,17 @@ def run(args: argparse.Namespace) -> int:
     with api():  # the summary is printed while the API still takes the run's last logs
         check_concurrency_limit(args.concurrency_limit)  # before the flow run exists
         try:
-            state = finetune(**params, return_state=True)
+            try:
+                state = finetune(**params, return_state=True)
+            finally:  # a stop that came during another's is said; the next Ctrl-C raises
+                during = stops_sentence(*end_stops())
         except (KeyboardInterrupt, Terminated) as signalled:
             # The flow's finally ended the pod and wrote the report; say so, no traceback.
             out = last_output_dir()
             name = "SIGTERM" if isinstance(signalled, Terminated) else "Ctrl-C"
             print(f"\nthe run was stopped by {name}", file=sys.stderr)
+            if during:
+                print(during, file=sys.stderr)
             if out is not None and (out / "run-report.json").is_file():
                 data = print_report(out / "run-report.json", args.json)
                 if not isinstance(signalled, Terminated):
@@ -144,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
             )
             return EXIT_FAILED
         data = print_report(report_file, args.json)
+        if during:
+            print(during, file=sys.stderr)
         held_records(data.get("flow_run_id"))
     return 0 if (state.is_completed() and data.get("passed")) else EXIT_FAILED
 

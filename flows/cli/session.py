@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from prefect_runpod.blocks.interrupts import clear_stop, note_stop
+from prefect_runpod.blocks.interrupts import end_stops, note_stop
 
 __all__ = [
     "EPHEMERAL_VAR",
@@ -65,21 +65,24 @@ class Terminated(BaseException):
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
-    note_stop(lambda: Terminated(name))  # raised again at a boundary if this one is dropped
-    raise Terminated(name)
+    # noted, to be raised again at a boundary if this one is dropped; a stop under way
+    # already (the budget cap's, an earlier signal's) keeps its reason and goes on
+    if note_stop(lambda: Terminated(name)):
+        raise Terminated(name)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    note_stop(KeyboardInterrupt)  # raised again at a boundary if this one is dropped
-    raise KeyboardInterrupt
+    if note_stop(KeyboardInterrupt):  # as for SIGTERM: the first stop wins
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def orderly_signals() -> Iterator[None]:
     """Within the block, SIGTERM raises ``Terminated`` and Ctrl-C ``KeyboardInterrupt`` in
     the main thread, each also noted in ``blocks.interrupts`` so that a waiting loop raises
-    it again should the garbage collector have dropped the first; the previous handlers
-    come back afterwards. Outside the main thread (the CLI called from a thread) signals
+    it again should the garbage collector have dropped the first; a signal that comes
+    while a stop is under way (the budget cap's, an earlier signal's) raises nothing: the
+    first reason wins. The previous handlers come back afterwards. Outside the main thread (the CLI called from a thread) signals
     are left as they are."""
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
@@ -92,7 +95,7 @@ def orderly_signals() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
-        clear_stop()
+        end_stops()
 
 
 def drain_prefect_workers() -> None:

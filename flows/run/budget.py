@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 from prefect_runpod.blocks.costs import budget_reason
 from prefect_runpod.blocks.exceptions import BudgetExceededError
-from prefect_runpod.blocks.interrupts import forget_stop, note_stop
+from prefect_runpod.blocks.interrupts import claim_stop, forget_stop, note_stop
 from prefect_runpod.flows.run.report import RunReport
 
 __all__ = ["WATCH_INTERVAL_SECONDS", "RunBudget"]
@@ -89,18 +89,27 @@ class RunBudget:
 
     def should_stop(self) -> str | None:
         """``reason`` for the training poll, measuring the gap since the previous poll
-        (the longest one counts)."""
+        (the longest one counts); None while another stop is under way (a Ctrl-C the
+        poll raises next: the first reason wins, ``blocks.interrupts``)."""
         now = self._clock()
         if self._last_poll is not None:  # the slowest poll yet: the next may be as slow
             self.poll_gap_seconds = max(self.poll_gap_seconds, now - self._last_poll)
         self._last_poll = now
-        return self.reason()
+        why = self.reason()
+        return why if why and claim_stop(self._stop(why)) else None
 
     def check(self) -> None:
-        """Raise ``BudgetExceededError`` when the budget is spent."""
+        """Raise ``BudgetExceededError`` when the budget is spent, unless another stop is
+        under way already (it keeps its reason: the first wins)."""
         why = self.reason()
-        if why:
+        if why and claim_stop(self._stop(why)):
             raise BudgetExceededError(why, pod_id=self.report.pod_id)
+
+    def _stop(self, why: str) -> Callable[[], BaseException]:
+        """The budget's one stop in the run's stop slot (made at the first reason)."""
+        if self._noted is None:
+            self._noted = functools.partial(BudgetExceededError, why, pod_id=self.report.pod_id)
+        return self._noted
 
     def watch(self) -> None:
         """Between the stages' own checks, project the spend every
@@ -126,6 +135,5 @@ class RunBudget:
         while not self._stop_watch.wait(WATCH_INTERVAL_SECONDS):
             why = self.reason()
             if why:
-                self._noted = functools.partial(BudgetExceededError, why, pod_id=self.report.pod_id)
-                note_stop(self._noted)
+                note_stop(self._stop(why))  # refused while another stop is under way
                 return

@@ -1,10 +1,15 @@
 """A Ctrl-C raised inside a weakref callback during garbage collection is dropped by
 CPython (reported as unraisable); the stop noted by the CLI's handler is raised again at
-the next boundary of a waiting loop, so the run still ends with 130."""
+the next boundary of a waiting loop, so the run still ends with 130.
+
+The budget cap and the signals share one stop slot: the first reason wins, whichever it
+is, and a later one is only said (issue 24)."""
 
 from __future__ import annotations
 
+import functools
 import gc
+import os
 import signal
 import threading
 import weakref
@@ -12,7 +17,17 @@ import weakref
 import pytest
 
 from prefect_runpod.blocks import faults
-from prefect_runpod.blocks.interrupts import raise_if_stopped, stop_pending
+from prefect_runpod.blocks.exceptions import BudgetExceededError
+from prefect_runpod.blocks.interrupts import (
+    claim_stop,
+    clear_stop,
+    end_stops,
+    note_stop,
+    raise_if_stopped,
+    stop_pending,
+    stop_under_way,
+    stops_sentence,
+)
 from prefect_runpod.flows.cli.session import EXIT_SIGINT, Terminated, orderly_signals
 
 
@@ -73,3 +88,58 @@ def test_a_lane_thread_leaves_the_stop_to_the_main_thread() -> None:
         assert not raised and stop_pending()
         with pytest.raises(KeyboardInterrupt):
             raise_if_stopped()
+
+
+BUDGET = functools.partial(
+    BudgetExceededError,
+    "projected spend 0.0512 USD by the pod's end, 4.1 s after a stop now, reached "
+    "max_cost_usd 0.0500 USD (pod abc123 at 36.00 USD/h)",
+    pod_id="abc123",
+)
+"""The budget watch's stop, as ``RunBudget`` notes it."""
+
+
+def test_a_ctrl_c_during_the_budget_stop_leaves_the_budget_the_reason() -> None:
+    with orderly_signals():
+        assert note_stop(BUDGET)  # the watch found the cap reached
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before the boundary: nothing raised
+        with pytest.raises(BudgetExceededError, match="max_cost_usd 0.0500 USD"):
+            raise_if_stopped()  # the boundary raises the budget's stop, not the Ctrl-C
+        clear_stop()  # the stage recorded it; the terminate runs
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during the stop itself: nothing raised
+        raise_if_stopped()
+        assert stop_under_way()
+        first, later = end_stops()  # the run's end: what the CLI says
+    assert first is BUDGET and later == [KeyboardInterrupt]
+    assert stops_sentence(first, later) == (
+        "Ctrl-C came while the run was already stopping for the budget cap "
+        "(max_cost_usd 0.0500 USD): the first reason stands, the stop went on unchanged"
+    )
+
+
+def test_the_budget_cap_during_a_ctrl_c_stop_changes_nothing() -> None:
+    with orderly_signals():
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C stops the run
+        assert not note_stop(BUDGET)  # the watch finds the cap reached during the stop
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_stopped()  # the slot still holds the Ctrl-C, not the budget's stop
+        raise_if_stopped()  # and nothing after it
+        assert not claim_stop(BUDGET)  # nor does the budget's own check raise
+        first, later = end_stops()
+    assert first is KeyboardInterrupt and later == [BUDGET]
+    assert stops_sentence(first, later) == (
+        "the budget cap (max_cost_usd 0.0500 USD) came while the run was already stopping "
+        "for Ctrl-C: the first reason stands, the stop went on unchanged"
+    )
+    assert stops_sentence(first, []) is None  # a stop alone: the CLI says nothing more
+
+
+def test_the_runs_end_empties_the_slot_for_the_next_stop() -> None:
+    with orderly_signals():
+        assert note_stop(BUDGET)
+        end_stops(keep_pending=True)  # a run that starts keeps a stop no boundary raised
+        assert stop_pending() and stop_under_way()
+        end_stops()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # the next run's Ctrl-C is its own

@@ -11,7 +11,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from prefect_runpod.blocks.exceptions import BudgetExceededError
-from prefect_runpod.blocks.interrupts import clear_stop, raise_if_stopped, stop_pending
+from prefect_runpod.blocks.interrupts import (
+    clear_stop,
+    end_stops,
+    note_stop,
+    raise_if_stopped,
+    stop_pending,
+)
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.budget import WATCH_INTERVAL_SECONDS, RunBudget
@@ -123,6 +129,20 @@ class TestStopInsideTheCap:
             budget.stop()
             clear_stop()
         assert budget.stop_seconds() >= WATCH_INTERVAL_SECONDS  # the watch's own lateness
+
+    def test_a_ctrl_c_under_way_keeps_its_reason_over_the_budget(self) -> None:
+        budget = self._at_36(9.0)  # over the cap already
+        assert note_stop(KeyboardInterrupt)  # the user's Ctrl-C came first
+        budget.check()  # a stage boundary's check: the Ctrl-C stop goes on, nothing raised
+        assert budget.should_stop() is None  # the training poll raises the Ctrl-C instead
+        budget.watch()
+        budget.stop()
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_stopped()
+        first, later = end_stops()
+        assert first is KeyboardInterrupt and len(later) == 1
+        with pytest.raises(BudgetExceededError, match="reached max_cost_usd"):
+            raise later[0]()  # what came during the stop: the budget's own sentence
 
     def test_a_stop_the_watch_noted_never_outlives_its_run(self) -> None:
         budget = self._at_36(9.0)

@@ -7,7 +7,7 @@ import prefect.exceptions
 import pytest
 from prefect.exceptions import TerminationSignal
 
-from prefect_runpod.blocks.interrupts import note_stop, stop_pending
+from prefect_runpod.blocks.interrupts import end_stops, note_stop, stop_pending
 from prefect_runpod.flows.run.ledger import StageSkipped, error_line, run_stage
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState
@@ -71,6 +71,7 @@ def test_a_dropped_stop_is_raised_at_the_stage_boundary_but_never_skips_terminat
         assert not stop_pending()  # the stage recorded it: the cleanup is not stopped again
     assert report.stage("terminate").state is StageState.COMPLETED
     assert report.stage("download").state is StageState.CANCELLED
+    end_stops()  # another run: its own stop
     note_stop(KeyboardInterrupt)
     with pytest.raises(KeyboardInterrupt), run_stage(report, "checksum"):
         pass  # dropped during the stage: raised at its end
