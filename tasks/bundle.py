@@ -30,10 +30,12 @@ by writing that file inside it last. The train command then carries ``{resume_fr
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import tomllib
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
@@ -47,6 +49,7 @@ __all__ = [
     "RESUME_ENV",
     "RESUME_PLACEHOLDER",
     "BundleSpec",
+    "check_job_types",
     "demo_bundle",
     "load_bundle",
 ]
@@ -181,6 +184,62 @@ BUNDLE_TABLES: frozenset[str] = frozenset({"job"})
 beside ``[job]``) is refused, with the nearest known one."""
 
 
+_TOML_TYPES: dict[object, str] = {
+    bool: "a boolean (true or false, unquoted)",
+    int: "a whole number (unquoted, e.g. 2)",
+    float: "a number (unquoted, e.g. 600)",
+}
+"""What a ``[job]`` key of each Python type must be written as in TOML."""
+
+
+def check_job_types(job: dict[str, Any], spec_file: Path) -> None:
+    """Refuse a boolean or numeric ``[job]`` key written as another TOML type: pydantic
+    would read ``resume_from_env = "yes"`` (or ``1``) as true, ``keep_checkpoints = "2"``
+    and ``expected_runtime_seconds = true`` as numbers.
+
+    Args:
+        job: the ``[job]`` table as ``tomllib`` read it.
+        spec_file: the ``bundle.toml`` it came from, for the message.
+
+    Raises:
+        SpecError: naming the key, the value as written and the TOML type expected.
+    """
+    for key, value in job.items():
+        field = BundleSpec.model_fields.get(key)
+        want = field.annotation if field is not None else None
+        if want not in _TOML_TYPES:
+            continue
+        if isinstance(value, bool):
+            ok = want is bool
+        else:
+            ok = isinstance(value, int) if want is int else isinstance(value, (int, float))
+            ok = ok and want is not bool
+        if not ok:
+            raise SpecError(
+                f"{spec_file} is invalid: [job] {key} = {_as_written(value)} is "
+                f"{_toml_kind(value)}, but {key} must be {_TOML_TYPES[want]}; fix the file"
+            )
+
+
+def _as_written(value: object) -> str:
+    """A TOML value roughly as the file writes it (strings quoted, escapes shown)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = (
+        json.dumps(value, default=str, ensure_ascii=False)
+        if isinstance(value, (str, list, dict))
+        else repr(value)
+    )
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _toml_kind(value: object) -> str:
+    kinds: list[tuple[type, str]] = [(bool, "a boolean"), (str, "a string")]
+    kinds += [(int, "a whole number"), (float, "a decimal number"), (list, "an array")]
+    kinds.append((dict, "a table"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "a date or time")
+
+
 def load_bundle(path: str | Path) -> BundleSpec:
     """Read and validate ``<path>/bundle.toml``.
 
@@ -214,6 +273,7 @@ def load_bundle(path: str | Path) -> BundleSpec:
     if not isinstance(job, dict) or not job.get("train"):
         raise SpecError(f"{spec_file} needs a [job] table with a 'train' command: add one")
     v.check_table_keys(job, JOB_KEYS, "[job]", spec_file)
+    check_job_types(job, spec_file)
     try:
         return BundleSpec(root=str(root), **job)
     except ValueError as exc:

@@ -227,6 +227,13 @@ CASES = [
     Case("job-table-capitalised", ft("--bundle", "{tmp}/b"), "unknown key 'Job' in the top level: did you mean 'job'?", files={"{tmp}/b/bundle.toml": TOML.replace("[job]", "[Job]")}),
     Case("outputs-nul", ft("--bundle", "{tmp}/b"), "outputs: 'out\\x00' holds a control character (NUL, U+0000)", files={"{tmp}/b/bundle.toml": TOML + 'outputs = "out\\u0000"\n'}),
     Case("checkpoint-marker-escape", ft("--bundle", "{tmp}/b"), "checkpoint_marker: 'do\\x1bne' holds a control character (ESC, U+001B)", files={"{tmp}/b/bundle.toml": TOML + 'checkpoints = "ck"\ncheckpoint_marker = "do\\u001bne"\nresume_from_env = true\n'}),
+    # --- issue 24: a boolean or numeric [job] key written as another TOML type ---
+    Case("job-bool-a-string", ft("--bundle", "{tmp}/b"), '[job] resume_from_env = "yes" is a string, but resume_from_env must be a boolean (true or false, unquoted)', files={"{tmp}/b/bundle.toml": TOML + 'resume_from_env = "yes"\n'}),
+    Case("job-bool-a-number", ft("--bundle", "{tmp}/b"), "[job] resume_from_env = 1 is a whole number, but resume_from_env must be a boolean", files={"{tmp}/b/bundle.toml": TOML + "resume_from_env = 1\n"}),
+    Case("job-count-a-string", ft("--bundle", "{tmp}/b"), '[job] keep_checkpoints = "2" is a string, but keep_checkpoints must be a whole number (unquoted, e.g. 2)', files={"{tmp}/b/bundle.toml": TOML + 'keep_checkpoints = "2"\n'}),
+    Case("job-count-a-decimal", ft("--bundle", "{tmp}/b"), "[job] keep_checkpoints = 2.0 is a decimal number, but keep_checkpoints must be a whole number", files={"{tmp}/b/bundle.toml": TOML + "keep_checkpoints = 2.0\n"}),
+    Case("job-seconds-a-string", ft("--bundle", "{tmp}/b"), '[job] expected_runtime_seconds = "600" is a string, but expected_runtime_seconds must be a number (unquoted, e.g. 600)', files={"{tmp}/b/bundle.toml": TOML + 'expected_runtime_seconds = "600"\n'}),
+    Case("job-seconds-a-boolean", ft("--bundle", "{tmp}/b"), "[job] expected_runtime_seconds = true is a boolean, but expected_runtime_seconds must be a number", files={"{tmp}/b/bundle.toml": TOML + "expected_runtime_seconds = true\n"}),
     Case("pods-block-name-malformed", ["pods", "--provider", "runpod", "--runpod-credentials", "Team_Key"], "runpod_credentials_block (--runpod-credentials) 'Team_Key' is not a block name"),
     Case("ssh-key-name-malformed", ["ssh", "abc", "--provider", "runpod", "--ssh-key", "My Key"], "ssh_key_block (--ssh-key) 'My Key' is not a block name"),
     Case("reaper-block-name-malformed", ["reaper", "--dry-run", "--provider", "runpod", "--runpod-credentials", "X"], "runpod_credentials_block (--runpod-credentials) 'X' is not a block name"),
