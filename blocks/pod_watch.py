@@ -211,12 +211,11 @@ def _own_end(running: PodStatus, seconds: float, *, ended_at: datetime | None) -
     """The loss of a pod the run terminated itself because its SSH stayed silent for
     ``seconds`` while the provider said it runs (``running``): host lost, ended by the
     run, at ``ended_at`` (the provider's confirmed end)."""
-    at = f", confirmed gone at {ended_at:%H:%M:%S} UTC" if ended_at else ""
     return running.model_copy(
         update={
-            "cause": PodCause.HOST_LOST,
+            "cause": PodCause.HOST_LOST,  # who ended it and when: lost_sentence says
             "provider_status": f"the provider says {running.provider_status}, yet its SSH "
-            f"did not answer for {seconds:.0f} s; the run terminated it{at}",
+            f"did not answer for {seconds:.0f} s",
             "ended_at": ended_at,
             "observed_at": datetime.now(UTC),
             "ended_by": "flow",

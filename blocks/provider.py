@@ -306,15 +306,33 @@ def lost_sentence(status: PodStatus) -> str:
             f"pod {status.pod_id} was terminated outside this run ({said}; seen at {at}); "
             "the run stopped waiting for it."
         )
+    ended = _ended_words(status)
+    then = f"stopped waiting for it: {ended}" if ended else "stopped waiting and ends the pod"
     if status.cause is PodCause.EXITED:
         return (
             f"pod {status.pod_id} exited ({said}) at {at}: its container stopped, so the run "
-            "stopped waiting and ends the pod."
+            f"{then}."
         )
-    return (
-        f"pod {status.pod_id} lost its host ({said}) at {at}; the run stopped waiting and "
-        "ends the pod."
-    )
+    return f"pod {status.pod_id} lost its host ({said}) at {at}; the run {then}."
+
+
+_ENDERS = {"flow": "the run itself", "cli": "`prefect-runpod terminate`", **OWN_LAYERS}
+"""Who ended a pod, as the end of a lost pod's sentence names them."""
+
+
+def _ended_words(status: PodStatus) -> str | None:
+    """``the run itself had ended it, confirmed gone at 12:00:25 UTC`` (another layer
+    with how: ``the reaper had ended it (DELETE /v2/pods), …``) for a lost pod whose end is known (``ended_at`` or
+    ``ended_by``: a pod the run terminated when its SSH stayed silent, a local pod's
+    tombstone); None when the pod is still to be ended."""
+    if status.ended_at is None and not status.ended_by:
+        return None
+    by = status.ended_by or ""
+    who = _ENDERS.get(by) or ("someone outside this run" if by in ("", "outside") else by)
+    how = f" ({status.ended_layer})" if status.ended_layer and by != "flow" else ""
+    when = status.ended_at
+    at = f", confirmed gone at {when.astimezone(UTC):%H:%M:%S} UTC" if when else ""
+    return f"{who} had ended it{how}{at}"
 
 
 def reaper_ttl_seconds(handle: PodHandle, ttl_seconds: float | None = None) -> float:

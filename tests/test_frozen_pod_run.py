@@ -58,6 +58,8 @@ def test_a_frozen_pod_ends_the_run_in_one_sentence(
     assert "Traceback" not in text and "SSH protocol banner" not in text, text[-4000:]
     errors = re.findall(r"^error        (.*)$", text, flags=re.MULTILINE)
     assert len(errors) == 1 and pod_id in errors[0], text[-4000:]
+    # the run ended the pod before it said so: the sentence says who, not "ends the pod"
+    assert "the run itself had ended it" in errors[0] and "ends the pod" not in errors[0]
     assert "result       FAILED" in text and "outside this run" not in text, text[-4000:]
     assert re.search(r"^terminated   gone: host lost, ended by flow", text, flags=re.MULTILINE)
     assert LocalPodProvider().get(pod_id) is None

@@ -1,6 +1,8 @@
 """The layer that ended a pod is named as itself: the run's own dead-man switch ending
 its pod is not "terminated outside this run" (issue 24), in the run's error sentence nor
-in the summary's ``terminated`` line; a pod ended by someone else still is."""
+in the summary's ``terminated`` line; a pod ended by someone else still is. A lost pod's
+sentence says the run "ends the pod" only while it is still to be ended; one already
+ended says who ended it."""
 
 from __future__ import annotations
 
@@ -54,3 +56,38 @@ def test_a_pod_ended_by_someone_else_is_still_terminated_outside_the_run() -> No
     status = _gone(None, "no such local pod")
     assert "was terminated outside this run (no such local pod" in lost_sentence(status)
     assert _end_line(status).startswith("gone: terminated outside this run, ended by outside")
+
+
+def _lost(cause: PodCause, by: str | None) -> PodStatus:
+    return PodStatus(
+        pod_id="p1",
+        cause=cause,
+        provider_status="ERROR" if cause is PodCause.HOST_LOST else "EXITED",
+        observed_at=ENDED,
+        ended_at=ENDED if by else None,
+        ended_by=by,
+        ended_layer="DELETE /v2/pods" if by else None,
+    )
+
+
+def test_a_lost_pod_still_to_be_ended_is_ended_by_the_run() -> None:
+    assert lost_sentence(_lost(PodCause.HOST_LOST, None)) == (
+        "pod p1 lost its host (ERROR) at 12:00:03 UTC; the run stopped waiting and ends the pod."
+    )
+    assert lost_sentence(_lost(PodCause.EXITED, None)).endswith(
+        "its container stopped, so the run stopped waiting and ends the pod."
+    )
+
+
+def test_a_lost_pod_already_ended_names_who_ended_it() -> None:
+    by_run = lost_sentence(_lost(PodCause.HOST_LOST, "flow"))  # its SSH stayed silent
+    assert by_run == (
+        "pod p1 lost its host (ERROR) at 12:00:03 UTC; the run stopped waiting for it: "
+        "the run itself had ended it, confirmed gone at 12:00:03 UTC."
+    )
+    by_reaper = lost_sentence(_lost(PodCause.EXITED, "reaper"))
+    assert by_reaper.endswith(
+        "so the run stopped waiting for it: the reaper had ended it (DELETE /v2/pods), "
+        "confirmed gone at 12:00:03 UTC."
+    )
+    assert "ends the pod" not in by_run + by_reaper
