@@ -156,6 +156,7 @@ class ApiOutbox:
         self._queue: deque[Held] = deque()
         self._busy: Held | None = None
         self._cond = threading.Condition()
+        self._told = threading.Lock()  # the outage's start and end, each told once
         self._thread: threading.Thread | None = None
         self._closed = False
         self.down_since: datetime | None = None
@@ -300,7 +301,7 @@ class ApiOutbox:
                 item.result = item.context.run(_write_with_fresh_client, item.write)
             except Exception as exc:
                 if is_outage(exc):
-                    self._went_down(exc)
+                    self.went_down(exc)
                     with self._cond:
                         if item.coalesce is None or not any(
                             q.coalesce == item.coalesce for q in self._queue
@@ -318,28 +319,32 @@ class ApiOutbox:
                 self.unwritten.append(f"{item.what} (refused: {item.error})")
                 _say_log.warning("the Prefect API refused %s: %s", item.what, item.error)
             else:
-                self._came_back()
+                self.came_back()
             pause = self._first_pause
             with self._cond:
                 item.done.set()
                 self._busy = None
                 self._cond.notify_all()
 
-    def _went_down(self, exc: BaseException) -> None:
-        if self.down_since is not None:
-            return
-        self.down_since, self.down_reason = datetime.now(UTC), _short(exc)
-        self.outages += 1
+    def went_down(self, exc: BaseException) -> None:
+        """The API met an outage (a write, or ``blocks.api_probe``): told once, as it starts."""
+        with self._told:
+            if self.down_since is not None:
+                return
+            self.down_since, self.down_reason = datetime.now(UTC), _short(exc)
+            self.outages += 1
         self._say(
             f"the Prefect API does not answer ({self.down_reason}): the run goes on; its "
             f"records for Prefect ({len(self.held)} so far) are held here until it answers"
         )
 
-    def _came_back(self) -> None:
-        if self.down_since is None:
-            return
-        seconds = (datetime.now(UTC) - self.down_since).total_seconds()
-        self.down_since = None
+    def came_back(self) -> None:
+        """The API answered (a write, or a probe): the outage's end, told once."""
+        with self._told:
+            if self.down_since is None:
+                return
+            seconds = (datetime.now(UTC) - self.down_since).total_seconds()
+            self.down_since = None
         self._say(
             f"the Prefect API answers again after {seconds:.0f} s: writing the "
             f"{_count(len(self.held), 'record')} held meanwhile"

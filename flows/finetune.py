@@ -21,6 +21,7 @@ from prefect.context import get_run_context
 from prefect.logging.loggers import flow_run_logger
 
 from prefect_runpod.blocks import secret_mask
+from prefect_runpod.blocks.api_probe import watch_api
 from prefect_runpod.blocks.exceptions import TerminateError
 from prefect_runpod.blocks.interrupts import end_stops
 from prefect_runpod.blocks.provider import EndedBy, PodEnd
@@ -215,6 +216,7 @@ def finetune(
     """
     params = dict(locals())  # every parameter, as the hooks see them in flow_run.parameters
     end_stops(keep_pending=True)  # an earlier run's stop is not this one's (a process serves many)
+    watch_api()  # an API outage is told while it lasts, whatever the stage (blocks.api_probe)
     logger = get_run_logger()
     run_id = _flow_run_id()
     out = Path(output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()

@@ -2,8 +2,9 @@
 cells. ``prefect-runpod finetune`` runs on the local pod with the session's Prefect test
 server behind a port the test takes down at one named point
 (``tests/fixtures/prefect_outage.py``) and brings back at a later one, at each moment of
-a run: before training (from the upload to the training's start), mid-training (from the
-job's start to its end), after training (from the train stage's last artifacts until the
+a run: before training (from the upload to the training's start), during the upload
+(from its first confirmed bytes to the train stage's start, told before that stage writes
+anything), mid-training (from the job's start to its end), after training (from the train stage's last artifacts until the
 pod is gone) and during the download (until the summary is printed). Before: with the API
 down when training finished, the train stage's artifact calls raised ``ConnectError``,
 the run failed, the outputs were lost with the pod, no summary was printed and the cost
@@ -42,6 +43,7 @@ SUMMARY = "summary"
 
 MOMENTS = [
     pytest.param("upload", "train_running", id="before-training"),
+    pytest.param("upload_moving", "train", id="during-upload"),
     pytest.param("train_running", "train_finished", id="mid-training"),
     pytest.param("train_finished", ENDED, id="after-training"),
     pytest.param("download", SUMMARY, id="during-download"),
@@ -135,7 +137,9 @@ def test_an_api_outage_at_any_moment_costs_nothing(
             run.wait_reached(up)
             if down == "train_running":
                 _followed_while_down(run)
-            # told once a write meets it (the train stage's progress, at the latest)
+            # told while it lasts, from the stage it began in: paused at the next one's
+            # start, before it writes (during the upload the probe at its chunks and its
+            # end tells it; it used to wait for the train stage's first write)
             wait_until("the outage told", lambda: "API does not answer" in run.text(), HANG_GUARD)
             api_switch.up()
             run.release(up)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from prefect_runpod.blocks.api_probe import probe_api
 from prefect_runpod.blocks.exceptions import LinksRefusedError
 from prefect_runpod.blocks.faults import fault_point
 
@@ -261,7 +262,8 @@ class TransferProgress:
     """An ``on_progress(done_bytes, total_bytes)`` that keeps how far a transfer got, so
     one that stops before its end (a Ctrl-C, a lost pod) still reports the bytes it
     moved instead of none. Safe to call from several lanes' threads. The fault point
-    ``upload_moving`` / ``download_moving`` fires once the first bytes are confirmed.
+    ``upload_moving`` / ``download_moving`` fires once the first bytes are confirmed;
+    each call is a boundary at which a run probes the Prefect API (``blocks.api_probe``).
 
     Args:
         direction: ``upload`` or ``download``.
@@ -287,6 +289,7 @@ class TransferProgress:
             self.done = max(self.done, done)
         if first:  # tests: the transfer has confirmed its first bytes
             fault_point(f"{self.direction}_moving")
+        probe_api()  # a chunk boundary: an API outage is told (on a thread of its own)
 
     def partial_report(self) -> TransferReport:
         """The unverified ``TransferReport`` of the bytes confirmed so far (payload

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from prefect.exceptions import CancelledRun, TerminationSignal
 
+from prefect_runpod.blocks.api_probe import probe_api
 from prefect_runpod.blocks.exceptions import (
     ConsoleError,
     PodGoneError,
@@ -63,7 +64,8 @@ def run_stage(  # type: ignore[no-untyped-def]
 
     A stop a signal asked for (``blocks.interrupts``) is raised at the start and at the
     end of every stage but ``terminate``, which always runs; a stop the stage records
-    is forgotten, so the cleanup after it is not stopped again.
+    is forgotten, so the cleanup after it is not stopped again. Each stage's end probes
+    the Prefect API (``blocks.api_probe``), so an outage is told while it lasts.
 
     Args:
         report: the run's report, updated in place.
@@ -116,6 +118,7 @@ def run_stage(  # type: ignore[no-untyped-def]
         report.cost.stage_seconds[name] = round(before + record.seconds, 3)
         if on_change:
             on_change(name, record.state)
+        probe_api(now=True)  # an API outage that began in a stage writing nothing is told
 
 
 def skip_stage(report: RunReport, name: str, reason: str) -> None:
