@@ -230,7 +230,6 @@ def _verify_here(run: Transfer, source: dict[str, Any], local_root: Path) -> Met
                 assert f.local is not None
                 f.local.unlink(missing_ok=True)
                 redo.append(f.whole())
-        run.stats["retries"] += len(redo)
         run.resend(redo)
 
     dest = verify_resending_once(
@@ -242,14 +241,7 @@ def _verify_here(run: Transfer, source: dict[str, Any], local_root: Path) -> Met
         pod=run.pod,
         resent=run.resent,
     )
-    return MethodResult(
-        bytes=run.tally.total,
-        sent_bytes=run.stats["sent"],
-        retries=run.stats["retries"],
-        source_manifest=Manifest.from_dict(source),
-        dest_manifest=Manifest.from_dict(dest),
-        link=run.report(),
-    )
+    return run.result(Manifest.from_dict(source), dest)
 
 
 def pty_download(

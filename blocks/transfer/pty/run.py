@@ -17,7 +17,7 @@ from typing import Any
 
 from prefect_runpod.blocks.pod_side.receiver import PROTOCOL_VERSION
 from prefect_runpod.blocks.transfer.base import TransferHooks
-from prefect_runpod.blocks.transfer.models import LinkReport, MethodResult
+from prefect_runpod.blocks.transfer.models import LinkReport, Manifest, MethodResult
 from prefect_runpod.blocks.transfer.pty.lanes import (
     Crew,
     Lane,
@@ -189,11 +189,24 @@ class Transfer:
 
     def resend(self, pieces: list[Piece]) -> None:
         """Move ``pieces`` (files the final check found different) once more, through
-        the session doing the check; a drop on the way moves them again on the next
-        session, whose check then does not resend."""
+        the session doing the check, each counted as a retry; a drop on the way moves
+        them again on the next session, whose check then does not resend."""
         assert self._resend is not None
+        self.stats["retries"] += len(pieces)
         self.redo, self.resent = pieces, True
         self._resend(pieces)
+
+    def result(self, source: Manifest, dest: dict[str, Any]) -> MethodResult:
+        """The verified transfer's ``MethodResult``: its bytes, the payload framed, the
+        retries, ``source`` and the plain destination manifest ``dest``, the link."""
+        return MethodResult(
+            bytes=self.tally.total,
+            sent_bytes=self.stats["sent"],
+            retries=self.stats["retries"],
+            source_manifest=source,
+            dest_manifest=Manifest.from_dict(dest),
+            link=self.report(),
+        )
 
     def _plan(
         self,

@@ -321,20 +321,12 @@ def _verify_on_pod(
         redo = [f.whole() for f in files if f.rel in bad]
         for f in redo:
             f.compress = choose_compression(f, opts.compress)
-        run.stats["retries"] += len(redo)
         run.resend(redo)
 
     dest = verify_resending_once(
         expected, measure, resend, method="pty", direction="upload", pod=pod, resent=run.resent
     )
-    return MethodResult(
-        bytes=run.tally.total,
-        sent_bytes=run.stats["sent"],
-        retries=run.stats["retries"],
-        source_manifest=source,
-        dest_manifest=Manifest.from_dict(dest),
-        link=run.report(),
-    )
+    return run.result(source, dest)
 
 
 def pty_upload(
