@@ -14,13 +14,14 @@ import json
 import secrets
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_runpod.blocks.exceptions import TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
-from prefect_runpod.blocks.transfer.models import Manifest, refuse_links
-from prefect_runpod.blocks.transfer.verify import structure_entries
+from prefect_runpod.blocks.transfer.models import Manifest, MethodResult, refuse_links
+from prefect_runpod.blocks.transfer.verify import structure_entries, verify_resending_once
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.console.protocol import ConsoleLike
@@ -265,6 +266,42 @@ class PodLanding:
         structure = structure_entries(expected)
         return pod_manifest(
             self.console, self.handle, self.root, paths, structure=structure, use_known=self.memo
+        )
+
+    def send_missing(
+        self, send: Callable[[Manifest, bool], None], *, method: str, next_step: str | None = None
+    ) -> MethodResult:
+        """An upload by batches (``s3``, ``runpodctl``): ``send(files, again=False)``
+        with the files not :meth:`in_place` (if any), the verify step over
+        :meth:`landed`, ``send(files, again=True)`` with those that differ. Returns the
+        ``MethodResult`` (``retries``: 1 after a resend); raises
+        ``ChecksumMismatchError`` naming ``method`` and ``next_step``."""
+        source = self.source
+        todo = source.subset({e.path for e in source.files} - self.in_place())
+        sent = [todo.total_bytes]
+        if todo.entries:
+            send(todo, False)
+
+        def resend(bad: set[str]) -> None:
+            again = source.subset(bad)
+            sent.append(again.total_bytes)
+            send(again, True)
+
+        dest = verify_resending_once(
+            source.as_dict(),
+            self.landed,
+            resend,
+            method=method,
+            direction="upload",
+            pod=self.handle.pod_id,
+            next_step=next_step,
+        )
+        return MethodResult(
+            bytes=source.total_bytes,
+            sent_bytes=sum(sent),
+            retries=len(sent) - 1,
+            source_manifest=source,
+            dest_manifest=Manifest.from_dict(dest),
         )
 
 

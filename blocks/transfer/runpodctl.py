@@ -210,31 +210,9 @@ class RunpodctlMethod:
                 pod_id=pod_id,
             )
         landing = PodLanding(console, handle, remote_root, source)
-        there = landing.in_place()
-        todo = source.subset({e.path for e in source.files} - there)
-        sent = [todo.total_bytes]
-        if todo.entries:
-            self._send(pod, local_root, remote_root, todo)
-
-        def resend(bad: set[str]) -> None:
-            again = source.subset(bad)
-            sent.append(again.total_bytes)
-            self._send(pod, local_root, remote_root, again)
-
-        dest = verify_resending_once(
-            source.as_dict(),
-            landing.landed,
-            resend,
+        return landing.send_missing(
+            lambda files, _again: self._send(pod, local_root, remote_root, files),
             method="runpodctl",
-            direction="upload",
-            pod=pod_id,
-        )
-        return MethodResult(
-            bytes=source.total_bytes,
-            sent_bytes=sum(sent),
-            retries=len(sent) - 1,
-            source_manifest=source,
-            dest_manifest=Manifest.from_dict(dest),
         )
 
     def _send(self, pod: PodLink, local_root: Path, remote: str, source: Manifest) -> None:

@@ -36,7 +36,6 @@ from prefect_runpod.blocks.transfer.s3_objects import (
     s3_object_records,
     s3_upload_dir,
 )
-from prefect_runpod.blocks.transfer.verify import verify_resending_once
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.pod_handle import PodHandle
@@ -266,38 +265,20 @@ class S3Method:
         target = self._target(pod)
         key_prefix = _volume_prefix(target, pod.handle, remote_root)
         landing = PodLanding(pod.console, pod.handle, remote_root, source)
-        there = landing.in_place()
-        todo = source.subset({e.path for e in source.files} - there)
-        done = source.total_bytes - todo.total_bytes
-        sent = [todo.total_bytes]
 
-        def progress(up: int, _total: int) -> None:
-            if on_progress:
-                on_progress(done + up, source.total_bytes)
+        def send(files: Manifest, again: bool) -> None:
+            done = source.total_bytes - files.total_bytes
 
-        if todo.entries:
-            s3_upload_dir(target, local_root, key_prefix, todo, progress)
+            def progress(up: int, _total: int) -> None:
+                if on_progress:
+                    on_progress(done + up, source.total_bytes)
 
-        def resend(bad: set[str]) -> None:
-            again = source.subset(bad)
-            sent.append(again.total_bytes)
-            s3_upload_dir(target, local_root, key_prefix, again)
+            s3_upload_dir(target, local_root, key_prefix, files, None if again else progress)
 
-        dest = verify_resending_once(
-            source.as_dict(),
-            landing.landed,
-            resend,
+        return landing.send_missing(
+            send,
             method="s3",
-            direction="upload",
-            pod=pod.pod_id,
             next_step="the network volume may serve a stale copy: rerun, or use method 'pty'",
-        )
-        return MethodResult(
-            bytes=source.total_bytes,
-            sent_bytes=sum(sent),
-            retries=len(sent) - 1,
-            source_manifest=source,
-            dest_manifest=Manifest.from_dict(dest),
         )
 
     def download(
