@@ -49,7 +49,11 @@ from prefect_runpod.blocks.transfer.base import (
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 from prefect_runpod.blocks.transfer.pod_tools import PodLanding, pod_manifest
 from prefect_runpod.blocks.transfer.sftp_session import direct_endpoint
-from prefect_runpod.blocks.transfer.verify import local_tree_manifest, verify_resending_once
+from prefect_runpod.blocks.transfer.verify import (
+    Direction,
+    local_tree_manifest,
+    verify_resending_once,
+)
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
@@ -342,39 +346,9 @@ class RsyncMethod:
         landing = PodLanding(pod.console, pod.handle, remote_root, source)
         there = landing.in_place()
         base = local_root.parent if local_root.is_file() else local_root
-        dest = _remote(endpoint, remote_root)
-        state = {"sent": 0, "reconnects": 0, "retries": 0}
-
-        def send(paths: set[str], progress: Callable[[int], None]) -> None:
-            todo = [e.path for e in source.entries if e.path in paths and e.kind != "link"]
-            if any(e.kind == "file" for e in source.subset(paths).entries):
-                moved, drops = self._rsync(pod, todo, f"{base}/", dest, progress, mkdir=remote_root)
-                state["sent"] += moved
-                state["reconnects"] += drops
-
-        def resend(bad: set[str]) -> None:
-            state["retries"] += len(bad)
-            send(bad, lambda moved: None)
-
-        done = sum(e.size_bytes for e in source.files if e.path in there)
-        wanted = {e.path for e in source.entries} - there
-        send(wanted, self._progress(done, source.total_bytes, on_progress))
-        found = verify_resending_once(
-            source.as_dict(),
-            landing.landed,
-            resend,
-            method="rsync",
-            direction="upload",
-            pod=pod.pod_id,
-        )
-        return MethodResult(
-            bytes=source.total_bytes,
-            sent_bytes=state["sent"],
-            retries=state["retries"],
-            reconnects=state["reconnects"],
-            source_manifest=source,
-            dest_manifest=Manifest.from_dict(found),
-        )
+        ends = (f"{base}/", _remote(endpoint, remote_root))
+        check = (source.as_dict(), landing.landed, "upload")
+        return self._move(pod, source, there, ends, check, on_progress, mkdir=remote_root)
 
     def download(
         self,
@@ -406,32 +380,48 @@ class RsyncMethod:
             e["path"]: e for e in mf.compute_manifest(str(local_root), here, known=known)["entries"]
         }
         there = {e.path for e in source.files if have.get(e.path, {}).get("sha256") == e.sha256}
-        state = {"sent": 0, "reconnects": 0, "retries": 0}
-        src = _remote(endpoint, remote_root)
+        ends = (_remote(endpoint, remote_root), f"{local_root}/")
+        check = (
+            found,
+            lambda: local_tree_manifest(local_root, found, pod.pod_id, known),
+            "download",
+        )
+        return self._move(pod, source, there, ends, check, on_progress)
 
-        def fetch(paths: set[str], progress: Callable[[int], None]) -> None:
+    def _move(
+        self,
+        pod: PodLink,
+        source: Manifest,
+        there: set[str],
+        ends: tuple[str, str],
+        check: tuple[dict[str, Any], Callable[[], dict[str, Any]], Direction],
+        on_progress: ProgressCallback | None,
+        mkdir: str | None = None,
+    ) -> MethodResult:
+        """rsync the entries of ``source`` not in ``there`` (paths already in place)
+        from ``ends[0]`` to ``ends[1]``, then the verify step (``check``: the expected
+        manifest, what measures the destination, the direction), the paths that differ
+        moved once more. Returns the ``MethodResult``; raises as ``_rsync`` and
+        ``ChecksumMismatchError``."""
+        expected, measure, direction = check
+        state = {"sent": 0, "reconnects": 0, "retries": 0}
+
+        def move(paths: set[str], progress: Callable[[int], None]) -> None:
             todo = [e.path for e in source.entries if e.path in paths and e.kind != "link"]
             if any(e.kind == "file" for e in source.subset(paths).entries):
-                moved, drops = self._rsync(pod, todo, src, f"{local_root}/", progress)
+                moved, drops = self._rsync(pod, todo, *ends, progress, mkdir=mkdir)
                 state["sent"] += moved
                 state["reconnects"] += drops
 
-        def refetch(bad: set[str]) -> None:
+        def again(bad: set[str]) -> None:
             state["retries"] += len(bad)
-            fetch(bad, lambda moved: None)
+            move(bad, lambda moved: None)
 
         done = sum(e.size_bytes for e in source.files if e.path in there)
-        fetch(
-            {e.path for e in source.entries} - there,
-            self._progress(done, source.total_bytes, on_progress),
-        )
-        dest: dict[str, Any] = verify_resending_once(
-            found,
-            lambda: local_tree_manifest(local_root, found, pod.pod_id, known),
-            refetch,
-            method="rsync",
-            direction="download",
-            pod=pod.pod_id,
+        wanted = {e.path for e in source.entries} - there
+        move(wanted, self._progress(done, source.total_bytes, on_progress))
+        dest = verify_resending_once(
+            expected, measure, again, method="rsync", direction=direction, pod=pod.pod_id
         )
         return MethodResult(
             bytes=source.total_bytes,
