@@ -51,6 +51,7 @@ from prefect_runpod.blocks.transfer.pod_tools import PodLanding, pod_manifest
 from prefect_runpod.blocks.transfer.sftp_session import direct_endpoint
 from prefect_runpod.blocks.transfer.verify import (
     Direction,
+    already_here,
     local_tree_manifest,
     verify_resending_once,
 )
@@ -374,12 +375,8 @@ class RsyncMethod:
         found = pod_manifest(pod.console, pod.handle, remote_root, follow_links=self.follow_links)
         source = Manifest.from_dict(found)
         local_root.mkdir(parents=True, exist_ok=True)
-        here = [e.path for e in source.files if local_root.joinpath(*e.path.split("/")).is_file()]
         known: dict[str, Any] = {}  # files here hashed once: kept ones are not re-read
-        have = {
-            e["path"]: e for e in mf.compute_manifest(str(local_root), here, known=known)["entries"]
-        }
-        there = {e.path for e in source.files if have.get(e.path, {}).get("sha256") == e.sha256}
+        there = already_here(local_root, mf.file_entries(found), known)
         ends = (_remote(endpoint, remote_root), f"{local_root}/")
         check = (
             found,

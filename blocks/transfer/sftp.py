@@ -33,6 +33,7 @@ from prefect_runpod.blocks.transfer.sftp_session import (
     with_reconnect,
 )
 from prefect_runpod.blocks.transfer.verify import (
+    already_here,
     local_tree_manifest,
     structure_entries,
     verify_resending_once,
@@ -275,15 +276,8 @@ def sftp_download(
         files = mf.file_entries(src)
         total = sum(e["size_bytes"] for e in files)
         known: dict[str, Any] = {}  # files here hashed once: kept ones are not re-read
-        have = {
-            x["path"]: x
-            for x in mf.compute_manifest(
-                str(local_root),
-                [e["path"] for e in files if local_root.joinpath(*e["path"].split("/")).is_file()],
-                known=known,
-            )["entries"]
-        }
-        todo = [e for e in files if have.get(e["path"], {}).get("sha256") != e["sha256"]]
+        there = already_here(local_root, files, known)
+        todo = [e for e in files if e["path"] not in there]
         state["done"] = total - sum(e["size_bytes"] for e in todo)
 
         def fetch(todo: list[dict[str, Any]]) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 
-__all__ = ["local_tree_manifest", "structure_entries", "verify_resending_once"]
+__all__ = ["already_here", "local_tree_manifest", "structure_entries", "verify_resending_once"]
 
 Direction = Literal["upload", "download"]
 
@@ -30,6 +30,16 @@ def structure_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """The directory and link entries of a plain manifest: what a method makes at the
     destination beside the files (``manifest.apply_structure``)."""
     return [e for e in manifest["entries"] if e.get("kind", "file") != "file"]
+
+
+def already_here(local_root: Path, files: list[dict[str, Any]], known: dict[str, Any]) -> set[str]:
+    """Before a download: the paths of ``files`` (plain manifest entries of files)
+    already under ``local_root`` with the same sha256. What it hashes is kept in
+    ``known``, so :func:`local_tree_manifest` does not read those files again."""
+    here = [e["path"] for e in files if local_root.joinpath(*e["path"].split("/")).is_file()]
+    found = mf.compute_manifest(str(local_root), here, known=known)["entries"]
+    have = {e["path"]: e for e in found}
+    return {e["path"] for e in files if have.get(e["path"], {}).get("sha256") == e["sha256"]}
 
 
 def local_tree_manifest(
