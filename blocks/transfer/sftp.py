@@ -33,6 +33,7 @@ from prefect_runpod.blocks.transfer.sftp_session import (
     with_reconnect,
 )
 from prefect_runpod.blocks.transfer.verify import (
+    Direction,
     already_here,
     local_tree_manifest,
     structure_entries,
@@ -143,6 +144,42 @@ def _get_file(
     part.replace(dest)
 
 
+def _move_and_verify(
+    move: Callable[[dict[str, Any]], None],
+    files: list[dict[str, Any]],
+    todo: list[dict[str, Any]],
+    check: tuple[dict[str, Any], Callable[[], dict[str, Any]], Direction],
+    state: dict[str, Any],
+    source: Manifest,
+    pod: str,
+) -> MethodResult:
+    """``move`` each of ``todo`` (entries of ``files``), then the verify step (``check``:
+    expected manifest, measure, direction), moving those that differ once more;
+    ``state`` counts done and sent bytes and retries. Returns the ``MethodResult``."""
+    expected, measure, direction = check
+    total = sum(e["size_bytes"] for e in files)
+    state["done"] = total - sum(e["size_bytes"] for e in todo)
+
+    def resend(bad: set[str]) -> None:
+        again = [e for e in files if e["path"] in bad]
+        state["retries"] += len(again)
+        for e in again:
+            move(e)
+
+    for e in todo:
+        move(e)
+    dest = verify_resending_once(
+        expected, measure, resend, method="sftp", direction=direction, pod=pod
+    )
+    return MethodResult(
+        bytes=total,
+        sent_bytes=state["sent"],
+        retries=state["retries"],
+        source_manifest=source,
+        dest_manifest=Manifest.from_dict(dest),
+    )
+
+
 def sftp_upload(
     endpoint: SSHEndpoint,
     private_key: SecretStr,
@@ -206,33 +243,15 @@ def sftp_upload(
             found = s.manifest(remote_root, present, save_known=memo)
             have = {x["path"]: x for x in found["entries"]}
         todo = [e for e in entries if have.get(e["path"], {}).get("sha256") != e["sha256"]]
-        state["done"] = total - sum(e["size_bytes"] for e in todo)
 
-        def send(todo: list[dict[str, Any]]) -> None:
-            for e in todo:
-                _put_file(s, e, remote_root, local_of(e["path"]), state, total, on_progress, pod)
+        def landed() -> dict[str, Any]:
+            return s.manifest(remote_root, every_path, structure=structure, use_known=memo)
 
-        def resend(bad: set[str]) -> None:
-            again = [e for e in entries if e["path"] in bad]
-            state["retries"] += len(again)
-            send(again)
+        def put(e: dict[str, Any]) -> None:
+            _put_file(s, e, remote_root, local_of(e["path"]), state, total, on_progress, pod)
 
-        send(todo)
-        dest = verify_resending_once(
-            expected,
-            lambda: s.manifest(remote_root, every_path, structure=structure, use_known=memo),
-            resend,
-            method="sftp",
-            direction="upload",
-            pod=pod,
-        )
-        return MethodResult(
-            bytes=total,
-            sent_bytes=state["sent"],
-            retries=state["retries"],
-            source_manifest=source,
-            dest_manifest=Manifest.from_dict(dest),
-        )
+        check = (expected, landed, "upload")
+        return _move_and_verify(put, entries, todo, check, state, source, pod)
 
     return with_reconnect(work, opener, max_reconnects, pod)
 
@@ -278,33 +297,12 @@ def sftp_download(
         known: dict[str, Any] = {}  # files here hashed once: kept ones are not re-read
         there = already_here(local_root, files, known)
         todo = [e for e in files if e["path"] not in there]
-        state["done"] = total - sum(e["size_bytes"] for e in todo)
+        check = (src, lambda: local_tree_manifest(local_root, src, pod, known), "download")
 
-        def fetch(todo: list[dict[str, Any]]) -> None:
-            for e in todo:
-                _get_file(s, e, remote_root, local_root, state, total, on_progress)
+        def get(e: dict[str, Any]) -> None:
+            _get_file(s, e, remote_root, local_root, state, total, on_progress)
 
-        def resend(bad: set[str]) -> None:
-            again = [e for e in files if e["path"] in bad]
-            state["retries"] += len(again)
-            fetch(again)
-
-        fetch(todo)
-        dest = verify_resending_once(
-            src,
-            lambda: local_tree_manifest(local_root, src, pod, known),
-            resend,
-            method="sftp",
-            direction="download",
-            pod=pod,
-        )
-        return MethodResult(
-            bytes=total,
-            sent_bytes=state["sent"],
-            retries=state["retries"],
-            source_manifest=Manifest.from_dict(src),
-            dest_manifest=Manifest.from_dict(dest),
-        )
+        return _move_and_verify(get, files, todo, check, state, Manifest.from_dict(src), pod)
 
     return with_reconnect(work, opener, max_reconnects, pod)
 
