@@ -12,7 +12,8 @@ the destination's manifest is read first. A file that changed in place travels a
 rsync's delta against the old copy (``--ignore-times``: the manifest, not size and
 mtime, decided that it differs); an interrupted file waits in ``.rsync.part``
 (``--partial-dir``, transfer scratch that no manifest lists) and the next attempt —
-after a dropped connection, or a rerun — continues from it. Files are read through
+after a dropped connection, or a rerun — continues from it (after a dropped upload,
+once the pod's receiving rsync has exited and kept it: ``_wait_receiver_gone``). Files are read through
 links (``-L``: a file entry never passes through an in-tree link, which travels as a
 link), empty directories travel with their modes, links are made by the verify step,
 file modes and times are kept (``-p -t``; owners are not: the pod's user owns what
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from prefect_runpod.blocks.exceptions import SpecError, TransferError
+from prefect_runpod.blocks.exceptions import ConsoleError, SpecError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import (
     MethodConfig,
@@ -68,6 +69,9 @@ CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@opens
 """Preferred in this order: AES-GCM is one pass where the CPU has AES instructions."""
 IO_TIMEOUT_SECONDS = 300
 """rsync gives up after this long without data (``--timeout``)."""
+RECEIVER_EXIT_WAIT_SECONDS = 30.0
+"""After a dropped upload, how long the pod's receiving rsync may take to notice and keep
+what arrived in its partial dir before the next attempt starts without it."""
 _DROPPED = {10, 12, 30, 35, 255}  # socket I/O, stream, timeouts, ssh: the link went
 _REFUSED = ("Permission denied", "Host key verification failed", "IDENTIFICATION HAS CHANGED")
 _PROGRESS = re.compile(rb"^\s*([\d,]+)\s+\d+%")
@@ -279,20 +283,32 @@ class RsyncMethod:
             argv = [opts.local_exe, "-s", "-L", "-p", "-t", f"--partial-dir={PARTIAL_DIR}"]
             argv += ["--from0", f"--files-from={listing}", "--info=progress2", "--stats"]
             argv += [f"--timeout={IO_TIMEOUT_SECONDS}", "-e", ssh]
+            # An upload's receiver is the pod's rsync: its pid (the shell's, kept by exec)
+            # lets the next attempt after a drop wait for it to keep its partial file.
+            pid_file = f"/tmp/prefect-runpod-rsync-{os.urandom(6).hex()}.pid"
             if mkdir is not None:
-                argv.append(f"--rsync-path=mkdir -p {shlex.quote(mkdir)} && {opts.pod_exe}")
-            while True:
-                # After a drop, files that arrived keep their size and time: only the
-                # first run must not trust them (the manifest said they differ).
-                again = ["-I"] if ignore_times and not reconnects else []
-                code, out, err = _run([*argv, *again, source, dest], progress)
-                sent += sum(int(m.replace(b",", b"")) for m in _LITERAL.findall(out))
-                if code == 0:
-                    return sent, reconnects
-                refused = next((r for r in _REFUSED if r in err), None)
-                if code not in _DROPPED or refused or reconnects >= opts.max_reconnects:
-                    break
-                reconnects += 1
+                argv.append(
+                    f"--rsync-path=mkdir -p {shlex.quote(mkdir)} && echo $$ > {pid_file} "
+                    f"&& exec {opts.pod_exe}"
+                )
+            try:
+                while True:
+                    # After a drop, files that arrived keep their size and time: only the
+                    # first run must not trust them (the manifest said they differ).
+                    again = ["-I"] if ignore_times and not reconnects else []
+                    code, out, err = _run([*argv, *again, source, dest], progress)
+                    sent += sum(int(m.replace(b",", b"")) for m in _LITERAL.findall(out))
+                    if code == 0:
+                        return sent, reconnects
+                    refused = next((r for r in _REFUSED if r in err), None)
+                    if code not in _DROPPED or refused or reconnects >= opts.max_reconnects:
+                        break
+                    reconnects += 1
+                    if mkdir is not None:
+                        _wait_receiver_gone(pod, pid_file, RECEIVER_EXIT_WAIT_SECONDS)
+            finally:
+                if mkdir is not None:
+                    _wait_receiver_gone(pod, pid_file, 0.0)  # its pid file removed
         raise TransferError(self._failure(pod, code, err, refused, reconnects), pod_id=pod.pod_id)
 
     def _failure(self, pod: PodLink, code: int, err: str, refused: str | None, drops: int) -> str:
@@ -428,3 +444,20 @@ class RsyncMethod:
             source_manifest=source,
             dest_manifest=Manifest.from_dict(dest),
         )
+
+
+def _wait_receiver_gone(pod: PodLink, pid_file: str, deadline_seconds: float) -> None:
+    """Wait (at most ``deadline_seconds``) until the pod's rsync that received the last
+    attempt, named by ``pid_file``, has exited, then remove ``pid_file``: only once it
+    has exited is what arrived kept in its partial dir, for the next attempt to continue
+    from. A receiver the client's drop reached late (a busy pod) would otherwise leave
+    the next attempt to send the whole file again, and keep its partial file after it.
+    Best effort: the next attempt starts anyway when the pod's console cannot tell."""
+    ticks = int(deadline_seconds * 10)
+    wait = (
+        f"p=$(cat {pid_file} 2>/dev/null); n=0; "
+        f'while [ -n "$p" ] && kill -0 "$p" 2>/dev/null && [ $n -lt {ticks} ]; '
+        "do sleep 0.1; n=$((n+1)); done; rm -f " + pid_file
+    )
+    with contextlib.suppress(ConsoleError):
+        pod.console.run(wait, timeout_seconds=deadline_seconds + 30.0, check=False)

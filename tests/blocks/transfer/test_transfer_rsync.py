@@ -166,6 +166,59 @@ def test_an_interrupted_transfer_resumes_from_what_arrived(
     assert (sshd_server.home / "cut" / "weights.bin").read_bytes() == payload
 
 
+_LATE_RSYNC = """#!/usr/bin/env python3
+# rsync whose input ends 2 s after the connection's: it learns of a cut late
+import os, subprocess, sys, threading, time
+rsync = subprocess.Popen(["rsync", *sys.argv[1:]], stdin=subprocess.PIPE)
+def feed():
+    while chunk := os.read(0, 65536):
+        try:
+            rsync.stdin.write(chunk)
+            rsync.stdin.flush()
+        except OSError:
+            return
+    time.sleep(2)
+    rsync.stdin.close()
+threading.Thread(target=feed, daemon=True).start()
+os._exit(rsync.wait())
+"""
+
+
+def test_a_cut_the_pods_rsync_sees_late_still_resumes_from_what_arrived(
+    tmp_path: Path, sshd_server: SshdServer
+) -> None:
+    """The pod's receiving rsync learns of the cut 2 s after the client does (its input
+    held open: a busy pod's receiver, or a link that dies on the client's side first):
+    the next attempt waits for it to exit, keeping what arrived, and sends only the
+    rest. Before, it started at once, found no partial file and sent the whole file
+    again (what a loaded machine's suite hit), and the late receiver's partial file
+    was left behind it."""
+    key = sshd_server.client_key.private_key
+    src = tmp_path / "src"
+    src.mkdir()
+    payload = os.urandom(8 * 1024 * 1024)
+    (src / "weights.bin").write_bytes(payload)
+    late = tmp_path / "late-rsync"
+    late.write_text(_LATE_RSYNC)
+    late.chmod(0o755)
+    handle = sshd_server.handle(pod_id=f"rsync-late-{os.getpid()}")
+    assert handle.ssh is not None
+    with (
+        PodConsole.for_pod(handle, key) as console,
+        CuttingProxy(sshd_server.port, 5 * 1024 * 1024) as proxy,
+    ):
+        far = handle.model_copy(update={"ssh": handle.ssh.model_copy(update={"port": proxy.port})})
+        cut = upload_dir(
+            console, far, src, "late", method="rsync", private_key=key,
+            options=RsyncOptions(pod_exe=str(late)),
+        )  # fmt: skip
+    assert proxy.cuts == 1 and cut.verified
+    assert cut.sent_bytes < 5 * 1024 * 1024, cut  # type: ignore[operator]
+    landed = sshd_server.home / "late"
+    assert (landed / "weights.bin").read_bytes() == payload
+    assert not (landed / PARTIAL_DIR).exists()
+
+
 def test_a_pod_without_rsync_is_refused_by_name_and_auto_takes_sftp(
     tmp_path: Path, sshd_server: SshdServer
 ) -> None:
