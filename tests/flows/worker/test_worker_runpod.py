@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,31 +53,43 @@ def emulated_workers(
         started.stop_all()
 
 
+def _completed_on_emulated_runpod(
+    workers: Workers, name: str, path: str, seed: str, rounds: int, deadline_s: float
+) -> tuple[Any, str]:
+    """Deploy examples/any-flow to pool ``<name>-pool`` with provider ``runpod`` and a
+    spec block whose env puts ``path`` on the pod's ``PATH``, run it through a worker
+    named ``name``, and wait for it to be Completed: ``(flow run, its id)``."""
+    from prefect.settings import get_current_settings
+
+    from prefect_runpod.blocks.runpod.blocks import RunPodPodSpec
+
+    RunPodPodSpec(env={"PATH": path}).save(f"worker-{name}-spec", overwrite=True)
+    done = _prefect("work-pool", "create", f"{name}-pool", "--type", "runpod", "--overwrite")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _, log = workers.start(f"{name}-pool", name)
+    deployment_id = _deploy(
+        f"{name}-pool",
+        name=f"on-{name}",
+        provider="runpod",
+        runpod_spec_block=f"worker-{name}-spec",
+        prefect_api_url_for_pod=str(get_current_settings().api.url),
+    )
+    flow_run_id = _run(deployment_id, seed=seed, rounds=rounds)
+    run = _wait(flow_run_id, FINAL, log, deadline_s=deadline_s)
+    assert run.state.type.value == "COMPLETED", (run.state, log.read_text()[-4000:])
+    return run, flow_run_id
+
+
 def test_any_flow_completes_on_an_emulated_runpod_pod(
     emulated_workers: Workers, runpod_emulator: object
 ) -> None:
     """The image has a Prefect of the worker's minor version (its ``python3`` is first on
     the pod's ``PATH``, set by the spec block's env), so nothing is installed; the pod is
     reached through the gateway, the loopback API through ``prefect_api_url_for_pod``."""
-    from prefect.settings import get_current_settings
-
-    from prefect_runpod.blocks.runpod.blocks import RunPodPodSpec
-
-    spec = RunPodPodSpec(env={"PATH": f"{Path(sys.executable).parent}:{_SYSTEM_PATH}"})
-    spec.save("worker-emulated-spec", overwrite=True)
-    done = _prefect("work-pool", "create", "emulated-pool", "--type", "runpod", "--overwrite")
-    assert done.returncode == 0, done.stdout + done.stderr
-    _, log = emulated_workers.start("emulated-pool", "emulated")
-    deployment_id = _deploy(
-        "emulated-pool",
-        name="on-runpod",
-        provider="runpod",
-        runpod_spec_block="worker-emulated-spec",
-        prefect_api_url_for_pod=str(get_current_settings().api.url),
+    here = f"{Path(sys.executable).parent}:{_SYSTEM_PATH}"
+    run, flow_run_id = _completed_on_emulated_runpod(
+        emulated_workers, "emulated", here, seed="runpod", rounds=3, deadline_s=300
     )
-    flow_run_id = _run(deployment_id, seed="runpod", rounds=3)
-    run = _wait(flow_run_id, FINAL, log, deadline_s=300)
-    assert run.state.type.value == "COMPLETED", (run.state, log.read_text()[-4000:])
     pod_id = run.infrastructure_pid
     record = _wait_for_record(flow_run_id)  # written once the pod's end is confirmed
     assert record.pod_id == pod_id and record.recorded_by == "worker"
@@ -98,30 +111,15 @@ def test_any_flow_completes_on_an_image_without_prefect(
     ``PATH``) has no Prefect: the worker makes a venv beside the image's packages, pip
     installs the worker's own Prefect version there (``prefect==<version>``, from the
     package index), and the flow's engine runs with that venv's Python."""
-    from prefect.settings import get_current_settings
-
-    from prefect_runpod.blocks.runpod.blocks import RunPodPodSpec
-
     bare = subprocess.run(
         ["env", f"PATH={_SYSTEM_PATH}", "python3", "-c", "import prefect"],
         capture_output=True, check=False,
     )  # fmt: skip
     if bare.returncode == 0:
         pytest.skip("this machine's system python3 has Prefect: no image without it here")
-    RunPodPodSpec(env={"PATH": _SYSTEM_PATH}).save("worker-bare-spec", overwrite=True)
-    done = _prefect("work-pool", "create", "bare-pool", "--type", "runpod", "--overwrite")
-    assert done.returncode == 0, done.stdout + done.stderr
-    _, log = emulated_workers.start("bare-pool", "bare")
-    deployment_id = _deploy(
-        "bare-pool",
-        name="on-a-bare-image",
-        provider="runpod",
-        runpod_spec_block="worker-bare-spec",
-        prefect_api_url_for_pod=str(get_current_settings().api.url),
+    run, flow_run_id = _completed_on_emulated_runpod(
+        emulated_workers, "bare", _SYSTEM_PATH, seed="bare", rounds=2, deadline_s=600
     )
-    flow_run_id = _run(deployment_id, seed="bare", rounds=2)
-    run = _wait(flow_run_id, FINAL, log, deadline_s=600)
-    assert run.state.type.value == "COMPLETED", (run.state, log.read_text()[-4000:])
     pod_id = run.infrastructure_pid
     venv_python = f"/prefect-runpod/{flow_run_id}/venv/bin/python"
     started = [
