@@ -103,8 +103,7 @@ def test_a_restarted_worker_adopts_its_pod_and_the_flow_completes(
     run = _wait(flow_run_id, FINAL, second_log, deadline_s=180)
     assert run.state.type.value == "COMPLETED", (run.state, second_log.read_text()[-4000:])
     assert run.infrastructure_pid == pod_id
-    adopted = [m for m in _logs(flow_run_id) if m.startswith(f"adopted pod {pod_id} ")]
-    assert adopted, _logs(flow_run_id)
+    assert _wait_for_log(flow_run_id, f"adopted pod {pod_id} ")
     record = _wait_for_record(flow_run_id)
     assert record.pod_id == pod_id and record.recorded_by == "worker"
     assert LocalPodProvider().status(pod_id).gone
@@ -130,9 +129,9 @@ def test_two_workers_on_one_pool_never_run_one_flow_run_twice(
     pods = {run.infrastructure_pid for run in runs}
     assert len(pods) == 3 and None not in pods
     for run in runs:
+        _wait_for_log(str(run.id), f"pod {run.infrastructure_pid} (prft-{run.id}) created: ")
         created = [m for m in _logs(str(run.id)) if m.startswith("pod ") and ") created: " in m]
         assert len(created) == 1, created
-        assert created[0].startswith(f"pod {run.infrastructure_pid} ")
         record = _wait_for_record(str(run.id))
         assert [a.pod_id for a in record.attempts] == [run.infrastructure_pid]
         assert LocalPodProvider().status(run.infrastructure_pid).gone

@@ -113,12 +113,23 @@ def _wait(flow_run_id: str, states: set[str], log: Path, deadline_s: float = 240
 
 
 def _logs(flow_run_id: str) -> list[str]:
+    """Every log message the server holds for the flow run, oldest first (read a page of
+    200 at a time). A process ships its log lines in batches, so a line logged just now
+    may not be here yet: wait for it with ``_wait_for_log``."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
+    found: list[str] = []
     with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))  # type: ignore[list-item]
-    return [entry.message for entry in logs]
+        while True:
+            page = client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),  # type: ignore[list-item]
+                limit=200,
+                offset=len(found),
+            )
+            found += [entry.message for entry in page]
+            if len(page) < 200:
+                return found
 
 
 def test_any_flow_completes_on_its_own_pod(worker: Path, runpod_pool: str) -> None:
@@ -142,6 +153,8 @@ def test_any_flow_completes_on_its_own_pod(worker: Path, runpod_pool: str) -> No
 
 
 def _wait_for_log(flow_run_id: str, start: str) -> list[str]:
+    """The flow run's log messages that start with ``start``, once the server holds at
+    least one (each process ships its lines in batches; at most 60 s)."""
     end = time.monotonic() + 60
     while True:
         messages = _logs(flow_run_id)

@@ -18,7 +18,6 @@ from tests.flows.worker.test_worker_adopt import Workers
 from tests.flows.worker.test_worker_e2e import (
     FINAL,
     _deploy,
-    _logs,
     _prefect,
     _run,
     _wait,
@@ -97,11 +96,10 @@ def test_any_flow_completes_on_an_emulated_runpod_pod(
     assert pod_id in runpod_emulator.ended, runpod_emulator.ended  # type: ignore[attr-defined]
     digest = _wait_for_log(flow_run_id, "digest ")
     assert f"/prefect-runpod/{flow_run_id}/code/result.txt" in digest[0]
-    messages = _logs(flow_run_id)
-    created = [m for m in messages if m.startswith(f"pod {pod_id} (prft-{flow_run_id}) created: ")]
-    assert created and created[0].endswith(", 0.2200 USD/h"), created
-    started = [m for m in messages if m.startswith(f"flow process started on pod {pod_id} ")]
-    assert started and started[0].endswith(": python3 -m prefect.engine"), started
+    created = _wait_for_log(flow_run_id, f"pod {pod_id} (prft-{flow_run_id}) created: ")
+    assert created[0].endswith(", 0.2200 USD/h"), created
+    started = _wait_for_log(flow_run_id, f"flow process started on pod {pod_id} ")
+    assert started[0].endswith(": python3 -m prefect.engine"), started
 
 
 def test_any_flow_completes_on_an_image_without_prefect(
@@ -122,10 +120,8 @@ def test_any_flow_completes_on_an_image_without_prefect(
     )
     pod_id = run.infrastructure_pid
     venv_python = f"/prefect-runpod/{flow_run_id}/venv/bin/python"
-    started = [
-        m for m in _logs(flow_run_id) if m.startswith(f"flow process started on pod {pod_id} ")
-    ]
-    assert started and started[0].endswith(f"{venv_python} -m prefect.engine"), started
+    started = _wait_for_log(flow_run_id, f"flow process started on pod {pod_id} ")
+    assert started[0].endswith(f"{venv_python} -m prefect.engine"), started
     record = _wait_for_record(flow_run_id)
     assert record.pod_id == pod_id and record.end.confirmed
     assert pod_id in runpod_emulator.ended, runpod_emulator.ended  # type: ignore[attr-defined]
