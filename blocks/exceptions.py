@@ -28,6 +28,10 @@ The hierarchy, so a caller can pick what to catch::
     ├── PublishError                    the pod could not publish the outputs to the Hub / S3
     └── BudgetExceededError             projected spend passed max_cost_usd, or runtime cap hit
 
+    CancelRequested (a BaseException)   the flow run was set Cancelling in Prefect: a stop,
+                                        like Ctrl-C, so no ``except Exception`` and no retry
+                                        of a stage takes it for a failure
+
 A published file whose copy at the destination differs from the pod's manifest is a
 ``ChecksumMismatchError`` (stage ``publish``), like any other file that arrived wrong.
 
@@ -48,6 +52,7 @@ from __future__ import annotations
 __all__ = [
     "AccountKeysError",
     "BudgetExceededError",
+    "CancelRequested",
     "CapacityError",
     "ChecksumMismatchError",
     "CommandTimeoutError",
@@ -366,3 +371,19 @@ class BudgetExceededError(RunPodFlowError):
     def __init__(self, message: str, *, report: object = None, **kw: object):
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.report = report
+
+
+class CancelRequested(BaseException):
+    """The run's flow run was set Cancelling (or Cancelled) in Prefect — the UI's Cancel,
+    ``prefect flow-run cancel``, an automation — while the run went on: raised at the
+    run's next boundary (``flows.run.cancel_watch``), so the run ends its pod and ends
+    Cancelled whoever executes it (a runner that missed the cancel, the CLI, a script).
+    Its text is the stop in a few words (``a cancel in Prefect``).
+
+    Attributes:
+        flow_run_id: the cancelled flow run.
+    """
+
+    def __init__(self, flow_run_id: str):
+        super().__init__("a cancel in Prefect")
+        self.flow_run_id = flow_run_id

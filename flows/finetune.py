@@ -22,7 +22,7 @@ from prefect.logging.loggers import flow_run_logger
 
 from prefect_runpod.blocks import secret_mask
 from prefect_runpod.blocks.api_probe import watch_api
-from prefect_runpod.blocks.exceptions import TerminateError
+from prefect_runpod.blocks.exceptions import CancelRequested, TerminateError
 from prefect_runpod.blocks.interrupts import end_stops
 from prefect_runpod.blocks.provider import EndedBy, PodEnd
 from prefect_runpod.blocks.validation import parameters as run_parameters
@@ -44,6 +44,7 @@ from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_TRANSFER_METHOD,
     ProviderName,
 )
+from prefect_runpod.flows.run.cancel_watch import CancelWatch, cancelled_state
 from prefect_runpod.flows.run.continuation import carry_run
 from prefect_runpod.flows.run.cost_record import latest_record, record_pod_end
 from prefect_runpod.flows.run.end import end_run, record_cost, write_report
@@ -213,11 +214,13 @@ def finetune(
         run); EvalParityError after download when parity fails; TerminateError when the
         pod's end could not be confirmed (it may still be billing: the message names the
         command that ends it). A run whose pod may still bill never ends Completed.
+        A run whose flow run is set Cancelling in Prefect while it runs ends its pod and
+        ends Cancelled (``flows.run.cancel_watch``): called as a function, it raises
+        Prefect's ``CancelledRun`` then.
     """
     params = dict(locals())  # every parameter, as the hooks see them in flow_run.parameters
     end_stops(keep_pending=True)  # an earlier run's stop is not this one's (a process serves many)
     watch_api()  # an API outage is told while it lasts, whatever the stage (blocks.api_probe)
-    logger = get_run_logger()
     run_id = _flow_run_id()
     out = Path(output_dir or Path.cwd() / "prefect-runpod-runs" / run_id).expanduser().resolve()
     _OUTPUT_DIRS.append(out)
@@ -228,6 +231,23 @@ def finetune(
         output_dir=str(out),
         flow_run_url=flow_run_url(run_id),
     )
+    cancel = CancelWatch(run_id).start()  # a cancel in Prefect stops the run
+    try:
+        given_out = output_dir is not None
+        return _finetune(report, {**params, "output_dir": out}, cancel, given_out=given_out)
+    except CancelRequested:  # the pod is ended; Prefect makes a returned state the run's
+        return cancelled_state(report.to_json_dict())  # type: ignore[no-any-return]
+    finally:
+        cancel.stop()
+
+
+def _finetune(
+    report: RunReport, params: dict[str, Any], cancel: CancelWatch, *, given_out: bool
+) -> dict[str, Any]:
+    """The body of ``finetune``: ``params`` holds every parameter, ``output_dir``
+    resolved (``given_out``: the caller named it); ``cancel`` is stopped before the
+    run's pod is ended (no stop interrupts that)."""
+    logger = get_run_logger()
     install_quiet_engine()
     secret_mask.install_log_filter()
     on_stage = stage_logger(logger, report)
@@ -237,9 +257,8 @@ def finetune(
     # The concurrency slot (one per live pod) is released only after terminate.
     with ExitStack() as holds:
         try:
-            run, resume = _preflight(
-                report, {**params, "output_dir": out}, on_stage, given_out=output_dir is not None
-            )
+            run, resume = _preflight(report, params, on_stage, given_out=given_out)
+            concurrency_limit = params["concurrency_limit"]
             if concurrency_limit:
                 from prefect.concurrency.sync import concurrency
 
@@ -252,10 +271,10 @@ def finetune(
                     on_stage,
                     number=number,
                     key_path=ssh_key_file(params),  # None: the key is kept beside the outputs
-                    parity_warn_only=parity_warn_only,
+                    parity_warn_only=params["parity_warn_only"],
                     # before the create: ends the pod if this process dies before its dead-man
                     guardian=start_guardian(
-                        params, attempt_pod_name(report.pod_name, number), run_id
+                        params, attempt_pod_name(report.pod_name, number), report.flow_run_id
                     ),
                     resume_from=resume,
                     steps_lost=lost,
@@ -273,6 +292,7 @@ def finetune(
         else:
             in_flight = None
         finally:
+            cancel.stop()  # a cancel that comes now changes nothing: the pod is ended next
             unconfirmed = _bring_back(attempts.session, report, params, on_stage)
             # A pod that may still bill fails the run, whatever happened before: the
             # state names the pod and the command (signals and cancellations keep their

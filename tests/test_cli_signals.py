@@ -164,3 +164,65 @@ def _state_message(flow_run_id: str) -> str:
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run_id).state
     return (state.message or "") if state is not None else ""
+
+
+def _running_flow_run_of(out: Path) -> str:
+    """The id of the Running ``runpod-finetune`` flow run whose output dir is ``out``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    running = FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))
+    )
+    with get_client(sync_client=True) as client:
+        runs = [
+            r
+            for r in client.read_flow_runs(flow_run_filter=running)
+            if Path(str(r.parameters.get("output_dir"))).resolve() == out.resolve()
+        ]
+    assert len(runs) == 1, runs
+    return str(runs[0].id)
+
+
+@pytest.mark.timeout(900)
+def test_a_cancel_in_prefect_ends_a_cli_run_its_pod_and_its_flow_run_cancelled(
+    prefect_server: None, tmp_path: Path, cli_cells: list[Cell]
+) -> None:
+    """No runner follows a run started from the CLI: a Cancel in Prefect's UI (the flow run
+    set Cancelling) used to leave it training while its pod billed. The run reads its own
+    state: it stops at its next boundary, ends its pod, and its flow run ends Cancelled
+    with one sentence naming the stage and the pod's end; the CLI exits 1."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+    from prefect.states import Cancelling
+
+    api_url = str(get_current_settings().api.url)
+    with reaped(start_cli(tmp_path, "train_running:pause", PREFECT_API_URL=api_url)) as run:
+        run.wait_reached("train_running")
+        flow_run_id = _running_flow_run_of(run.out)
+        with get_client(sync_client=True) as client:  # what the UI's Cancel does
+            client.set_flow_run_state(flow_run_id, Cancelling(), force=True)  # type: ignore[arg-type]
+        stopped_at = time.time()
+        rc = run.wait(240.0)
+    text = run.text()
+    assert rc == 1, text[-3000:]
+    errors = re.findall(r"^error        (.*)$", text, flags=re.MULTILINE)
+    assert len(errors) == 1, text[-3000:]
+    assert errors[0].startswith("stopped by a cancel in Prefect during train ("), errors
+    assert "Traceback" not in text and "CancelRequested" not in text
+    assert "result       FAILED" in text and "terminated   yes" in text
+    data = run.report()
+    assert data is not None and data["flow_run_id"] == flow_run_id
+    assert LocalPodProvider().get(data["pod_id"]) is None
+    cell = cell_of("train", "cancel in Prefect", run, stopped_at, errors[0])
+    cli_cells.append(cell)
+    assert cell.pods_left == 0 and cell.state == "CANCELLED", cell
+    message = _state_message(flow_run_id)
+    assert message.startswith("stopped by a cancel in Prefect during train ("), message
+    assert message.endswith(f"; pod {data['pod_id']} was ended"), message
+    assert f"the run was cancelled in Prefect: {message}" in text, text[-3000:]

@@ -150,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
             )
             return EXIT_FAILED
         data = print_report(report_file, args.json)
+        if state.is_cancelled():  # the flow run was cancelled in Prefect: the flow ended its pod
+            print(f"the run was cancelled in Prefect: {state.message}", file=sys.stderr)
         if during:
             print(during, file=sys.stderr)
         held_records(data.get("flow_run_id"))
@@ -173,6 +175,7 @@ def cancel_interrupted_run(data: dict[str, Any]) -> str | None:
     from prefect.states import Cancelled
 
     from prefect_runpod.blocks.api_outbox import outbox
+    from prefect_runpod.flows.run.cancel_watch import end_words
 
     run_id = data.get("flow_run_id")
     if not run_id:
@@ -180,14 +183,7 @@ def cancel_interrupted_run(data: dict[str, Any]) -> str | None:
     said = str(data.get("error") or "stopped by Ctrl-C").split("; the run ends its pod")[0]
     if "Ctrl-C" not in said:
         said = f"stopped by Ctrl-C ({said})"
-    pod_id = data.get("pod_id")
-    if not pod_id:
-        end = "no pod was created"
-    elif data.get("terminated"):
-        end = f"pod {pod_id} was ended"
-    else:
-        end = f"pod {pod_id} may still be billing: `prefect-runpod terminate {pod_id}` ends it"
-    message = f"{said}; {end}"[:500]
+    message = f"{said}; {end_words(data)}"[:500]
     outbox().put(
         "the run's final state",
         lambda client: client.set_flow_run_state(run_id, Cancelled(message=message), force=True),

@@ -16,6 +16,7 @@
 - ``end``          the run's end: terminate, record, settle, write the report
 - ``guardian``     the local process that ends the pod if the run dies before the dead-man is armed
 - ``crashed``      a killed run set Crashed with the cause, by whoever ends its pod
+- ``cancel_watch`` a cancel in Prefect stops the run, whoever executes it (``CancelWatch``)
 
 See docs/architecture.md#the-runs-bookkeeping and docs/architecture.md#the-runs-attempts.
 """

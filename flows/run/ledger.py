@@ -13,6 +13,7 @@ from prefect.exceptions import CancelledRun, TerminationSignal
 
 from prefect_runpod.blocks.api_probe import probe_api
 from prefect_runpod.blocks.exceptions import (
+    CancelRequested,
     ConsoleError,
     PodGoneError,
     TrainingError,
@@ -32,8 +33,9 @@ class StageSkipped(Exception):
     """Raised inside ``run_stage`` to mark the stage Skipped; the message is the reason."""
 
 
-_CANCELLED = (TerminationSignal, KeyboardInterrupt, CancelledRun)
-"""What stops a stage from outside (SIGTERM, Ctrl-C, a cancelled run): Cancelled, not Failed."""
+_CANCELLED = (TerminationSignal, KeyboardInterrupt, CancelledRun, CancelRequested)
+"""What stops a stage from outside (SIGTERM, Ctrl-C, a cancelled run, a cancel in Prefect):
+Cancelled, not Failed."""
 
 _SIGNALS = (TerminationSignal, KeyboardInterrupt)
 
@@ -147,7 +149,8 @@ def stop_sentence(exc: BaseException, stage: str | None, seconds: float | None =
 
     Args:
         exc: the ``KeyboardInterrupt``, the CLI's ``Terminated`` (its text names the
-            signal), Prefect's ``TerminationSignal`` or a cancellation.
+            signal), Prefect's ``TerminationSignal``, a cancellation or a cancel asked for
+            in Prefect (``CancelRequested``).
         stage: the stage it stopped, or None outside any stage.
         seconds: how long the stage had run, if known.
     """
@@ -157,6 +160,8 @@ def stop_sentence(exc: BaseException, stage: str | None, seconds: float | None =
         what = _signal_name(getattr(exc, "signal", None))
     elif isinstance(exc, CancelledRun):
         what = "a cancellation of the flow run"
+    elif isinstance(exc, CancelRequested):
+        what = str(exc)  # a cancel in Prefect
     else:
         text = redact(str(exc)).strip().splitlines()
         what = text[0] if text and text[0].startswith("SIG") else ""

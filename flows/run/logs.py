@@ -9,7 +9,8 @@ one terminal line, metrics in the ``train-metrics`` table.
 - ``stage_logger`` gives the flow's ``on_stage`` callback: the start of a stage is a
   DEBUG record, its end one INFO record.
 - ``QuietTaskEngine`` drops the task engine's own ``Finished in state Completed()``
-  record (the stage line says it, with the seconds); any other end keeps its record.
+  record (the stage line says it, with the seconds), and its crash records of a stage a
+  cancel in Prefect stopped; any other end keeps its record.
 - ``ConsoleFilter`` decides what a terminal shows: ``quiet`` (warnings and errors, and
   the line that says how to get into the pod), ``normal`` (INFO records except the
   training log's lines) or ``verbose`` (everything, the training log too). The
@@ -42,12 +43,18 @@ Verbosity = Literal["quiet", "normal", "verbose"]
 
 
 class QuietTaskEngine(logging.Filter):
-    """Leaves out the task engine's INFO ``Finished in state Completed()`` records."""
+    """Leaves out the task engine's INFO ``Finished in state Completed()`` records, and
+    its ``Crash detected!`` / ``Finished in state Crashed(…)`` records of a stage stopped
+    by a cancel in Prefect (``CancelRequested``): the stage's own line says it, Cancelled,
+    with the stage and the seconds."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if "CancelRequested: a cancel in Prefect" in text:
+            return False
         if record.levelno != logging.INFO:
             return True
-        return not str(record.msg).startswith("Finished in state Completed(")
+        return not text.startswith("Finished in state Completed(")
 
 
 def install_quiet_engine() -> None:

@@ -141,6 +141,14 @@ def test_only_a_completed_tasks_engine_record_is_left_out():
     assert not quiet.filter(_record("Finished in state Completed()"))
     assert quiet.filter(_record("Finished in state Failed('boom')", logging.ERROR))
     assert quiet.filter(_record("uploaded 9 files"))
+    # a stage stopped by a cancel in Prefect: its own line says so; the engine's crash not
+    cancel = (
+        "Execution was interrupted by an unexpected exception: CancelRequested: a cancel in Prefect"
+    )
+    assert not quiet.filter(_record(f"Crash detected! {cancel}", logging.ERROR))
+    assert not quiet.filter(_record(f"Finished in state Crashed('{cancel}')", logging.ERROR))
+    other = "Execution was interrupted by an unexpected exception: MemoryError: "
+    assert quiet.filter(_record(f"Crash detected! {other}", logging.ERROR))
 
 
 def test_a_stage_logs_once_at_its_end_with_seconds_and_reason():
