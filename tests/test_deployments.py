@@ -317,6 +317,11 @@ def test_dataset_event_starts_a_finetune_on_that_bundle(prefect_api, served, tmp
             time.sleep(1.0)
         (run,) = runs
         assert run.parameters["concurrency_limit"] == "runpod-gpu"
+    # Cancelled once Running: a cancel between the runner's claim (Pending) and the flow's
+    # start is Prefect's to act on, and its runner drops it (the engine then refuses to
+    # start a Cancelling run and the run stays Cancelling, with no pod ever rented).
+    _wait_run(run.id, served, timeout_seconds=240, want={"RUNNING", *FINAL})
+    with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)
     done = _wait_run(run.id, served, timeout_seconds=240)
     assert done.state.type.value == "CANCELLED", done.state

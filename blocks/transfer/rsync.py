@@ -51,7 +51,7 @@ from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 from prefect_runpod.blocks.transfer.pod_tools import PodLanding, pod_manifest
 from prefect_runpod.blocks.transfer.sftp_session import direct_endpoint
 from prefect_runpod.blocks.transfer.verify import (
-    Direction,
+    VerifyStep,
     already_here,
     local_tree_manifest,
     verify_resending_once,
@@ -364,7 +364,7 @@ class RsyncMethod:
         there = landing.in_place()
         base = local_root.parent if local_root.is_file() else local_root
         ends = (f"{base}/", _remote(endpoint, remote_root))
-        check = (source.as_dict(), landing.landed, "upload")
+        check: VerifyStep = (source.as_dict(), landing.landed, "upload")
         return self._move(pod, source, there, ends, check, on_progress, mkdir=remote_root)
 
     def download(
@@ -394,7 +394,7 @@ class RsyncMethod:
         known: dict[str, Any] = {}  # files here hashed once: kept ones are not re-read
         there = already_here(local_root, mf.file_entries(found), known)
         ends = (_remote(endpoint, remote_root), f"{local_root}/")
-        check = (
+        check: VerifyStep = (
             found,
             lambda: local_tree_manifest(local_root, found, pod.pod_id, known),
             "download",
@@ -407,7 +407,7 @@ class RsyncMethod:
         source: Manifest,
         there: set[str],
         ends: tuple[str, str],
-        check: tuple[dict[str, Any], Callable[[], dict[str, Any]], Direction],
+        check: VerifyStep,
         on_progress: ProgressCallback | None,
         mkdir: str | None = None,
     ) -> MethodResult:

@@ -33,7 +33,7 @@ from prefect_runpod.blocks.transfer.sftp_session import (
     with_reconnect,
 )
 from prefect_runpod.blocks.transfer.verify import (
-    Direction,
+    VerifyStep,
     already_here,
     local_tree_manifest,
     structure_entries,
@@ -148,7 +148,7 @@ def _move_and_verify(
     move: Callable[[dict[str, Any]], None],
     files: list[dict[str, Any]],
     todo: list[dict[str, Any]],
-    check: tuple[dict[str, Any], Callable[[], dict[str, Any]], Direction],
+    check: VerifyStep,
     state: dict[str, Any],
     source: Manifest,
     pod: str,
@@ -250,7 +250,7 @@ def sftp_upload(
         def put(e: dict[str, Any]) -> None:
             _put_file(s, e, remote_root, local_of(e["path"]), state, total, on_progress, pod)
 
-        check = (expected, landed, "upload")
+        check: VerifyStep = (expected, landed, "upload")
         return _move_and_verify(put, entries, todo, check, state, source, pod)
 
     return with_reconnect(work, opener, max_reconnects, pod)
@@ -297,7 +297,11 @@ def sftp_download(
         known: dict[str, Any] = {}  # files here hashed once: kept ones are not re-read
         there = already_here(local_root, files, known)
         todo = [e for e in files if e["path"] not in there]
-        check = (src, lambda: local_tree_manifest(local_root, src, pod, known), "download")
+        check: VerifyStep = (
+            src,
+            lambda: local_tree_manifest(local_root, src, pod, known),
+            "download",
+        )
 
         def get(e: dict[str, Any]) -> None:
             _get_file(s, e, remote_root, local_root, state, total, on_progress)

@@ -19,6 +19,8 @@ from prefect_runpod.blocks.pod_side import manifest as mf
 __all__ = ["already_here", "local_tree_manifest", "structure_entries", "verify_resending_once"]
 
 Direction = Literal["upload", "download"]
+# a verify step: (expected manifest, a call that measures the far side, direction)
+VerifyStep = tuple[dict[str, Any], Callable[[], dict[str, Any]], Direction]
 
 _NEXT_STEP: dict[str, str] = {
     "upload": "the pod's disk may be failing: rerun, on a new pod if it repeats",
