@@ -312,8 +312,10 @@ class RunpodctlMethod:
         ``source`` are taken."""
         console, pod_id, q = pod.console, pod.pod_id, shlex.quote
         log = f"/tmp/prefect-runpod-send-{uuid.uuid4().hex[:8]}.log"
+        # started from a subshell, so it is no job of the console's shell: bash's
+        # "[1]+ Done ..." notice would otherwise land in a later command's output
         console.run(
-            f"nohup {q(self.options.pod_exe)} send {q(remote)} > {q(log)} 2>&1 < /dev/null &",
+            f"( nohup {q(self.options.pod_exe)} send {q(remote)} > {q(log)} 2>&1 < /dev/null & )",
             timeout_seconds=30,
             check=True,
         )

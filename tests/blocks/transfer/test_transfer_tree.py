@@ -293,6 +293,7 @@ def test_a_round_trip_keeps_the_tree_and_the_callers_shell(
     on_pod = Path(handle.workdir) / "tree"
     assert _tree(on_pod) == _tree(src)
     down = download_dir(console, handle, "tree", tmp_path / "back", **kw)
+    assert console.run("jobs").output == ""  # no job whose "Done" notice comes later
     assert _shell_state(console) == before
     assert down.verified
     assert _tree(tmp_path / "back") == _tree(src)  # ckpt/empty and current came back
