@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import uuid
 from dataclasses import asdict
@@ -230,9 +229,7 @@ def _cost_matches_ledger(
     )
     bill = settle(record.cost_per_hr, record.created_at, record.end.ended_at)
     assert (record.billed_seconds, record.usd) == (bill.billed_seconds, bill.usd), record
-    counted = re.search(r"(\d+) record", record.billing_note or "")
-    records = int(counted.group(1)) if counted else 1  # how many bucket records it summed
-    slack = lab.emulator.ledger.split_rounding_usd(pod_id, records)
+    slack = lab.emulator.ledger.split_rounding_usd(pod_id, record.billing_note)
     assert record.runpod_usd == pytest.approx(ledger, abs=slack), record.billing_note
     return record
 

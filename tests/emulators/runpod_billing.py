@@ -23,6 +23,7 @@ retired: the emulator answers it 410 (``runpod_api``).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -134,11 +135,14 @@ class Ledger:
         """What the pod cost by now, whatever the lag (for tests to compare with)."""
         return self.entries[pod_id].usd(self.clock())
 
-    def split_rounding_usd(self, pod_id: str, records: int) -> float:
-        """How far the sum of the pod's ``records`` bucket records may sit from ``usd``:
-        a life that crosses a bucket's edge is billed per bucket, each bucket's
-        milliseconds and USD rounded on their own (``v2``), so each record and the whole
-        may each be off by up to a millisecond's price and a 1e-8 USD step."""
+    def split_rounding_usd(self, pod_id: str, billing_note: str | None) -> float:
+        """How far the sum of the bucket records a bill summed (``billing_note``'s
+        ``N record(s)``, else 1) may sit from ``usd``: a life that crosses a bucket's
+        edge is billed per bucket, each bucket's milliseconds and USD rounded on their
+        own (``v2``), so each record and the whole may each be off by up to a
+        millisecond's price and a 1e-8 USD step."""
+        counted = re.search(r"(\d+) record", billing_note or "")
+        records = int(counted.group(1)) if counted else 1
         return (records + 1) * (self.entries[pod_id].cost_per_hr / 3_600_000 + 1e-8)
 
     def window(self, query: dict[str, str]) -> tuple[str, datetime, datetime]:
