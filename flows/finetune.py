@@ -262,6 +262,12 @@ def _finetune(
             if concurrency_limit:
                 from prefect.concurrency.sync import concurrency
 
+                logger.info(
+                    "run %s takes a slot of global concurrency limit %r before renting "
+                    "(one per live pod; it waits here while every slot is held)",
+                    report.pod_name,
+                    concurrency_limit,
+                )
                 holds.enter_context(concurrency(concurrency_limit, occupy=1, strict=True))
 
             def _attempt(number: int, resume: str | None, lost: int | None) -> PodSession:

@@ -338,21 +338,82 @@ def _peak_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
     return peak
 
 
+def _gated_bundle(dest: Path, gate: Path) -> Path:
+    """The demo bundle whose training starts only once ``gate`` exists (the local pod
+    shares this machine's files), so pods stay up until the test lets them go on."""
+    bundle = copy_demo_bundle(dest)
+    spec = bundle / "bundle.toml"
+    text = spec.read_text()
+    wait = f"while [ ! -e {gate} ]; do sleep 0.2; done; "
+    assert 'train = "{python}' in text
+    spec.write_text(text.replace('train = "{python}', f'train = "{wait}{{python}}', 1))
+    return bundle
+
+
+def _at_the_slot(served: dict[str, Any], prefix: str) -> int:
+    """How many runs named ``<prefix>-…`` said in the runner's log that they take a slot
+    of the concurrency limit (the line each run logs just before it waits for one)."""
+    text = served["log"].read_bytes().decode(errors="replace")
+    said = f"run {prefix}-"
+    return sum(1 for line in text.splitlines() if said in line and "takes a slot" in line)
+
+
+def _live_pods(prefix: str) -> list[Any]:
+    from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
+
+    return LocalPodProvider().list(prefix)
+
+
 @pytest.mark.slow
 def test_sweep_of_four_never_has_more_than_two_pods(prefect_api, served, tmp_path):
     """Four runs, all started at once, on a cap of two: pod lifetimes (create →
-    terminate confirmed, from each RunReport) overlap two at a time, never three."""
+    terminate confirmed, from each RunReport) overlap two at a time, never three.
+
+    Training waits at a gate until two pods are up and the other two runs wait for a
+    slot, so the overlap is two by construction and not by how fast this machine starts
+    the runs (on a loaded machine they arrived one after another: a peak of one)."""
+    import contextvars
+    import threading
+
     from prefect_runpod.flows.sweep import sweep
 
     _wait_deployment("runpod-finetune/on-demand", served)
-    bundle = copy_demo_bundle(tmp_path / "bundle")
+    gate = tmp_path / "gate"
+    bundle = _gated_bundle(tmp_path / "bundle", gate)
     prefix = f"sw{uuid.uuid4().hex[:6]}"
-    rows = sweep(
-        configs=[{"bundle": str(bundle), "name_prefix": prefix}] * 4,
-        concurrency_limit="runpod-gpu",
-        poll_interval_seconds=1.0,
-        timeout_seconds=240,
-    )
+    result: dict[str, Any] = {}
+
+    def _sweep() -> None:
+        try:
+            result["rows"] = sweep(
+                configs=[{"bundle": str(bundle), "name_prefix": prefix}] * 4,
+                concurrency_limit="runpod-gpu",
+                poll_interval_seconds=1.0,
+                timeout_seconds=480,
+            )
+        except Exception as exc:  # handed to the test's thread
+            result["error"] = exc
+
+    # Prefect's settings (the test server's URL) are context variables: the thread gets a copy
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(_sweep,), daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # two pods up (held at the gate), all four runs at the slot
+            waiting = _at_the_slot(served, prefix)
+            if len(_live_pods(prefix)) >= 2 and waiting >= 4:
+                break
+            assert worker.is_alive(), result
+            assert time.monotonic() < deadline, (
+                f"{len(_live_pods(prefix))} pods, {waiting} runs at the slot\n{_runner_log(served)}"
+            )
+            time.sleep(0.5)
+        assert len(_live_pods(prefix)) == 2
+    finally:
+        gate.write_text("go\n")
+        worker.join(timeout=480)
+    assert "error" not in result, result.get("error")
+    rows = result["rows"]
     assert [r["state"] for r in rows] == ["Completed"] * 4, rows
     intervals = []
     for row in rows:
