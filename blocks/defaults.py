@@ -19,4 +19,4 @@ base64 otherwise; ``raw``: raw frames or a clear error when the probe fails;
 
 BUILT_IN_TRANSFER_METHODS = ("pty", "sftp", "rsync", "s3", "runpodctl")
 """The transfer methods that ship with prefect-runpod, in the order messages list them
-(``blocks.transfer.dispatch.METHOD_REGISTRY`` registers them under these names)."""
+(``blocks.transfer.registry.METHOD_REGISTRY`` registers them under these names)."""

@@ -67,7 +67,7 @@ _BLOCK_PARAMS = (
 def transfer_methods() -> tuple[str, ...]:
     """``auto`` and every registered transfer method (``blocks.transfer.method_names``),
     in the order messages list them: what ``--transfer`` accepts."""
-    from prefect_runpod.blocks.transfer.dispatch import method_names
+    from prefect_runpod.blocks.transfer.registry import method_names
 
     return ("auto", *method_names())
 

@@ -1,7 +1,8 @@
 """Moving a directory tree to and from a pod, verified end to end by manifests.
 
 - ``base``       the ``TransferMethod`` protocol, ``PodLink``, ``MethodConfig``, ``TransferHooks``
-- ``dispatch``   ``upload_dir`` / ``download_dir`` / ``pick_method`` over ``METHOD_REGISTRY``;
+- ``registry``   ``METHOD_REGISTRY``, ``method_names``, ``register_method`` (imports no method)
+- ``dispatch``   ``upload_dir`` / ``download_dir`` / ``pick_method`` over the registry;
   ``check_tree`` (would a transfer carry this tree?)
 - ``pod_tools``  the pod tools folder: ``tools_dir``, ``bootstrap_pod_tools``, ``pod_manifest``,
   ``manifest_command`` (the one builder of ``manifest.py``'s command line)
@@ -27,12 +28,9 @@ if TYPE_CHECKING:  # the same names, typed (PEP 562's __getattr__ hides them)
         TransferMethod,
     )
     from prefect_runpod.blocks.transfer.dispatch import (
-        METHOD_REGISTRY,
         check_tree,
         download_dir,
-        method_names,
         pick_method,
-        register_method,
         upload_dir,
     )
     from prefect_runpod.blocks.transfer.models import (
@@ -49,6 +47,11 @@ if TYPE_CHECKING:  # the same names, typed (PEP 562's __getattr__ hides them)
         tools_dir,
     )
     from prefect_runpod.blocks.transfer.pty import PtyMethod, PtyOptions
+    from prefect_runpod.blocks.transfer.registry import (
+        METHOD_REGISTRY,
+        method_names,
+        register_method,
+    )
     from prefect_runpod.blocks.transfer.runpodctl import RunpodctlMethod, RunpodctlOptions
     from prefect_runpod.blocks.transfer.s3 import S3Method, S3Target
     from prefect_runpod.blocks.transfer.sftp import SftpMethod
@@ -87,7 +90,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "METHOD_REGISTRY": f"{__name__}.dispatch",
+        "METHOD_REGISTRY": f"{__name__}.registry",
         "POD_TOOLS_DIR": f"{__name__}.pod_tools",
         "Manifest": f"{__name__}.models",
         "ManifestEntry": f"{__name__}.models",
@@ -108,10 +111,10 @@ __getattr__, __dir__ = lazy_exports(
         "bootstrap_pod_tools": f"{__name__}.pod_tools",
         "check_tree": f"{__name__}.dispatch",
         "download_dir": f"{__name__}.dispatch",
-        "method_names": f"{__name__}.dispatch",
+        "method_names": f"{__name__}.registry",
         "pick_method": f"{__name__}.dispatch",
         "pod_manifest": f"{__name__}.pod_tools",
-        "register_method": f"{__name__}.dispatch",
+        "register_method": f"{__name__}.registry",
         "remote_path": f"{__name__}.pod_tools",
         "tools_dir": f"{__name__}.pod_tools",
         "upload_dir": f"{__name__}.dispatch",

@@ -9,8 +9,8 @@ up by name in a registry. A method moves files, verifies what landed, and answer
 one typed ``MethodResult``; it knows nothing of the other methods.
 
 Adding a method is one module with a class that implements ``TransferMethod`` (and a
-``from_config`` factory), plus one entry in ``dispatch.METHOD_REGISTRY`` — or
-``dispatch.register_method`` at run time.
+``from_config`` factory), plus one entry in ``registry.METHOD_REGISTRY`` — or
+``registry.register_method`` at run time.
 """
 
 from __future__ import annotations

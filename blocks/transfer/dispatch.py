@@ -6,7 +6,7 @@ manifests (sha256 per file) were computed where the files were and where they
 landed. A file that still differs after one retry raises ``ChecksumMismatchError``
 naming it; nothing mismatched is accepted.
 
-Methods are looked up by name in ``METHOD_REGISTRY`` (name -> factory of a
+Methods are looked up by name in ``registry.METHOD_REGISTRY`` (name -> factory of a
 ``TransferMethod``, :mod:`prefect_runpod.blocks.transfer.base`); nothing here knows a
 method by its name. The built-in ones, each in its own module:
 
@@ -25,7 +25,6 @@ is missing (``pod_unavailable``) gives way to the next.
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from pathlib import Path
@@ -34,14 +33,13 @@ from typing import TYPE_CHECKING
 from pydantic import SecretStr
 
 from prefect_runpod.blocks.console.reconnect import resuming
-from prefect_runpod.blocks.defaults import BUILT_IN_TRANSFER_METHODS
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.interrupts import raise_if_stopped
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.transfer import registry
 from prefect_runpod.blocks.transfer.base import (
     MethodConfig,
-    MethodFactory,
     MethodOptions,
     PodLink,
     ProgressCallback,
@@ -76,62 +74,12 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
-    "METHOD_REGISTRY",
     "check_pod_end",
     "check_tree",
     "download_dir",
-    "method_names",
     "pick_method",
-    "register_method",
     "upload_dir",
 ]
-
-
-def _built_in(module: str, class_name: str) -> MethodFactory:
-    """The factory of a method class in ``prefect_runpod.blocks.transfer.<module>``,
-    imported on first use (``s3`` pulls in Prefect's blocks, ``sftp`` paramiko's SFTP)."""
-
-    def build(config: MethodConfig) -> TransferMethod:
-        cls = getattr(importlib.import_module(f"{__package__}.{module}"), class_name)
-        method: TransferMethod = cls.from_config(config)
-        return method
-
-    return build
-
-
-METHOD_REGISTRY: dict[str, MethodFactory] = {
-    name: _built_in(name, class_name)
-    for name, class_name in zip(
-        BUILT_IN_TRANSFER_METHODS,
-        ("PtyMethod", "SftpMethod", "RsyncMethod", "S3Method", "RunpodctlMethod"),
-        strict=True,
-    )
-}
-"""Every transfer method by name, in the order error messages list them."""
-
-
-def method_names() -> tuple[str, ...]:
-    """The registered method names (``pty``, ``sftp``, ``rsync``, ``s3``, ``runpodctl``, …)."""
-    return tuple(METHOD_REGISTRY)
-
-
-def register_method(name: str, factory: MethodFactory, *, replace: bool = False) -> None:
-    """Make ``factory`` the method called ``name`` for ``upload_dir`` / ``download_dir``.
-
-    Args:
-        name: the name callers pass as ``method`` and ``TransferReport.method`` shows.
-        factory: builds the method from the caller's ``MethodConfig`` (a class's
-            ``from_config``, or the class itself when its constructor takes the config).
-        replace: allow replacing a method already registered under ``name``.
-
-    Raises:
-        ValueError: ``name`` is ``auto`` or empty, or already taken and not ``replace``.
-    """
-    if not name or name == "auto":
-        raise ValueError(f"{name!r} cannot name a transfer method")
-    if name in METHOD_REGISTRY and not replace:
-        raise ValueError(f"transfer method {name!r} is already registered; pass replace=True")
-    METHOD_REGISTRY[name] = factory
 
 
 def _choose(
@@ -141,7 +89,7 @@ def _choose(
     runs), ``auto`` also passes over methods whose pod end is missing."""
     if requested == "auto":
         ranked: list[tuple[int, str, TransferMethod]] = []
-        for name, factory in METHOD_REGISTRY.items():
+        for name, factory in registry.METHOD_REGISTRY.items():
             method = factory(config)
             if method.auto_priority is not None and method.unavailable(handle) is None:
                 ranked.append((method.auto_priority, name, method))
@@ -152,13 +100,13 @@ def _choose(
                 return name, method
         raise SpecError(
             f"no transfer method can reach pod {handle.pod_id}; name one of "
-            f"{', '.join(METHOD_REGISTRY)}",
+            f"{', '.join(registry.METHOD_REGISTRY)}",
             pod_id=handle.pod_id,
         )
-    build = METHOD_REGISTRY.get(requested)
+    build = registry.METHOD_REGISTRY.get(requested)
     if build is None:
         raise SpecError(
-            f"unknown transfer method {requested!r}; use auto, {', '.join(METHOD_REGISTRY)}"
+            f"unknown transfer method {requested!r}; use auto, {', '.join(registry.METHOD_REGISTRY)}"
         )
     method = build(config)
     reason = method.unavailable(handle)

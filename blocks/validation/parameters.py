@@ -123,7 +123,7 @@ def _providers() -> tuple[str, ...]:
 
 
 def _transfer_methods() -> tuple[str, ...]:
-    from prefect_runpod.blocks.transfer.dispatch import method_names
+    from prefect_runpod.blocks.transfer.registry import method_names
 
     return (DEFAULT_TRANSFER_METHOD, *method_names())
 

@@ -145,7 +145,7 @@ def check_api_url(environ: dict[str, str] | None = None) -> None:
     """``PREFECT_API_URL``, when the environment sets it, is an ``http(s)`` URL, checked
     before Prefect is imported: Prefect reads it when it loads its settings, and a value
     it cannot parse (``http://[::1``) fails that load with a traceback. Whether the API
-    answers is checked later, once Prefect is loaded (``flows.run.inputs.check_prefect_api``).
+    answers is checked later, once Prefect is loaded (``flows.cli.session.check_prefect_api``).
 
     Args:
         environ: the environment (default: this process's).

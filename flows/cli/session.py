@@ -40,6 +40,7 @@ __all__ = [
     "EXIT_SIGTERM",
     "Terminated",
     "api_mode",
+    "check_prefect_api",
     "drain_prefect_workers",
     "orderly_signals",
     "prefect_api",
@@ -175,8 +176,6 @@ def prefect_api() -> Iterator[str]:
     configured = settings.api.url
     if configured:  # nothing to start; no settings copied (that costs a look-up 0.1-0.2 s)
         if check_api:
-            from prefect_runpod.flows.run.inputs import check_prefect_api
-
             check_prefect_api()
         with _drained():
             yield str(configured)
@@ -195,6 +194,34 @@ def prefect_api() -> Iterator[str]:
     record = ensure_server(say=lambda line: print(line, file=sys.stderr, flush=True))
     with temporary_settings(updates={PREFECT_API_URL: record.api_url}), _drained():
         yield record.api_url
+
+
+def check_prefect_api() -> None:
+    """The configured Prefect API (``PREFECT_API_URL``) is a URL and answers its health
+    check (Prefect's own ``api_healthcheck``); nothing to check when none is configured
+    (the CLI then starts or reuses its local server).
+
+    Raises:
+        SpecError: a malformed URL, or an API that does not answer, in one sentence.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.validation import check_url
+
+    url = get_current_settings().api.url
+    if not url:
+        return
+    check_url(url, "PREFECT_API_URL", example="http://127.0.0.1:4200/api")
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        reason = str(problem).splitlines()[0] if str(problem) else type(problem).__name__
+        raise SpecError(
+            f"the Prefect API at {url} cannot be reached ({reason}): start it (prefect "
+            "server start), or fix or unset PREFECT_API_URL."
+        )
 
 
 def prefect_settings(load: Any = None) -> Any:

@@ -54,7 +54,6 @@ __all__ = [
     "Check",
     "PreparedRun",
     "check_concurrency_limit",
-    "check_prefect_api",
     "check_prefect_api_key",
     "check_run",
     "load_s3_target",
@@ -93,33 +92,6 @@ def settings_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
     accepted = set(defaults())
     return {k: val for k, val in params.items() if k in accepted}
-
-
-def check_prefect_api() -> None:
-    """The configured Prefect API (``PREFECT_API_URL``) is a URL and answers its health
-    check (Prefect's own ``api_healthcheck``); nothing to check when none is configured
-    (the CLI then starts a temporary server).
-
-    Raises:
-        SpecError: a malformed URL, or an API that does not answer, in one sentence.
-    """
-    from prefect.client.orchestration import get_client
-    from prefect.settings import get_current_settings
-
-    from prefect_runpod.blocks.validation import check_url
-
-    url = get_current_settings().api.url
-    if not url:
-        return
-    check_url(url, "PREFECT_API_URL", example="http://127.0.0.1:4200/api")
-    with get_client(sync_client=True) as client:
-        problem = client.api_healthcheck()
-    if problem is not None:
-        reason = str(problem).splitlines()[0] if str(problem) else type(problem).__name__
-        raise SpecError(
-            f"the Prefect API at {url} cannot be reached ({reason}): start it (prefect "
-            "server start), or fix or unset PREFECT_API_URL."
-        )
 
 
 def check_concurrency_limit(name: str | None) -> None:

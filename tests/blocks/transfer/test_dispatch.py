@@ -13,17 +13,12 @@ import pytest
 from prefect_runpod.blocks.console.session import CommandResult
 from prefect_runpod.blocks.exceptions import SpecError, TransferError
 from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
-from prefect_runpod.blocks.transfer import dispatch
+from prefect_runpod.blocks.transfer import registry
 from prefect_runpod.blocks.transfer.base import MethodConfig, MethodOptions, PodLink
-from prefect_runpod.blocks.transfer.dispatch import (
-    download_dir,
-    method_names,
-    pick_method,
-    register_method,
-    upload_dir,
-)
+from prefect_runpod.blocks.transfer.dispatch import download_dir, pick_method, upload_dir
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 from prefect_runpod.blocks.transfer.pod_tools import tools_dir
+from prefect_runpod.blocks.transfer.registry import method_names, register_method
 from prefect_runpod.blocks.transfer.s3 import S3Target
 from tests.fixtures.transfer import make_tree
 
@@ -96,7 +91,7 @@ BUILT: list[CopyMethod] = []
 @pytest.fixture
 def copy_method(monkeypatch: pytest.MonkeyPatch):
     """The registry with ``copy`` added, restored afterwards."""
-    monkeypatch.setattr(dispatch, "METHOD_REGISTRY", dict(dispatch.METHOD_REGISTRY))
+    monkeypatch.setattr(registry, "METHOD_REGISTRY", dict(registry.METHOD_REGISTRY))
     BUILT.clear()
     register_method("copy", CopyMethod.from_config)
     yield BUILT
@@ -250,7 +245,7 @@ def test_a_ctrl_c_dropped_by_the_collector_stops_the_transfer_at_the_next_chunk(
     from prefect_runpod.flows.cli.session import orderly_signals
     from tests.blocks.test_interrupts import _drop_a_signal_inside_gc
 
-    monkeypatch.setattr(dispatch, "METHOD_REGISTRY", dict(dispatch.METHOD_REGISTRY))
+    monkeypatch.setattr(registry, "METHOD_REGISTRY", dict(registry.METHOD_REGISTRY))
     method: list[ChunkedCopy] = []
 
     def build(config: MethodConfig) -> ChunkedCopy:
@@ -284,7 +279,7 @@ def test_a_ctrl_c_dropped_by_the_collector_stops_the_transfer_at_the_next_chunk(
 def test_a_download_that_fills_the_local_disk_says_so_naming_this_machine(
     tmp_path: Path, tiny_disk: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatch, "METHOD_REGISTRY", dict(dispatch.METHOD_REGISTRY))
+    monkeypatch.setattr(registry, "METHOD_REGISTRY", dict(registry.METHOD_REGISTRY))
     register_method("chunked", ChunkedCopy.from_config)
     handle = _handle(tmp_path)
     remote = make_tree(Path(handle.workdir) / "bundle")  # 3 MiB into a 1 MiB disk

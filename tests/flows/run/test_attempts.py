@@ -10,7 +10,7 @@ import pytest
 
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import EndedBy, PodEnd
-from prefect_runpod.flows.cli.cost import totals
+from prefect_runpod.flows.cli.cost_report import totals
 from prefect_runpod.flows.run.attempts import PodAttempt
 from prefect_runpod.flows.run.cost_record import CostRecord
 from prefect_runpod.flows.run.ledger import run_stage
@@ -157,7 +157,7 @@ def test_the_report_takes_each_pods_end_from_the_record_and_keeps_its_handle() -
 def test_the_cost_table_shows_a_row_per_pod_and_the_runs_total(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from prefect_runpod.flows.cli.cost import _show
+    from prefect_runpod.flows.cli.cost_report import _show
 
     record = CostRecord(flow_run_id="r1", attempts=_two_pods())
     record.settle()

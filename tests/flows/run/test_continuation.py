@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from prefect_runpod.blocks.provider import EndedBy, PodCause, PodEnd
-from prefect_runpod.flows.cli.cost import totals
+from prefect_runpod.flows.cli.cost_report import totals
 from prefect_runpod.flows.run.attempts import PodAttempt, attempt_line
 from prefect_runpod.flows.run.continuation import carried_attempts, counted_pods
 from prefect_runpod.flows.run.cost_record import CostRecord
