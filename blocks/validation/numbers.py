@@ -9,8 +9,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
-
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.validation.options import OPTIONS, label
 from prefect_runpod.blocks.validation.parameters import number_parameters
@@ -152,6 +150,8 @@ def constrained(name: str, *, optional: bool = False) -> Any:
     """
     NUMBER_RULES[name]  # fail at import for an unknown rule
     base: Any = float | None if optional else float
+    from pydantic import AfterValidator  # models load pydantic; the CLI's parser does not
+
     return Annotated[base, AfterValidator(lambda v: check_number(name, v, optional=optional))]
 
 

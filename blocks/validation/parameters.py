@@ -19,10 +19,11 @@ import re
 import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
 
-from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
-from pydantic_core import core_schema
+if TYPE_CHECKING:  # pydantic is loaded by whoever builds a schema, not by the CLI's parser
+    from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+    from pydantic_core import core_schema
 
 __all__ = [
     "CLI_GROUPS",
@@ -94,6 +95,8 @@ class _RegisteredProvider:
     def __get_pydantic_core_schema__(
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
+        from pydantic_core import core_schema
+
         def registered(value: str) -> str:
             from prefect_runpod.blocks.provider_registry import provider_names
 

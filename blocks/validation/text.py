@@ -12,8 +12,6 @@ from collections.abc import Iterable
 from pathlib import PurePosixPath
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.validation.options import label
 
@@ -116,6 +114,8 @@ def check_requirement(text: str) -> str:
     Raises:
         ValueError: anything else, with packaging's own reason.
     """
+    from packaging.requirements import InvalidRequirement, Requirement  # 40 ms: bundles only
+
     try:
         Requirement(text)
     except InvalidRequirement as exc:

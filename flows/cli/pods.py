@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import Any
 
 from prefect_runpod.blocks.defaults import REAPER_TTL_GRACE_SECONDS
-from prefect_runpod.blocks.provider import end_command, reaper_ttl_seconds
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_POD_LIFETIME_SECONDS,
     DEFAULT_PROVIDER,
@@ -110,6 +109,7 @@ def add_parsers(sub: Any) -> None:
 
 def _pod_rows(provider: Any, pods: list[Any]) -> list[dict[str, Any]]:
     from prefect_runpod.blocks.costs import projected_usd
+    from prefect_runpod.blocks.provider import reaper_ttl_seconds
     from prefect_runpod.flows.cli.runs import key_path_for, now_utc, read_runs
     from prefect_runpod.flows.run.heartbeat import deadman_note
     from prefect_runpod.flows.run.names import flow_run_id_from_pod_name
@@ -297,6 +297,7 @@ def run_fetch(args: argparse.Namespace) -> int:
 
     from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.exceptions import SpecError
+    from prefect_runpod.blocks.provider import end_command
     from prefect_runpod.blocks.transfer.dispatch import download_dir
     from prefect_runpod.flows.cli.runs import require_run
     from prefect_runpod.flows.run.report_file import record_fetch

@@ -87,6 +87,23 @@ def test_help_and_every_argument_error_import_nothing_heavy():
         assert heavy == [], f"prefect-runpod {' '.join(argv)} imported {heavy}"
 
 
+def test_help_loads_no_model_library():
+    """``--help`` (each command's too) builds its options from the parameter table
+    without pydantic or packaging (about 0.1 s of the 0.3 s it may take): only a command
+    that checks a value loads them."""
+    helps = [case for case in CASES if case[0][-1:] in (["--help"], ["--version"])]
+    light = ["pydantic", "pydantic_core", "packaging.requirements", *HEAVY]
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(helps), json.dumps(light)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for argv, code, loaded in json.loads(proc.stdout):
+        assert (code, loaded) == (0, []), f"prefect-runpod {' '.join(argv)} imported {loaded}"
+
+
 def test_a_subcommands_error_shows_that_subcommands_usage(capsys):
     """argparse handed unknown options up to the top-level parser, whose usage
     (``prefect-runpod [-h] COMMAND ...``) said nothing about the command's options."""
