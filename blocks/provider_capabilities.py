@@ -24,9 +24,8 @@ registry builds it with from a run's parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from prefect_runpod.blocks.pod_handle import PodHandle
@@ -153,23 +152,3 @@ class AccountCheck:
     name: str
     ok: bool
     detail: str
-
-
-class BuildsFromParams(Protocol):
-    """A provider class as the registry uses it."""
-
-    provider_name: str
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any], *, need_ssh_key: bool = True) -> Any:
-        """``(provider, KeyPair)`` for a run's parameters."""
-        ...
-
-
-class HasBill(Protocol):
-    """``Capability.BILL``."""
-
-    def fetch_bill(self, pod_id: str, start: datetime, end: datetime) -> ProviderBill | None:
-        """The provider's bill for ``pod_id`` between ``start`` and ``end``; None while it
-        has no record. May raise: callers record why it did not answer."""
-        ...

@@ -40,7 +40,6 @@ __all__ = [
 HF_WEB = "https://huggingface.co"
 """Where people act on a remediation (licence pages, token settings)."""
 TOKENS_URL = f"{HF_WEB}/settings/tokens"
-_SCOPE_URL = f"{HF_WEB}/settings/tokens/new?canReadGatedRepos=true&tokenType=fineGrained"
 WRITE_TOKEN_URL = f"{HF_WEB}/settings/tokens/new?tokenType=write"
 """Where a write token is made (the token page's ``tokenType`` preset)."""
 _ORG_WRITE_ROLES = ("admin", "write", "contributor")
@@ -53,7 +52,6 @@ _SCOPE_PHRASE = "enable access to public gated repositories"
 _UNLISTED_PHRASE = "not in the authorized list"
 _PENDING_PHRASE = "awaiting a review"
 _REJECTED_PHRASE = "has been rejected"
-_LOGIN_PHRASE = "must have access to it and be authenticated"
 _INVALID_PHRASES = ("invalid credentials", "invalid username or password", "invalid user token")
 
 

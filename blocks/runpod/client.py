@@ -128,14 +128,3 @@ class RunPodClient:
         from runpod.api.mutations.pods import generate_pod_terminate_mutation
 
         self.query(generate_pod_terminate_mutation(pod_id))
-
-    def get_pod_host_id(self, pod_id: str) -> str | None:
-        """``machine.podHostId`` of a pod (the gateway user), which the SDK's pod query
-        does not ask for; None when the pod or the field is missing."""
-        answer = self.query(
-            f'query pod {{ pod(input: {{podId: "{pod_id}"}}) {{ id machine {{ podHostId }} }} }}'
-        )
-        pod = (answer.get("data") or {}).get("pod")
-        if not pod:
-            return None
-        return (pod.get("machine") or {}).get("podHostId")

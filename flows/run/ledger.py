@@ -26,7 +26,7 @@ from prefect_runpod.blocks.secret_mask import error_text, is_header_error, redac
 from prefect_runpod.flows.run.report import RunReport
 from prefect_runpod.tasks.models import StageState
 
-__all__ = ["StageSkipped", "error_line", "run_stage", "skip_stage", "stop_sentence"]
+__all__ = ["StageSkipped", "error_line", "run_stage", "stop_sentence"]
 
 
 class StageSkipped(Exception):
@@ -121,14 +121,6 @@ def run_stage(  # type: ignore[no-untyped-def]
         if on_change:
             on_change(name, record.state)
         probe_api(now=True)  # an API outage that began in a stage writing nothing is told
-
-
-def skip_stage(report: RunReport, name: str, reason: str) -> None:
-    """Mark a stage that never ran as Skipped with ``reason`` (e.g. after a failure)."""
-    record = report.stage(name)
-    if record.state == StageState.PENDING:
-        record.state = StageState.SKIPPED
-        record.reason = reason
 
 
 def _nothing() -> None:
