@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -215,6 +215,19 @@ class TerminateResult(BaseModel):
     confirmed_at: datetime
     already_gone: bool = False
     attempts: int = 1
+
+    def end(self, ended_by: EndedBy, layer: str, **more: Any) -> PodEnd:
+        """This confirmed end as the run's record keeps it: ended by ``ended_by``
+        through ``layer``, billing ended at ``confirmed_at``; ``more`` sets the other
+        ``PodEnd`` fields (``cause``, ``detail``)."""
+        return PodEnd(
+            pod_id=self.pod_id,
+            ended_by=ended_by,
+            confirmed=True,
+            ended_at=self.confirmed_at,
+            layer=layer,
+            **more,
+        )
 
 
 @runtime_checkable

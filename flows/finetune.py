@@ -24,7 +24,7 @@ from prefect_runpod.blocks import secret_mask
 from prefect_runpod.blocks.api_probe import watch_api
 from prefect_runpod.blocks.exceptions import CancelRequested, TerminateError
 from prefect_runpod.blocks.interrupts import end_stops
-from prefect_runpod.blocks.provider import EndedBy, PodEnd
+from prefect_runpod.blocks.provider import EndedBy
 from prefect_runpod.blocks.validation import parameters as run_parameters
 from prefect_runpod.blocks.validation.parameters import (
     DEFAULT_DOWNLOAD,
@@ -120,12 +120,9 @@ def _terminate_attempt(
         if result is not None and handle is not None:
             record_pod_end(
                 str(flow_run.id),
-                PodEnd(
-                    pod_id=result.pod_id,
-                    ended_by=EndedBy.HOOK,
-                    confirmed=True,
-                    ended_at=result.confirmed_at,
-                    layer=f"terminate (the {state.type.value.lower() if state else '?'} hook)",
+                result.end(
+                    EndedBy.HOOK,
+                    f"terminate (the {state.type.value.lower() if state else '?'} hook)",
                 ),
                 recorded_by="hook",
                 handle=handle,

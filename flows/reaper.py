@@ -45,7 +45,6 @@ from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import (
     EndedBy,
-    PodEnd,
     PodProvider,
     reaper_ttl_seconds,
 )
@@ -293,12 +292,9 @@ def _act_on(
     if decision.flow_run_id:
         record_pod_end(
             decision.flow_run_id,
-            PodEnd(
-                pod_id=decision.pod_id,
-                ended_by=EndedBy.REAPER,
-                confirmed=True,
-                ended_at=result.confirmed_at,
-                layer="terminate (the reaper)",
+            result.end(
+                EndedBy.REAPER,
+                "terminate (the reaper)",
                 detail=f"{decision.reason}; dead-man: {tried}"[:300],
             ),
             recorded_by="reaper",

@@ -24,7 +24,7 @@ from prefect_runpod.flows.run.cost_record import (
     latest_record,
     publish_record,
 )
-from prefect_runpod.flows.run.crashed import FINISHED_STATE_TYPES
+from prefect_runpod.flows.run.crashed import FINISHED_STATE_TYPES, run_state
 from prefect_runpod.flows.run.provider_bill import fetch_provider_bill
 from prefect_runpod.flows.run.report_file import merge_report_ends, rewrite_report
 
@@ -36,14 +36,6 @@ def _run_parameters(run_id: str) -> dict[str, Any]:
 
     with get_client(sync_client=True) as client:
         return dict(client.read_flow_run(run_id).parameters or {})  # type: ignore[arg-type]
-
-
-def _run_state(run_id: str) -> str:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        state = client.read_flow_run(run_id).state  # type: ignore[arg-type]
-    return state.type.value if state else "UNKNOWN"
 
 
 def reconcile(record: CostRecord, provider: PodProvider | None, run_state: str) -> CostRecord:
@@ -246,7 +238,7 @@ def show_costs(args: argparse.Namespace, run_id: str | None) -> int:
 def _reconciled(record: CostRecord, args: argparse.Namespace) -> CostRecord:
     """One record through ``--reconcile``: completed when it can be, what it means said
     on stderr (a local pod's missing bill, a stale Running state and its fix)."""
-    state = _run_state(record.flow_run_id)
+    state = run_state(record.flow_run_id)
     merged = merge_report_ends(record)  # a confirmed end the run kept while Prefect was down
     done = (
         not merged

@@ -344,7 +344,7 @@ def run_terminate(args: argparse.Namespace) -> int:
     if args.pod_id:
         check_pod_id(args.pod_id)
     params = provider_params(args)
-    from prefect_runpod.blocks.provider import EndedBy, PodEnd
+    from prefect_runpod.blocks.provider import EndedBy
     from prefect_runpod.blocks.secret_mask import error_text
     from prefect_runpod.flows.run.cost_record import record_pod_end
     from prefect_runpod.flows.run.names import flow_run_id_from_pod_name
@@ -376,13 +376,7 @@ def run_terminate(args: argparse.Namespace) -> int:
         run_id = flow_run_id_from_pod_name(handle.name, None) if handle else None
         if run_id is None or handle is None:
             return 0
-        end = PodEnd(
-            pod_id=result.pod_id,
-            ended_by=EndedBy.CLI,
-            confirmed=True,
-            ended_at=result.confirmed_at,
-            layer="prefect-runpod terminate",
-        )
+        end = result.end(EndedBy.CLI, "prefect-runpod terminate")
         record = None
         try:
             if not names_saved_block(params):

@@ -32,7 +32,7 @@ from prefect_runpod.flows.run.cost_record import (
     merge_end,
     publish_record,
 )
-from prefect_runpod.flows.run.crashed import mark_crashed
+from prefect_runpod.flows.run.crashed import mark_crashed, run_state
 
 __all__ = [
     "carried_attempts",
@@ -145,14 +145,6 @@ def counted_pods(records: list[CostRecord]) -> list[PodAttempt]:
     return list(seen.values())
 
 
-def _run_state(flow_run_id: str) -> str:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        state = client.read_flow_run(flow_run_id).state  # type: ignore[arg-type]
-    return state.type.value if state else "UNKNOWN"
-
-
 def confirm_gone(old: CostRecord, provider: PodProvider, timeout: float) -> dict[str, PodEnd]:
     """The ends of the old run's pods its record left unconfirmed, confirmed now: gone
     (at the provider's time, by its witness), or EXITED / host lost and terminated here
@@ -179,13 +171,12 @@ def confirm_gone(old: CostRecord, provider: PodProvider, timeout: float) -> dict
         status = provider.status(a.pod_id)
         if status.cause is PodCause.TERMINATED_OUTSIDE:
             ends[a.pod_id] = end_of_gone_pod(
-                a, status.ended_at, status.ended_by, status.ended_layer, _run_state(old.flow_run_id)
+                a, status.ended_at, status.ended_by, status.ended_layer, run_state(old.flow_run_id)
             )
         elif status.gone:  # EXITED, host lost: ended here, confirmed, before anything new
             result = provider.terminate(a.pod_id, timeout_seconds=timeout)
-            ends[a.pod_id] = PodEnd(
-                pod_id=a.pod_id, ended_by=EndedBy.FLOW, confirmed=True,
-                ended_at=result.confirmed_at, layer="terminate (the run that continued it)",
+            ends[a.pod_id] = result.end(
+                EndedBy.FLOW, "terminate (the run that continued it)",
                 cause=status.cause.value, detail=status.provider_status,
             )  # fmt: skip
         else:

@@ -6,9 +6,24 @@ with the cause, through the Prefect API (docs/architecture.md#termination-layers
 
 from __future__ import annotations
 
-__all__ = ["FINISHED_STATE_TYPES", "mark_crashed", "run_state_type"]
+__all__ = ["FINISHED_STATE_TYPES", "mark_crashed", "run_state", "run_state_type"]
 
 from prefect_runpod.flows.run.names import FINISHED_STATE_TYPES
+
+
+def run_state(flow_run_id: str) -> str:
+    """The run's Prefect state type (``RUNNING``, ``CRASHED``…), ``UNKNOWN`` when it has
+    no state.
+
+    Raises:
+        Whatever the Prefect client raises (``ObjectNotFound`` for a run the API does not
+        know, or when the API cannot be reached).
+    """
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state  # type: ignore[arg-type]
+    return state.type.value if state else "UNKNOWN"
 
 
 def run_state_type(flow_run_id: str) -> str | None:

@@ -60,12 +60,9 @@ def flow_end(result: TerminateResult, lost: PodStatus | None) -> PodEnd:
         lost: what the liveness watch saw when the pod went away under the run, if it did.
     """
     if not result.already_gone:
-        return PodEnd(
-            pod_id=result.pod_id,
-            ended_by=EndedBy.FLOW,
-            confirmed=True,
-            ended_at=result.confirmed_at,
-            layer="terminate (the run's finally)",
+        return result.end(
+            EndedBy.FLOW,
+            "terminate (the run's finally)",
             cause=lost.cause.value if lost is not None else None,
             detail=lost.provider_status if lost is not None else "",
         )

@@ -330,7 +330,7 @@ def end_the_pod(job: GuardianJob, parent_pid: int) -> str:
     """The run's process died before the dead-man was armed: terminate its pod (the one
     its record names, else the one found by name), confirmed; record who ended it; set
     the run Crashed. Returns what was done, in one line. Never raises."""
-    from prefect_runpod.blocks.provider import EndedBy, PodEnd
+    from prefect_runpod.blocks.provider import EndedBy
     from prefect_runpod.flows.run.cost_record import record_pod_end
     from prefect_runpod.flows.run.crashed import mark_crashed
     from prefect_runpod.flows.run.providers import build_provider
@@ -356,14 +356,7 @@ def end_the_pod(job: GuardianJob, parent_pid: int) -> str:
         else:
             record_pod_end(
                 job.flow_run_id,
-                PodEnd(
-                    pod_id=result.pod_id,
-                    ended_by=EndedBy.GUARDIAN,
-                    confirmed=True,
-                    ended_at=result.confirmed_at,
-                    layer="terminate (the guardian)",
-                    detail=why,
-                ),
+                result.end(EndedBy.GUARDIAN, "terminate (the guardian)", detail=why),
                 recorded_by="guardian",
                 handle=handle,
                 provider=provider,

@@ -479,12 +479,9 @@ class PodFlowRun:
                 self.flow_run_id, end, recorded_by="worker", handle=handle, provider=self.provider
             )
             raise
-        end = PodEnd(
-            pod_id=handle.pod_id,
-            ended_by=EndedBy.FLOW if not result.already_gone else EndedBy.OUTSIDE,
-            confirmed=True,
-            ended_at=result.confirmed_at,
-            layer="terminate (the runpod worker)",
+        end = result.end(
+            EndedBy.FLOW if not result.already_gone else EndedBy.OUTSIDE,
+            "terminate (the runpod worker)",
             detail=self.stopped or "",
         )
         record_pod_end(

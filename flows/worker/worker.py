@@ -25,7 +25,7 @@ from prefect.states import Crashed
 from prefect.workers.base import BaseWorker, BaseWorkerResult
 
 from prefect_runpod.blocks.exceptions import PodGoneError, PodTimeoutError, SpecError
-from prefect_runpod.blocks.provider import EndedBy, PodCause, PodEnd
+from prefect_runpod.blocks.provider import EndedBy, PodCause
 from prefect_runpod.blocks.secret_mask import error_text, redact
 from prefect_runpod.flows.run.recovery import POD_LOST_EVENT
 from prefect_runpod.flows.worker.api_url import api_key_kind, pod_api_url
@@ -474,12 +474,9 @@ def _kill_pod(pod_id: str, configuration: RunPodJobConfiguration) -> None:
     result = provider.terminate(pod_id, configuration.terminate_timeout_seconds)
     flow_run_id = (configuration.labels or {}).get("prefect.io/flow-run-id")
     if flow_run_id:
-        end = PodEnd(
-            pod_id=pod_id,
-            ended_by=EndedBy.FLOW,
-            confirmed=True,
-            ended_at=result.confirmed_at,
-            layer="terminate (the runpod worker's kill_infrastructure)",
+        end = result.end(
+            EndedBy.FLOW,
+            "terminate (the runpod worker's kill_infrastructure)",
             detail="the flow run was cancelled",
         )
         record_pod_end(flow_run_id, end, recorded_by="worker", provider=provider)
