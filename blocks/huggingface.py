@@ -87,11 +87,7 @@ class HuggingFaceCredentials(CredentialsBlock):
             ``HfApi``; with no token it sends no Authorization header (it never falls
             back to a token saved on this machine).
         """
-        from huggingface_hub import HfApi
-
-        secret_mask.register(self.token)
-        token: str | bool = self.token.get_secret_value() if self.token else False
-        return HfApi(endpoint=self.endpoint.rstrip("/"), token=token)
+        return _hub(self.endpoint, self.token)[2]
 
     def access_evidence(
         self,
@@ -205,6 +201,19 @@ _REFUSED = secret_mask.refused_headers(
 asked, so the network is not to blame)."""
 
 
+def _hub(endpoint: str | None, token: SecretStr | None) -> tuple[str, str | None, Any]:
+    """``(base URL, token value, HfApi)`` for the Hub at ``endpoint`` (default
+    ``DEFAULT_HF_ENDPOINT``, trailing slashes dropped): the token is registered for
+    masking, and without one the client sends no Authorization header (it never falls
+    back to a token saved on this machine)."""
+    from huggingface_hub import HfApi
+
+    base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
+    secret_mask.register(token)
+    secret = token.get_secret_value() if token else None
+    return base, secret, HfApi(endpoint=base, token=secret or False)
+
+
 def _answer_from_exception(exc: BaseException, secret: str | None) -> dict[str, Any]:
     """The evidence of one failed call: status, X-Error-Code and the server's message
     (redacted).
@@ -265,13 +274,10 @@ def collect_access_evidence(
     Raises:
         SecretShapeError: the HTTP client refused the header made from the token.
     """
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
-    base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
-    secret_mask.register(token)
-    secret = token.get_secret_value() if token else None
+    base, secret, api = _hub(endpoint, token)
     send: str | bool = secret or False
-    api = HfApi(endpoint=base, token=send)
     evidence: dict[str, Any] = {
         "kind": "hf_check",
         "endpoint": base,
@@ -373,11 +379,7 @@ def collect_write_evidence(
     Raises:
         SecretShapeError: the HTTP client refused the header made from the token.
     """
-    from huggingface_hub import HfApi
-
-    base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
-    secret_mask.register(token)
-    secret = token.get_secret_value() if token else None
+    base, secret, api = _hub(endpoint, token)
     evidence: dict[str, Any] = {
         "kind": "hf_write_check",
         "endpoint": base,
@@ -389,7 +391,6 @@ def collect_write_evidence(
     }
     if not secret:
         return evidence
-    api = HfApi(endpoint=base, token=secret)
     evidence["whoami"] = _who(api, secret)
     if evidence["whoami"]["status"] != 200:
         return evidence
@@ -432,13 +433,10 @@ def hub_file_records(
             names the pod and the repo).
         SecretShapeError: the HTTP client refused the header made from the token.
     """
-    from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
-    base = (endpoint or DEFAULT_HF_ENDPOINT).rstrip("/")
-    secret_mask.register(token)
-    send: str | bool = token.get_secret_value() if token else False
-    api = HfApi(endpoint=base, token=send)
+    _, secret, api = _hub(endpoint, token)
+    send: str | bool = secret or False
     out: dict[str, dict[str, Any]] = {}
     for i in range(0, len(paths), batch):
         with _REFUSED:

@@ -165,15 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with orderly_signals(), api_mode(ephemeral=args.ephemeral, check_api=check_api):
                 return _commands()[args.command](args)
-        except ServerStartError as exc:
+        except (ServerStartError, RunPodFlowError) as exc:  # SpecError: refused input
             print(f"error: {exc}", file=sys.stderr)
-            return EXIT_FAILED
-        except SpecError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        except RunPodFlowError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_FAILED
+            return EXIT_USAGE if isinstance(exc, SpecError) else EXIT_FAILED
         except (KeyboardInterrupt, Terminated) as exc:
             signal = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
             print(f"stopped by {signal}", file=sys.stderr)
