@@ -51,6 +51,7 @@ __all__ = [
     "read_record",
     "read_tombstone",
     "remove_record",
+    "write_json",
     "write_record",
     "write_tombstone",
 ]
@@ -211,12 +212,8 @@ def write_tombstone(home: Path, tombstone: PodTombstone) -> None:
     directory = _tombstone_dir(home)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{tombstone.pod_id}.json"
-    if target.exists():
-        return
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(asdict(tombstone), fh, indent=1, sort_keys=True)
-    os.replace(tmp, target)
+    if not target.exists():
+        write_json(target, asdict(tombstone))
 
 
 def read_tombstone(home: Path, pod_id: str) -> PodTombstone | None:
@@ -253,8 +250,24 @@ def _registry_dir(home: Path) -> Path:
     return Path(home) / "registry"
 
 
+def write_json(path: Path, data: object) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (a temp file beside it, synced, then
+    renamed over it), so a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def write_record(home: Path, record: PodRecord) -> Path:
-    """Write ``record`` atomically (temp file + rename), so readers never see half a file.
+    """Write ``record`` atomically (``write_json``), so readers never see half a file.
 
     Returns:
         The path of the entry.
@@ -262,17 +275,7 @@ def write_record(home: Path, record: PodRecord) -> Path:
     directory = _registry_dir(home)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{record.pod_id}.json"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(asdict(record), fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_json(target, asdict(record))
     return target
 
 

@@ -39,7 +39,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -49,7 +48,7 @@ from datetime import UTC, datetime
 from importlib.metadata import version as _dist_version
 from pathlib import Path
 
-from prefect_runpod.blocks.local_pod.registry import default_home, pid_alive
+from prefect_runpod.blocks.local_pod.registry import default_home, pid_alive, write_json
 
 __all__ = [
     "DEFAULT_PORT",
@@ -140,15 +139,7 @@ def _read_record(home: Path) -> ServerRecord | None:
 
 
 def _write_record(home: Path, record: ServerRecord) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".server-", dir=home)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(asdict(record), fh, indent=1, sort_keys=True)
-        os.replace(tmp, _record_path(home))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_json(_record_path(home), asdict(record))
 
 
 def _carries_marker(pid: int, server_id: str) -> bool:
