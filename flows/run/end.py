@@ -167,23 +167,18 @@ def end_run(
     lost = watch.lost if watch is not None else None
     # the last attempt carried from a continued run's record: this run rented no pod
     carried = bool(report.attempts) and report.attempts[-1].carried_from is not None
+    kept = keep_reason, (keep_reason or "")[:300]  # the stage's reason, the end's detail
+    if keep_reason is None and keep_pod_on_failure and failed:
+        kept = "kept for inspection (keep_pod_on_failure)", "kept for inspection"
     if report.pod_id and provider is not None and not carried:
-        if keep_reason is not None:
-            report.stage("terminate").attempt = attempt
-            report.stage("terminate").state = StageState.SKIPPED
-            report.stage("terminate").reason = (
-                f"{keep_reason}; billing until "
+        if kept[0] is not None:
+            stage = report.stage("terminate")
+            stage.attempt, stage.state = attempt, StageState.SKIPPED
+            stage.reason = (
+                f"{kept[0]}; billing until "
                 f"`{end_command(report.provider, report.pod_id)}` or the dead-man switch ends it"
             )
-            report.pod_end = PodEnd(pod_id=report.pod_id, detail=keep_reason[:300])
-        elif keep_pod_on_failure and failed:
-            report.stage("terminate").attempt = attempt
-            report.stage("terminate").state = StageState.SKIPPED
-            report.stage("terminate").reason = (
-                f"kept for inspection (keep_pod_on_failure); billing until "
-                f"`{end_command(report.provider, report.pod_id)}` or the dead-man switch ends it"
-            )
-            report.pod_end = PodEnd(pod_id=report.pod_id, detail="kept for inspection")
+            report.pod_end = PodEnd(pod_id=report.pod_id, detail=kept[1])
         else:
             try:
                 with run_stage(report, "terminate", on_stage, attempt=attempt):
