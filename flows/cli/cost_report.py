@@ -117,13 +117,9 @@ def _recent_records(limit: int) -> list[CostRecord]:
                 offset=offset,
             )
             for artifact in page:
-                raw = artifact.data
-                data: Any = json.loads(raw) if isinstance(raw, str) else raw
-                try:
-                    record = CostRecord.from_rows(list(data or []))
-                except (ValueError, TypeError):
-                    continue
-                seen.setdefault(record.flow_run_id, record)
+                record = CostRecord.from_artifact(artifact)
+                if record is not None:
+                    seen.setdefault(record.flow_run_id, record)
                 if len(seen) >= limit:
                     return list(seen.values())
             if len(page) < min(_PAGE, wanted - offset):

@@ -159,21 +159,13 @@ def _stage_of(flow_run_id: Any, tasks: list[Any]) -> str:
 
 
 def _record_of(flow_run_id: Any, tables: list[Any]) -> CostRecord | None:
-    """The run's latest ``finetune-costs`` record among ``tables`` (newest first)."""
-    import json
-
+    """The run's latest ``finetune-costs`` record among ``tables`` (newest first); None
+    when its latest table is not a cost record (the record is beside the run, never in
+    its way)."""
     from prefect_runpod.flows.run.cost_record import CostRecord
 
-    for table in tables:
-        if table.flow_run_id != flow_run_id:
-            continue
-        data = table.data
-        rows: Any = json.loads(data) if isinstance(data, str) else data
-        try:
-            return CostRecord.from_rows(list(rows or []))
-        except (ValueError, TypeError):
-            return None  # the record is beside the run, never in its way
-    return None
+    latest = next((t for t in tables if t.flow_run_id == flow_run_id), None)
+    return CostRecord.from_artifact(latest) if latest is not None else None
 
 
 def _view(run: Any, tasks: list[Any], tables: list[Any]) -> RunView:

@@ -218,6 +218,17 @@ class CostRecord(LastAttemptView):
         return row
 
     @classmethod
+    def from_artifact(cls, artifact: Any) -> CostRecord | None:
+        """The record a ``finetune-costs`` artifact holds (its table as JSON text or as
+        data); None when the table is not a cost record (see ``from_rows``)."""
+        data = artifact.data
+        rows: Any = json.loads(data) if isinstance(data, str) else data
+        try:
+            return cls.from_rows(list(rows or []))
+        except (ValueError, TypeError):
+            return None
+
+    @classmethod
     def from_rows(cls, rows: list[dict[str, Any]]) -> CostRecord:
         """Read a record back from its table (see ``to_rows``): an older one (one row, no
         ``attempt`` column) as one attempt, its ``lease`` column ignored (``ended_by: lease`` reads).
@@ -366,14 +377,7 @@ def latest_record(flow_run_id: str) -> CostRecord | None:
             sort=ArtifactSort.CREATED_DESC,
             limit=1,
         )
-    if not found:
-        return None
-    data = found[0].data
-    rows: Any = json.loads(data) if isinstance(data, str) else data
-    try:
-        return CostRecord.from_rows(list(rows or []))
-    except (ValueError, TypeError):
-        return None
+    return CostRecord.from_artifact(found[0]) if found else None
 
 
 def publish_record(record: CostRecord, *, hold: bool = False) -> Held | None:
