@@ -1,7 +1,7 @@
 """What the stages that work on a pod through a console share (docs/architecture.md#data-that-moves):
 a console borrowed from the caller or opened for the stage (``borrowed_console``), and a
 transfer's progress in the run's log (``progress_logger``). The upload and download
-stages use both; neither imports the other.
+stages use both, the train stage the console; none imports another.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from prefect_runpod.blocks.faults import fault_point
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer import pod_tools
 from prefect_runpod.tasks.models import TrainReport
+from prefect_runpod.tasks.pod_io import borrowed_console
 from prefect_runpod.tasks.train_follow import follow_training, full_log_place, missing_outputs
 from prefect_runpod.tasks.train_log import (
     LogCoalescer,
@@ -340,31 +341,25 @@ def train(
     """
     from prefect.logging import get_run_logger
 
-    from prefect_runpod.blocks.console.session import PodConsole
-
     command = command.replace("{python}", python)
-    live: Any = console
-    if live is None:
-        live = PodConsole.for_pod(handle, private_key, reconnect=reconnect)
-    out = _TrainOutputs(
-        get_run_logger(), handle.pod_id, command, on_progress, should_stop, local_log_path,
-        log_interval_seconds,
-    )  # fmt: skip
-    try:
-        report = _launch_and_follow(
-            live, out, run_dir, _tools_dir(handle, tools_dir), command, python=python,
-            cwd=cwd, max_runtime_seconds=max_runtime_seconds, heartbeat_path=heartbeat_path,
-            poll_interval_seconds=poll_interval_seconds, kill_grace_seconds=kill_grace_seconds,
-            expected_outputs=expected_outputs or {}, connect=console is None, secret_env=secret_env,
-            reconnect_budget_seconds=reconnect.budget_seconds if reconnect
-            else DEFAULT_RECONNECT_BUDGET_SECONDS,
+    with borrowed_console(handle, private_key, console, reconnect) as live:
+        out = _TrainOutputs(
+            get_run_logger(), handle.pod_id, command, on_progress, should_stop, local_log_path,
+            log_interval_seconds,
         )  # fmt: skip
-    except (TrainingError, BudgetExceededError) as exc:
-        out.publish_metrics(getattr(exc, "report", None))
-        raise
-    finally:
-        out.close()
-        if console is None:
-            live.close()
+        try:
+            report = _launch_and_follow(
+                live, out, run_dir, _tools_dir(handle, tools_dir), command, python=python,
+                cwd=cwd, max_runtime_seconds=max_runtime_seconds, heartbeat_path=heartbeat_path,
+                poll_interval_seconds=poll_interval_seconds, kill_grace_seconds=kill_grace_seconds,
+                expected_outputs=expected_outputs or {}, connect=console is None,
+                secret_env=secret_env, reconnect_budget_seconds=reconnect.budget_seconds
+                if reconnect else DEFAULT_RECONNECT_BUDGET_SECONDS,
+            )  # fmt: skip
+        except (TrainingError, BudgetExceededError) as exc:
+            out.publish_metrics(getattr(exc, "report", None))
+            raise
+        finally:
+            out.close()
     out.finished(report)
     return report
