@@ -209,13 +209,10 @@ class RunPodProvider(RunPodCapabilities, PodPlacement):
         host/port RunPod says (else the key block's), with the block's pinned key."""
         if pod.proxy is None:
             return None
-        return SSHEndpoint(
-            host=pod.proxy.host or self.ssh_key.gateway_host,
-            port=pod.proxy.port or self.ssh_key.gateway_port,
-            user=pod.proxy.username,
-            mode="gateway",
-            host_key=self.ssh_key.gateway_host_key,
-        )
+        endpoint = self.ssh_key.gateway_endpoint(pod.proxy.username)
+        endpoint.host = pod.proxy.host or endpoint.host
+        endpoint.port = pod.proxy.port or endpoint.port
+        return endpoint
 
     def _handle(
         self,
