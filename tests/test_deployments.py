@@ -358,6 +358,14 @@ def _at_the_slot(served: dict[str, Any], prefix: str) -> int:
     return sum(1 for line in text.splitlines() if said in line and "takes a slot" in line)
 
 
+def _slots_held(limit: str) -> int:
+    """How many slots of the global concurrency limit ``limit`` are held now."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return int(client.read_global_concurrency_limit_by_name(limit).active_slots)
+
+
 def _live_pods(prefix: str) -> list[Any]:
     from prefect_runpod.blocks.local_pod.provider import LocalPodProvider
 
@@ -365,31 +373,37 @@ def _live_pods(prefix: str) -> list[Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # four served runs, two at a time: minutes on a loaded machine
 def test_sweep_of_four_never_has_more_than_two_pods(prefect_api, served, tmp_path):
     """Four runs, all started at once, on a cap of two: pod lifetimes (create →
     terminate confirmed, from each RunReport) overlap two at a time, never three.
 
     Training waits at a gate until two pods are up and the other two runs wait for a
     slot, so the overlap is two by construction and not by how fast this machine starts
-    the runs (on a loaded machine they arrived one after another: a peak of one)."""
+    the runs (on a loaded machine they arrived one after another: a peak of one). The
+    cap is a limit of this test's own, so a slot an earlier test's run still holds (a
+    lease Prefect frees only when it expires) cannot take one of its two places."""
     import contextvars
     import threading
 
+    from prefect_runpod.deployments.serving import ensure_concurrency_limit
     from prefect_runpod.flows.sweep import sweep
 
     _wait_deployment("runpod-finetune/on-demand", served)
     gate = tmp_path / "gate"
     bundle = _gated_bundle(tmp_path / "bundle", gate)
     prefix = f"sw{uuid.uuid4().hex[:6]}"
+    limit = f"sweep-{prefix}"
+    ensure_concurrency_limit(limit, 2)
     result: dict[str, Any] = {}
 
     def _sweep() -> None:
         try:
             result["rows"] = sweep(
                 configs=[{"bundle": str(bundle), "name_prefix": prefix}] * 4,
-                concurrency_limit="runpod-gpu",
+                concurrency_limit=limit,
                 poll_interval_seconds=1.0,
-                timeout_seconds=480,
+                timeout_seconds=1000,
             )
         except Exception as exc:  # handed to the test's thread
             result["error"] = exc
@@ -398,20 +412,21 @@ def test_sweep_of_four_never_has_more_than_two_pods(prefect_api, served, tmp_pat
     worker = threading.Thread(target=contextvars.copy_context().run, args=(_sweep,), daemon=True)
     worker.start()
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 700
         while True:  # two pods up (held at the gate), all four runs at the slot
             waiting = _at_the_slot(served, prefix)
             if len(_live_pods(prefix)) >= 2 and waiting >= 4:
                 break
             assert worker.is_alive(), result
             assert time.monotonic() < deadline, (
-                f"{len(_live_pods(prefix))} pods, {waiting} runs at the slot\n{_runner_log(served)}"
+                f"{len(_live_pods(prefix))} pods, {waiting} runs at the slot, "
+                f"{_slots_held(limit)} slots held\n{_runner_log(served)}"
             )
             time.sleep(0.5)
         assert len(_live_pods(prefix)) == 2
     finally:
         gate.write_text("go\n")
-        worker.join(timeout=480)
+        worker.join(timeout=450)
     assert "error" not in result, result.get("error")
     rows = result["rows"]
     assert [r["state"] for r in rows] == ["Completed"] * 4, rows
