@@ -459,8 +459,41 @@ def hold_artifact(
     if task_run_id is not None:
         fields["task_run_id"] = task_run_id
     create = ArtifactCreate(**fields)
-    held = (box or outbox()).put(f"artifact {key}", lambda client: client.create_artifact(create))
+    tried: list[bool] = []
+
+    def write(client: Any) -> Any:
+        # A try that met an outage may still have reached the server (the answer was
+        # lost on the way back): the next one takes that artifact rather than make twice
+        if tried and (made := _made_before(client, create)) is not None:
+            return made
+        tried.append(True)
+        return client.create_artifact(create)
+
+    held = (box or outbox()).put(f"artifact {key}", write)
     return HeldArtifact(held)
+
+
+def _made_before(client: Any, create: Any) -> Any:
+    """The newest artifact of ``create``'s key in its run (and task run), when it holds
+    exactly what ``create`` would write; else None."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        ArtifactFilterTaskRunId,
+    )
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    where = ArtifactFilter(key=ArtifactFilterKey(any_=[create.key]))
+    if create.flow_run_id is not None:
+        where.flow_run_id = ArtifactFilterFlowRunId(any_=[create.flow_run_id])
+    if create.task_run_id is not None:
+        where.task_run_id = ArtifactFilterTaskRunId(any_=[create.task_run_id])
+    newest = client.read_artifacts(artifact_filter=where, sort=ArtifactSort.CREATED_DESC, limit=1)
+    same = ("type", "data", "description")
+    if newest and all(getattr(newest[0], f) == getattr(create, f) for f in same):
+        return newest[0]
+    return None
 
 
 def update_held_progress(

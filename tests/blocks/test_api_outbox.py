@@ -103,6 +103,25 @@ def test_progress_updates_held_through_an_outage_coalesce_to_the_last(
     assert box.unwritten == []
 
 
+def test_a_create_whose_answer_was_lost_is_not_made_twice(api_switch: ApiSwitch) -> None:
+    """The API went down while it answered the progress artifact's create: the server
+    had made it, the outbox saw only the cut. The next try takes that artifact instead of
+    making a second one (a loaded run's Prefect showed train-progress twice, at 0 and
+    100 %), and the update lands on it."""
+    box, said = _box()
+    key = _key("lost-answer")
+    api_switch.lose_answer_to(b"POST /api/artifacts/")
+    progress = hold_artifact(key, "progress", 0.0, "training", box=box)
+    assert said.down.wait(DEADLINE), said.lines
+    assert progress.id is None  # the server made it; the outbox saw only the cut
+    update_held_progress(progress, 100, box=box)
+    api_switch.up()
+    assert box.drain(DEADLINE) == []
+    (artifact,) = _artifacts(key)
+    assert float(artifact.data) == 100.0
+    assert progress.id == artifact.id and box.unwritten == []
+
+
 def test_a_full_outbox_and_a_refused_write_are_named(api_switch: ApiSwitch) -> None:
     from prefect.client.schemas.actions import ArtifactUpdate
 
