@@ -240,6 +240,15 @@ class FrameParser(object):
         self._have = 0
         self._probe = None  # (token, end marker) while a probe's bytes arrive
 
+    def pending(self):
+        """Bytes still to come for the raw frame under way (its payload's rest and the
+        ``\\n`` after it), beyond what was fed; 0 between frames or in base64, whose
+        length on the wire is not known to the byte."""
+        head = self._head
+        if head is None or head[0] != "R":
+            return 0
+        return max(0, head[6] - self._have + 1 - len(self._buf))
+
     def feed(self, data):
         """Add received bytes; return the complete events they finish."""
         events = []
@@ -260,7 +269,8 @@ class FrameParser(object):
                     take = min(need, len(buf) - pos)
                     if take <= 0:
                         break
-                    self._parts.append(bytes(buf[pos : pos + take]))
+                    with memoryview(buf) as view:  # one copy, not a slice and a copy
+                        self._parts.append(bytes(view[pos : pos + take]))
                     self._have += take
                     pos += take
                     continue

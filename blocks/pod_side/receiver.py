@@ -6,9 +6,7 @@ Standard library only, Python 3.8+. The frames are :mod:`frame_codec`'s, the par
 files :mod:`part_files`' (both in this folder, shared with the flow's side).
 
 On start the receiver puts its tty in raw mode (every byte value passes, no signal or
-line-editing keys, no line-ending rewrites), starts ``cat`` to copy the tty into a
-pipe it reads in large pieces (a tty hands its reader at most 4 KiB per ``read``), and
-announces itself with ``#READY <version> <input>``, ``input`` being ``raw`` (a tty now
+line-editing keys, no line-ending rewrites) and announces itself with ``#READY <version> <input>``, ``input`` being ``raw`` (a tty now
 in raw mode), ``pipe`` (not a tty) or ``cooked`` (a tty that stayed in canonical
 mode: the flow then never probes and keeps to base64 frames).
 
@@ -38,11 +36,10 @@ receiver and hear its version).
 
 import binascii
 import errno
+import io
 import json
 import os
 import select
-import signal
-import subprocess
 import sys
 import termios
 
@@ -61,8 +58,6 @@ probe, a window the flow resizes, compression by sample, segments (``#STAT``,
 ``#JOIN``), ranged ``#GET``, ``#STATS``."""
 DEFAULT_WINDOW_BYTES = 8 * 1024 * 1024
 READ_BYTES = 1 << 20
-_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named in Python 3.10+ only
-_RELAY_PIPE_BYTES = 1 << 20
 _RAW_IFLAGS_OFF = (
     "IGNBRK", "BRKINT", "PARMRK", "ISTRIP", "INLCR", "IGNCR", "ICRNL",
     "IXON", "IXOFF", "IXANY", "INPCK", "IUCLC", "IMAXBEL",
@@ -117,16 +112,18 @@ class Receiver(object):
         download has window credit, then input is only peeked at between chunks."""
         self.reply("#READY", PROTOCOL_VERSION, self.input_kind)
         fd = self.in_fd
+        view = memoryview(bytearray(READ_BYTES))
+        src = io.FileIO(fd, "rb", closefd=False)
         while self.running:
             if self.jobs and self.credit_bytes > 0:
                 ready, _, _ = select.select([fd], [], [], 0)
                 if not ready:
                     self.pump()
                     continue
-            data = os.read(fd, READ_BYTES)
-            if not data:
+            n = read_frame(src, view, self.parser.pending())
+            if not n:
                 break
-            for kind, ev in self.parser.feed(data):
+            for kind, ev in self.parser.feed(view[:n]):
                 if kind == "line":
                     self.on_line(ev)
                 elif kind == "frame":
@@ -365,54 +362,22 @@ def make_raw(fd):
     return "raw" if clean and now[2] & t.CSIZE == t.CS8 else "cooked"
 
 
-def _die_with_parent():  # pragma: no cover - runs in the forked child
-    """In the relay's child: get SIGKILL when the receiver dies, however it dies, so
-    no ``cat`` is left reading the console's tty."""
-    try:
-        import ctypes
+def read_frame(src, view, pending):
+    """Read from ``src`` into ``view``; returns the bytes read (0 at end of input).
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def start_relay(fd):
-    """A ``cat`` copying the tty ``fd`` into a pipe, when ``fd`` is a tty.
-
-    A tty hands a reader at most 4 KiB per ``read`` (the line discipline's buffer), so
-    a Python loop on it pays a wakeup per 4 KiB; ``cat`` pays that in C while this
-    process reads the pipe (1 MiB when the kernel allows) in large pieces.
-
-    Returns:
-        ``(read_fd, process)``, or ``(fd, None)`` when ``fd`` is not a tty or ``cat``
-        cannot start (the receiver then reads the tty itself).
+    A tty hands its reader at most about 4 KiB per ``read``: while a raw frame's
+    payload is under way (``pending``, the bytes the parser knows are still to come),
+    reads go on until they are all in, so the parser runs once per frame rather than
+    once per piece, and no read allocates (``readinto`` a buffer reused throughout).
     """
-    if not os.isatty(fd):
-        return fd, None
-    try:
-        proc = subprocess.Popen(
-            ["cat"], stdin=fd, stdout=subprocess.PIPE, bufsize=0, preexec_fn=_die_with_parent
-        )
-    except (OSError, ValueError):
-        return fd, None
-    out = proc.stdout.fileno()
-    try:
-        import fcntl
-
-        fcntl.fcntl(out, _F_SETPIPE_SZ, _RELAY_PIPE_BYTES)
-    except (OSError, ImportError):
-        pass
-    return out, proc
-
-
-def stop_relay(proc):
-    """End the relay started by :func:`start_relay` (None: nothing to do)."""
-    if proc is None:
-        return
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    n = src.readinto(view) or 0
+    want = min(pending, len(view))
+    while 0 < n < want:
+        got = src.readinto(view[n:want]) or 0
+        if not got:
+            break
+        n += got
+    return n
 
 
 def main(argv=None):
@@ -424,25 +389,17 @@ def main(argv=None):
     parser.add_argument("--window-bytes", type=int, default=DEFAULT_WINDOW_BYTES)
     parser.add_argument("--chunk-bytes", type=int, default=_codec.DEFAULT_CHUNK_BYTES)
     parser.add_argument("--line-chars", type=int, default=_codec.DEFAULT_LINE_CHARS)
-    parser.add_argument(
-        "--no-relay", action="store_true", help="read the tty directly (no cat relay)"
-    )
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
         os.makedirs(args.root)
     input_kind = make_raw(0) if os.isatty(0) else "pipe"
-    in_fd, relay = (0, None) if args.no_relay else start_relay(0)
-    try:
-        Receiver(
-            args.root,
-            in_fd=in_fd,
-            window_bytes=args.window_bytes,
-            chunk_bytes=args.chunk_bytes,
-            line_chars=args.line_chars,
-            input_kind=input_kind,
-        ).serve()
-    finally:
-        stop_relay(relay)
+    Receiver(
+        args.root,
+        window_bytes=args.window_bytes,
+        chunk_bytes=args.chunk_bytes,
+        line_chars=args.line_chars,
+        input_kind=input_kind,
+    ).serve()
     return 0
 
 

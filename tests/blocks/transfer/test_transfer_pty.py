@@ -14,6 +14,7 @@ import pytest
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.pod_side.frame_codec import FrameParser, encode_frame
+from prefect_runpod.blocks.pod_side.receiver import read_frame
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
 from prefect_runpod.blocks.transfer.pty import PtyOptions, pty_download, pty_upload
 from tests.fixtures.transfer import POD_SIDE_DIR, FaultHooks, make_tree
@@ -60,6 +61,41 @@ def test_codec_roundtrip_and_detects_damage() -> None:
     moved = frame.replace(b" 4096 ", b" 8192 ", 1)
     ((_, bad),) = FrameParser().feed(moved)
     assert bad.raw is None
+
+
+class _TtyPieces:
+    """A stand-in for a tty: each ``readinto`` hands over at most 4 KiB, as a tty does."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.reads = data, 0
+
+    def readinto(self, view: memoryview) -> int:
+        n = min(len(view), 4096, len(self.data))
+        view[:n], self.data = self.data[:n], self.data[n:]
+        self.reads += 1
+        return n
+
+
+def test_the_receiver_reads_a_raw_frame_whole_before_parsing_it() -> None:
+    """The parser knows how many bytes a raw frame still needs; the receiver reads that
+    many (a tty gives 4 KiB a read) before it parses, so it parses once per frame, not
+    once per read, and never reads past what the sender has committed to."""
+    raw = os.urandom(200_000)
+    frame = encode_frame("1", 1, 0, raw, framing="raw")
+    parser = FrameParser()
+    tty = _TtyPieces(frame + b"#CLOSE 1\n")
+    view = memoryview(bytearray(1 << 20))
+    n = read_frame(tty, view, parser.pending())  # nothing under way: one read
+    assert n == 4096 and parser.pending() == 0
+    assert parser.feed(view[:n]) == [] and parser.pending() == len(frame) - 4096
+    n = read_frame(tty, view, parser.pending())
+    assert n == len(frame) - 4096  # the rest of the frame, and not the #CLOSE after it
+    ((kind, fr),) = parser.feed(view[:n])
+    assert kind == "frame" and fr.raw == raw and parser.pending() == 0
+    # base64 frames' length on the wire is not known to the byte: no reading ahead
+    parser = FrameParser()
+    parser.feed(encode_frame("1", 1, 0, raw)[:5000])
+    assert parser.pending() == 0
 
 
 @pytest.mark.slow
