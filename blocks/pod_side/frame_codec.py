@@ -241,13 +241,17 @@ class FrameParser(object):
         self._probe = None  # (token, end marker) while a probe's bytes arrive
 
     def pending(self):
-        """Bytes still to come for the raw frame under way (its payload's rest and the
-        ``\\n`` after it), beyond what was fed; 0 between frames or in base64, whose
-        length on the wire is not known to the byte."""
+        """``(bytes, exact)``: how many bytes at least are still to come for the frame
+        under way, beyond what was fed (0 between frames). Exact for a raw frame (its
+        payload's rest and the ``\\n`` after it); for base64 the payload characters
+        still missing, line breaks not counted, so the true count is larger, and a
+        damaged path may never deliver them."""
         head = self._head
-        if head is None or head[0] != "R":
-            return 0
-        return max(0, head[6] - self._have + 1 - len(self._buf))
+        if head is None:
+            return 0, True
+        if head[0] == "R":
+            return max(0, head[6] - self._have + 1 - len(self._buf)), True
+        return max(0, head[6] - self._have - len(self._buf)), False
 
     def feed(self, data):
         """Add received bytes; return the complete events they finish."""
@@ -288,10 +292,12 @@ class FrameParser(object):
                 stop = buf.find(b"#", pos)
                 last = buf.rfind(b"\n", pos, len(buf) if stop < 0 else stop)
                 if last >= pos:
-                    body = bytes(buf[pos : last + 1])  # line breaks are skipped by a2b
+                    with memoryview(buf) as view:  # line breaks are skipped by a2b
+                        body = bytes(view[pos : last + 1])
                     pos = last + 1
                     self._parts.append(body)
-                    self._have += len(body) - body.count(b"\n") - body.count(b"\r")
+                    crs = body.count(b"\r") if b"\r" in body else 0  # "in" is the fast scan
+                    self._have += len(body) - body.count(b"\n") - crs
                     if self._have >= head[6]:
                         events.append(("frame", self._finish()))
                     continue

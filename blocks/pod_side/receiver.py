@@ -58,6 +58,7 @@ probe, a window the flow resizes, compression by sample, segments (``#STAT``,
 ``#JOIN``), ranged ``#GET``, ``#STATS``."""
 DEFAULT_WINDOW_BYTES = 8 * 1024 * 1024
 READ_BYTES = 1 << 20
+_PAUSE_SECONDS = 0.05  # base64 input silent this long: parse what came (see read_frame)
 _RAW_IFLAGS_OFF = (
     "IGNBRK", "BRKINT", "PARMRK", "ISTRIP", "INLCR", "IGNCR", "ICRNL",
     "IXON", "IXOFF", "IXANY", "INPCK", "IUCLC", "IMAXBEL",
@@ -114,13 +115,17 @@ class Receiver(object):
         fd = self.in_fd
         view = memoryview(bytearray(READ_BYTES))
         src = io.FileIO(fd, "rb", closefd=False)
+
+        def more():
+            return bool(select.select([fd], [], [], _PAUSE_SECONDS)[0])
+
         while self.running:
             if self.jobs and self.credit_bytes > 0:
                 ready, _, _ = select.select([fd], [], [], 0)
                 if not ready:
                     self.pump()
                     continue
-            n = read_frame(src, view, self.parser.pending())
+            n = read_frame(src, view, self.parser.pending(), more)
             if not n:
                 break
             for kind, ev in self.parser.feed(view[:n]):
@@ -362,17 +367,24 @@ def make_raw(fd):
     return "raw" if clean and now[2] & t.CSIZE == t.CS8 else "cooked"
 
 
-def read_frame(src, view, pending):
+def read_frame(src, view, pending, wait=None):
     """Read from ``src`` into ``view``; returns the bytes read (0 at end of input).
 
-    A tty hands its reader at most about 4 KiB per ``read``: while a raw frame's
-    payload is under way (``pending``, the bytes the parser knows are still to come),
-    reads go on until they are all in, so the parser runs once per frame rather than
-    once per piece, and no read allocates (``readinto`` a buffer reused throughout).
+    A tty hands its reader at most about 4 KiB per ``read``. While a frame is under
+    way, ``pending`` (``FrameParser.pending``: bytes still to come, and whether that
+    count is exact) lets reads go on until they are all in, so the parser runs once
+    per frame rather than once per piece, and no read allocates (``readinto`` a
+    buffer reused throughout). A raw frame's count is exact, so those reads block as
+    the parser would; a base64 frame's is a lower bound on a path that may lose bytes,
+    so each further read first asks ``wait`` (True: more input is ready) and parsing
+    goes ahead as soon as input pauses.
     """
     n = src.readinto(view) or 0
-    want = min(pending, len(view))
+    count, exact = pending
+    want = min(count, len(view))
     while 0 < n < want:
+        if not exact and (wait is None or not wait()):
+            break
         got = src.readinto(view[n:want]) or 0
         if not got:
             break
