@@ -26,7 +26,9 @@ is missing (``pod_unavailable``) gives way to the next.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -228,6 +230,22 @@ def _at_chunks(on_progress: ProgressCallback | None) -> ProgressCallback:
     return step
 
 
+def _local_manifest(root: Path, paths: list[str] | None, follow_links: bool) -> Future[Manifest]:
+    """``Manifest.compute`` of the upload's tree, started on a thread of its own: the
+    hashing runs while the pod's tools are checked (a round trip, a gateway's 100 ms
+    and more), not before. Its result or error comes from ``.result()``."""
+    future: Future[Manifest] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(Manifest.compute(root, paths, follow_links=follow_links))
+        except BaseException as exc:  # handed to the caller by .result()
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="local-manifest", daemon=True).start()
+    return future
+
+
 def upload_dir(
     console: PodConsole,
     handle: PodHandle,
@@ -286,10 +304,11 @@ def upload_dir(
     )
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
-    source = Manifest.compute(local_dir, paths, follow_links=follow_links)
+    hashing = _local_manifest(local_dir, paths, follow_links)
     link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
     if method == "auto":
         chosen, transfer = _choose(handle, method, config, link)
+    source = hashing.result()
     result = transfer.upload(link, local_dir, remote, source, on_progress=_at_chunks(on_progress))
     report = _report("upload", chosen, started, result, source)
     if not report.verified:  # the methods raise first; this is the last guard

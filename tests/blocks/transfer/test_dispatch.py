@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +134,37 @@ def test_registered_method_carries_upload_and_download(tmp_path: Path, copy_meth
     assert down.method == "copy" and down.verified and down.direction == "download"
     assert copy_method[-1].options == CopyOptions()  # no options given: its defaults
     assert Manifest.compute(tmp_path / "back").entries == up.source_manifest.entries
+
+
+def test_the_local_manifest_is_hashed_while_the_pod_tools_are_checked(
+    tmp_path: Path, copy_method, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upload's hashing and the tools check (a round trip to the pod) overlap: the
+    hashing here waits until the check has begun, which it could not if it came first;
+    and a tree the manifest refuses still fails the upload before any file moves."""
+    checking = threading.Event()
+    compute = Manifest.compute.__func__  # type: ignore[attr-defined]
+
+    def hash_once_checked(cls, *args, **kw):  # type: ignore[no-untyped-def]
+        assert checking.wait(30), "the manifest was computed before the tools check began"
+        return compute(cls, *args, **kw)
+
+    shell = _ShellStandIn()
+    real_run = shell.run
+
+    def run(command: str, timeout_seconds: float = 60, check: bool = False) -> CommandResult:
+        checking.set()
+        return real_run(command, timeout_seconds, check)
+
+    monkeypatch.setattr(shell, "run", run)
+    monkeypatch.setattr(Manifest, "compute", classmethod(hash_once_checked))
+    src = make_tree(tmp_path / "src", big_bytes=10_000)
+    up = upload_dir(shell, _handle(tmp_path), src, "bundle", method="copy")  # type: ignore[arg-type]
+    assert up.verified and up.source_manifest.entries == up.dest_manifest.entries
+    (src / "away").symlink_to("/etc/hostname")
+    with pytest.raises(SpecError, match="away"):
+        upload_dir(shell, _handle(tmp_path), src, "again", method="copy")  # type: ignore[arg-type]
+    assert len(copy_method[-1].calls) == 0
 
 
 def test_auto_follows_priority_and_availability(
