@@ -129,8 +129,9 @@ def manifest_command(
     given (an empty list describes nothing), ``--prefix-bytes``, ``--follow-links``,
     ``--apply-b64`` for ``structure``, ``--missing-ok``, ``--save-known`` /
     ``--use-known`` (a pod file recording what one run hashed, for the next run of the
-    same transfer: :class:`PodLanding`). Every method that asks the pod for a manifest
-    builds the command here."""
+    same transfer: :class:`PodLanding`). With ``missing_ok`` a ``root`` that does not
+    exist is answered by the shell (an empty manifest) without starting Python. Every
+    method that asks the pod for a manifest builds the command here."""
     q = shlex.quote
     cmd = f"{q(python)} {q(tools + '/manifest.py')} {q(root)}"
     if prefix_bytes is not None:
@@ -148,6 +149,10 @@ def manifest_command(
         cmd += f" --use-known {q(use_known)}"
     if paths is not None:
         cmd += " --files" + "".join(f" {q(p)}" for p in paths)
+    if missing_ok and not structure:
+        # Nothing there yet (a first upload): the empty manifest, without starting Python.
+        empty = json.dumps({"root": root, "entries": []})
+        cmd = f"if [ -e {q(root)} ]; then {cmd}; else printf '%s\\n' {q(empty)}; fi"
     return cmd
 
 

@@ -128,6 +128,25 @@ def test_the_manifest_command_runs_the_pod_script_with_each_option(tmp_path: Pat
     assert (root / "new" / "empty").is_dir()
 
 
+def test_what_is_there_in_a_folder_not_made_yet_costs_no_python_start(tmp_path: Path) -> None:
+    """A first upload asks what is already in a folder that does not exist: the shell
+    answers the empty manifest itself (here an interpreter that cannot start proves
+    it); a folder that exists is still described by the script."""
+    root = make_tree(tmp_path / "a tree", big_bytes=5000)
+
+    def run(where: Path, python: str) -> dict:
+        cmd = manifest_command(
+            POD_SIDE_DIR, str(where), ["text.log"], python=python, missing_ok=True
+        )
+        out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    absent = tmp_path / "not made 'yet'"
+    assert run(absent, "/nonexistent/python3") == {"root": str(absent), "entries": []}
+    assert run(root, "python3") == mf.compute_manifest(str(root), ["text.log"])
+    assert run(root / "missing", "python3")["entries"] == []
+
+
 def test_the_pod_script_saves_what_it_hashed_for_the_next_run_of_the_transfer(
     tmp_path: Path,
 ) -> None:
