@@ -9,7 +9,10 @@ part_files``), so both keep the same promises:
   names its target (size in bytes and sha256); the ``.part`` only ever holds bytes
   that passed their chunk check, in order, so a new receiver resumes at its end;
 * a ``.part`` whose sidecar names another target is started afresh;
-* the file takes its name only once its whole sha256 matches.
+* the file takes its name only once its whole sha256 matches. Each chunk is read
+  back from the file as soon as it is written and hashed then (what was kept of an
+  earlier session first, when the file is opened), so that check does not read the
+  whole file again after its last byte: the hash is of the file's bytes all the same.
 
 A large file can travel as **segments** over several sessions at once: segment 0 is
 ``<name>.part`` itself, segment ``k`` is ``<name>.prx-seg<k>.part`` (each with its own
@@ -17,6 +20,7 @@ sidecar, which also names the segment's byte range), and :func:`join_segments`
 appends them in order, hashing as it goes, once every one is complete.
 """
 
+import hashlib
 import json
 import os
 
@@ -55,9 +59,11 @@ def _remove(path):
 class PartFile(object):
     """One file (or one segment of it) being received.
 
-    Nothing is hashed while bytes arrive (each chunk passed its CRC on the way): the
-    whole file is hashed once, from disk, when it is complete (:meth:`finish`), and
-    that pass also serves the destination manifest (``manifest.remember``).
+    A whole file (not a segment) is hashed as it grows: each chunk read back from the
+    ``.part`` once written (and the kept bytes when it is opened), so :meth:`finish`
+    has its sha256 and git blob id without reading it again; that entry also serves
+    the destination manifest (``manifest.remember``). A segment is hashed when the
+    joined file is (:func:`join_segments`).
 
     Args:
         path: where the whole file goes.
@@ -80,6 +86,7 @@ class PartFile(object):
         self.sidecar = base + SIDECAR_SUFFIX
         self.fh = None
         self.offset = start
+        self._hashes = None  # (sha256, git blob sha1, bytes) of the .part, read back
 
     @property
     def segment(self):
@@ -123,11 +130,25 @@ class PartFile(object):
             with open(self.sidecar, "w") as fh:
                 json.dump(self._target(), fh)
         self.close()
-        self.fh = open(self.part, "r+b" if keep else "wb", buffering=0)  # noqa: SIM115
+        self.fh = open(self.part, "r+b" if keep else "w+b", buffering=0)  # noqa: SIM115
         self.fh.truncate(keep)
         self.fh.seek(keep)
         self.offset = self.start + keep
+        self._hashes = None
+        if not self.segment:
+            blob = hashlib.sha1(b"blob %d\0" % self.size)
+            self._hashes = [hashlib.sha256(), blob, 0]
+            for at in range(0, keep, _READ_BYTES):
+                self._hash_back(at, min(_READ_BYTES, keep - at))
         return keep
+
+    def _hash_back(self, at, size):
+        """Read ``size`` bytes at ``at`` back from the ``.part`` into its hashes."""
+        data = os.pread(self.fh.fileno(), size, at)
+        sha, blob, _ = self._hashes
+        sha.update(data)
+        blob.update(data)
+        self._hashes[2] += len(data)
 
     def write(self, raw):
         """Append ``raw`` (a verified chunk at ``offset``).
@@ -145,6 +166,8 @@ class PartFile(object):
             self.fh.truncate(self.offset - self.start)
             self.fh.seek(self.offset - self.start)
             raise
+        if self._hashes is not None:
+            self._hash_back(self.offset - self.start, len(raw))
         self.offset += len(raw)
 
     @property
@@ -157,6 +180,7 @@ class PartFile(object):
         if self.fh is not None:
             self.fh.close()
             self.fh = None
+        self._hashes = None  # opening it again reads the kept bytes back
 
     def discard(self):
         """Close and remove the ``.part`` and its sidecar."""
@@ -165,18 +189,25 @@ class PartFile(object):
         _remove(self.sidecar)
 
     def finish(self, known=None):
-        """A whole file: hash it from disk and give it its name when its sha256
-        matches (its hashes then go into ``known``).
+        """A whole file: its hashes (of the bytes read back from the ``.part`` as it
+        grew; read from disk now when it was not opened and written through this
+        object), and its name when its sha256 matches (the hashes then go into
+        ``known``).
 
         Returns:
-            ``(ok, entry)``: ``entry`` holds ``size_bytes``, ``md5``, ``sha256`` and
+            ``(ok, entry)``: ``entry`` holds ``size_bytes``, ``sha256`` and
             ``git_sha1`` as read; a mismatch removes the ``.part``.
 
         Raises:
             OSError: the ``.part`` cannot be read.
         """
+        hashes = self._hashes
         self.close()
-        entry = _manifest.file_entry(self.part, "")
+        if hashes is not None and hashes[2] == self.size == os.path.getsize(self.part):
+            entry = {"path": "", "size_bytes": self.size, "sha256": hashes[0].hexdigest()}
+            entry["git_sha1"] = hashes[1].hexdigest()
+        else:  # not read back whole as it grew (a segment's joined file): read it now
+            entry = _manifest.file_entry(self.part, "")
         if entry["sha256"] != self.sha256 or entry["size_bytes"] != self.size:
             self.discard()
             return False, entry

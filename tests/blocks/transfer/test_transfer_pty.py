@@ -13,6 +13,7 @@ import pytest
 
 from prefect_runpod.blocks.exceptions import ChecksumMismatchError, TransferError
 from prefect_runpod.blocks.pod_side import manifest as mf
+from prefect_runpod.blocks.pod_side import part_files
 from prefect_runpod.blocks.pod_side.frame_codec import FrameParser, encode_frame
 from prefect_runpod.blocks.pod_side.receiver import read_frame
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
@@ -107,6 +108,36 @@ def test_the_receiver_reads_a_frame_whole_before_parsing_it() -> None:
     parser = FrameParser()
     parser.feed(view[: read_frame(tty, view, parser.pending())])
     assert read_frame(tty, view, parser.pending(), lambda: False) == 4096
+
+
+def test_a_part_file_is_hashed_as_it_grows_not_read_again_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each chunk is read back from the .part once written and hashed then, the bytes
+    an earlier session kept when the file is opened again: finish() names the file
+    without reading it whole after its last byte, and the entry is the file's."""
+    data = os.urandom(3 * 65536 + 5)
+    whole = mf.file_entry(_write(tmp_path / "ref.bin", data), "")
+    target = tmp_path / "out" / "f.bin"
+    first = part_files.PartFile(str(target), len(data), whole["sha256"])
+    first.open()
+    first.write(data[:65536])
+    first.close()  # a dropped session: 64 KiB kept
+    again = part_files.PartFile(str(target), len(data), whole["sha256"])
+    assert again.open() == 65536
+    for at in range(65536, len(data), 65536):
+        again.write(data[at : at + 65536])
+    read_whole = []
+    monkeypatch.setattr(mf, "file_entry", lambda *a, **k: read_whole.append(a) or whole)
+    known: dict = {}
+    ok, entry = again.finish(known)
+    assert ok and not read_whole and target.read_bytes() == data
+    assert entry == {**whole, "path": ""} and known
+
+
+def _write(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
 
 
 @pytest.mark.slow
