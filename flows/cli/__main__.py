@@ -1,5 +1,5 @@
 """``python -m prefect_runpod.flows.cli``: the same as ``prefect-runpod``."""
 
-from prefect_runpod.flows.cli import main
+from prefect_runpod.flows.cli import console_main
 
-raise SystemExit(main())
+console_main()
