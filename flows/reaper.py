@@ -40,8 +40,9 @@ from prefect.events.filters import (
 from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel
 
-from prefect_runpod.blocks.api_outbox import hold_artifact, outbox
+from prefect_runpod.blocks.api_outbox import outbox
 from prefect_runpod.blocks.exceptions import ProviderError, TerminateError
+from prefect_runpod.blocks.held_artifacts import hold_artifact
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.provider import (
     EndedBy,

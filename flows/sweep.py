@@ -18,8 +18,9 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
-from prefect_runpod.blocks.api_outbox import hold_artifact, outbox
+from prefect_runpod.blocks.api_outbox import outbox
 from prefect_runpod.blocks.exceptions import SpecError
+from prefect_runpod.blocks.held_artifacts import hold_artifact
 
 __all__ = ["sweep"]
 

@@ -161,7 +161,8 @@ def checksum(
     """
     from prefect.logging import get_run_logger
 
-    from prefect_runpod.blocks.api_outbox import hold_artifact, outbox
+    from prefect_runpod.blocks.api_outbox import outbox
+    from prefect_runpod.blocks.held_artifacts import hold_artifact
 
     local, problems = (
         (None, []) if pod_manifest is None else verify_manifest(Path(local_dir), pod_manifest)

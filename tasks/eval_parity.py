@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
-from prefect_runpod.blocks.api_outbox import hold_artifact, outbox
+from prefect_runpod.blocks.api_outbox import outbox
 from prefect_runpod.blocks.exceptions import EvalParityError
+from prefect_runpod.blocks.held_artifacts import hold_artifact
 from prefect_runpod.blocks.secret_mask import redact
 from prefect_runpod.tasks.models import ParityReport
 from prefect_runpod.tasks.parity_compare import compare_eval, load_jsonl

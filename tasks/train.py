@@ -23,7 +23,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import SecretStr
 
-from prefect_runpod.blocks.api_outbox import hold_artifact, outbox, update_held_progress
+from prefect_runpod.blocks.api_outbox import outbox
 from prefect_runpod.blocks.console import ConsoleLike
 from prefect_runpod.blocks.console.launcher_client import (
     LogChunk,
@@ -37,6 +37,7 @@ from prefect_runpod.blocks.console.reconnect import (
 )
 from prefect_runpod.blocks.exceptions import BudgetExceededError, TrainingError
 from prefect_runpod.blocks.faults import fault_point
+from prefect_runpod.blocks.held_artifacts import hold_artifact, update_held_progress
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.transfer import pod_tools
 from prefect_runpod.tasks.models import TrainReport

@@ -7,7 +7,7 @@ their own tasks): the model links — ``model-checkpoint`` to the verified local
 
 from __future__ import annotations
 
-from prefect_runpod.blocks.api_outbox import hold_artifact
+from prefect_runpod.blocks.held_artifacts import hold_artifact
 from prefect_runpod.flows.run.report import RunReport
 
 __all__ = ["publish_model_link"]

@@ -12,12 +12,8 @@ from typing import Any
 
 import pytest
 
-from prefect_runpod.blocks.api_outbox import (
-    ApiOutbox,
-    fresh_client,
-    hold_artifact,
-    update_held_progress,
-)
+from prefect_runpod.blocks.api_outbox import ApiOutbox, fresh_client
+from prefect_runpod.blocks.held_artifacts import hold_artifact, update_held_progress
 from tests.fixtures.prefect_outage import ApiSwitch
 
 DEADLINE = 120.0
