@@ -72,17 +72,23 @@ print(json.dumps(found))
 """
 
 
-def test_help_and_every_argument_error_import_nothing_heavy():
-    """One fresh interpreter runs every case in turn: ``sys.modules`` only grows, so the
-    first case that shows a heavy module is the one that imported it."""
+def _probe(cases: list[tuple[list[str], int]], modules: list[str] | tuple[str, ...]):
+    """Each case's argv, exit status and the ``modules`` loaded once it ran, from one
+    fresh interpreter that runs ``cases`` in turn."""
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(CASES), json.dumps(HEAVY)],
+        [sys.executable, "-c", _PROBE, json.dumps(cases), json.dumps(modules)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for (argv, want), (_, code, heavy) in zip(CASES, json.loads(proc.stdout), strict=True):
+    return json.loads(proc.stdout)
+
+
+def test_help_and_every_argument_error_import_nothing_heavy():
+    """One fresh interpreter runs every case in turn: ``sys.modules`` only grows, so the
+    first case that shows a heavy module is the one that imported it."""
+    for (argv, want), (_, code, heavy) in zip(CASES, _probe(CASES, HEAVY), strict=True):
         assert code == want, (argv, code)
         assert heavy == [], f"prefect-runpod {' '.join(argv)} imported {heavy}"
 
@@ -93,14 +99,7 @@ def test_help_loads_no_model_library():
     that checks a value loads them."""
     helps = [case for case in CASES if case[0][-1:] in (["--help"], ["--version"])]
     light = ["pydantic", "pydantic_core", "packaging.requirements", *HEAVY]
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(helps), json.dumps(light)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for argv, code, loaded in json.loads(proc.stdout):
+    for argv, code, loaded in _probe(helps, light):
         assert (code, loaded) == (0, []), f"prefect-runpod {' '.join(argv)} imported {loaded}"
 
 
