@@ -6,9 +6,10 @@ Standard library only, Python 3.8+. The frames are :mod:`frame_codec`'s, the par
 files :mod:`part_files`' (both in this folder, shared with the flow's side).
 
 On start the receiver puts its tty in raw mode (every byte value passes, no signal or
-line-editing keys, no line-ending rewrites) and announces itself with ``#READY <version> <input>``, ``input`` being ``raw`` (a tty now
-in raw mode), ``pipe`` (not a tty) or ``cooked`` (a tty that stayed in canonical
-mode: the flow then never probes and keeps to base64 frames).
+line-editing keys, no line-ending rewrites) and announces itself with
+``#READY <version> <input>``, ``input`` being ``raw`` (a tty now in raw mode), ``pipe``
+(not a tty) or ``cooked`` (a tty that stayed in canonical mode: the flow then never
+probes and keeps to base64 frames).
 
 Commands (flow → pod) and answers (pod → flow)::
 
