@@ -187,9 +187,15 @@ def console_main() -> None:
     handlers run as before. Callers of ``main`` in a process that goes on (tests, other
     programs) are not affected.
 
+    The collector is also held off while the command loads Prefect and its own modules,
+    until it opens the Prefect API (``session.pause_collector`` / ``resume_collector``).
+
     Raises:
         SystemExit: always, with ``main``'s exit status.
     """
+    from prefect_runpod.flows.cli.session import pause_collector
+
+    pause_collector()
     code = main()
     gc.freeze()
     raise SystemExit(code)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import signal
 import subprocess
@@ -43,7 +44,9 @@ __all__ = [
     "check_prefect_api",
     "drain_prefect_workers",
     "orderly_signals",
+    "pause_collector",
     "prefect_api",
+    "resume_collector",
     "temporary_server",
 ]
 
@@ -147,11 +150,43 @@ def _temporary_server_settings() -> dict[Any, Any]:
     return defaults
 
 
+_collector_paused = False
+"""True while ``pause_collector`` holds the cyclic garbage collector off."""
+
+
+def pause_collector() -> None:
+    """Hold Python's cyclic garbage collector off while a command loads its modules:
+    importing Prefect, pydantic and the flow allocates hundreds of thousands of objects
+    and triggers about 340 collections that find nothing to free (0.09 s of a 1.1 s
+    import, measured on the demo). ``resume_collector`` turns it back on. For the
+    ``prefect-runpod`` process only (``console_main``); ``main``'s in-process callers keep
+    their collector as it is."""
+    global _collector_paused
+    if gc.isenabled():
+        gc.disable()
+        _collector_paused = True
+
+
+def resume_collector() -> None:
+    """Turn the collector paused by ``pause_collector`` back on, with what was loaded so
+    far moved out of its sight (``gc.freeze``): modules and their classes live as long as
+    the process, and leaving them out makes each later full collection of a long run walk
+    only what the run itself made (the demo's collections: 0.11 s -> 0.04 s). A no-op
+    when nothing was paused."""
+    global _collector_paused
+    if _collector_paused:
+        _collector_paused = False
+        gc.freeze()
+        gc.enable()
+
+
 @contextlib.contextmanager
 def prefect_api() -> Iterator[str]:
     """The Prefect API for a command that needs one, opened only once its input passed:
     the configured one, else the local server (started on first use), else with
-    ``--ephemeral`` a temporary one (see the module's docstring).
+    ``--ephemeral`` a temporary one (see the module's docstring). Prefect and the
+    command's modules are loaded by then: the collector paused for the imports comes
+    back on here (``resume_collector``).
 
     Yields:
         The API URL (set as ``PREFECT_API_URL`` in Prefect's settings within the block).
@@ -163,6 +198,13 @@ def prefect_api() -> Iterator[str]:
         ServerStartError: the local server did not start (its log is named).
         RuntimeError: the temporary server did not answer in time.
     """
+    with _opened_api() as url:
+        resume_collector()
+        yield url
+
+
+@contextlib.contextmanager
+def _opened_api() -> Iterator[str]:
     prefect_settings()  # before anything else of Prefect: settings it cannot read, said
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
