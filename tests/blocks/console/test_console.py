@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import paramiko
 import pytest
 from pydantic import SecretStr
 
@@ -258,6 +259,32 @@ class TestPtyStream:
         assert (
             console.run("stty -a | grep -o -- '-echo ' | head -1; echo ok").output == "-echo \nok"
         )
+
+    def test_input_goes_out_in_whole_packets(
+        self, console: PodConsole, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # sshd returns window for each few KiB the tty takes: sending into every such
+        # sliver split a 64 MiB upload into ~4,400 packets, half of them under 16 KiB.
+        size = 4 * 1024 * 1024
+        remote = tmp_path / "up.bin"
+        stream = console.open_stream(f"head -c {size} > {remote}")
+        sent: list[int] = []
+        real_send = paramiko.Channel.send
+
+        def send(channel: paramiko.Channel, data: bytes) -> int:
+            n = real_send(channel, data)
+            sent.append(n)
+            return n
+
+        monkeypatch.setattr(paramiko.Channel, "send", send)
+        stream.write(os.urandom(size))
+        monkeypatch.undo()
+        assert stream.finish(timeout_seconds=120) == 0
+        assert remote.stat().st_size == size
+        whole = max(sent)
+        assert whole >= 32 * 1024 - 64  # OpenSSH's 32 KiB packet less paramiko's header room
+        assert sum(sent) == size
+        assert [n for n in sent[:-1] if n != whole] == []
 
     def test_read_until_and_exit_code(self, console: PodConsole) -> None:
         stream = console.open_stream(
