@@ -10,7 +10,11 @@ one typed ``MethodResult``; it knows nothing of the other methods.
 
 Adding a method is one module with a class that implements ``TransferMethod`` (and a
 ``from_config`` factory), plus one entry in ``registry.METHOD_REGISTRY`` — or
-``registry.register_method`` at run time.
+``registry.register_method`` at run time. A method may also define
+``connecting(handle, console)``, a context manager that dispatch enters before it checks
+the pod's tools and hashes the local tree and leaves after the transfer: what it starts
+there (the rsync method's login) overlaps that work. Dispatch keeps that same method
+object for the transfer when ``auto`` confirms it once the pod's end is known.
 """
 
 from __future__ import annotations

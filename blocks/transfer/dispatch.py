@@ -25,6 +25,7 @@ is missing (``pod_unavailable``) gives way to the next.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -115,6 +116,25 @@ def _choose(
     if reason is not None:
         raise SpecError(reason, pod_id=handle.pod_id)
     return requested, method
+
+
+def _choose_again(
+    handle: PodHandle, config: MethodConfig, pod: PodLink, chosen: str, method: TransferMethod
+) -> tuple[str, TransferMethod]:
+    """``auto``'s choice once the pod runs: ``(chosen, method)`` itself (with whatever
+    it connected early) while its pod end is there, else the next method's."""
+    name, other = _choose(handle, "auto", config, pod)
+    return (chosen, method) if name == chosen else (name, other)
+
+
+def _connecting(
+    method: TransferMethod, handle: PodHandle, console: PodConsole
+) -> contextlib.AbstractContextManager[object]:
+    """The method's early connection (its optional ``connecting(handle, console)``:
+    logging in while the pod's tools are checked and the local tree hashed), or
+    nothing for methods without one."""
+    start = getattr(method, "connecting", None)
+    return start(handle, console) if start is not None else contextlib.nullcontext()
 
 
 def pick_method(handle: PodHandle, requested: str = "auto", s3: S3Target | None = None) -> str:
@@ -314,11 +334,14 @@ def upload_dir(
     )
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
-    tools, source = _tools_while_hashing(console, handle, local_dir, paths, follow_links)
-    link = PodLink(handle, console, tools)
-    if method == "auto":
-        chosen, transfer = _choose(handle, method, config, link)
-    result = transfer.upload(link, local_dir, remote, source, on_progress=_at_chunks(on_progress))
+    with _connecting(transfer, handle, console):
+        tools, source = _tools_while_hashing(console, handle, local_dir, paths, follow_links)
+        link = PodLink(handle, console, tools)
+        if method == "auto":
+            chosen, transfer = _choose_again(handle, config, link, chosen, transfer)
+        result = transfer.upload(
+            link, local_dir, remote, source, on_progress=_at_chunks(on_progress)
+        )
     report = _report("upload", chosen, started, result, source)
     if not report.verified:  # the methods raise first; this is the last guard
         pod = handle.pod_id
@@ -359,15 +382,16 @@ def download_dir(
     )
     chosen, transfer = _choose(handle, method, config)
     remote = remote_path(handle, remote_dir)
-    link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
-    if method == "auto":
-        chosen, transfer = _choose(handle, method, config, link)
-    try:
-        result = transfer.download(link, remote, local_dir, on_progress=_at_chunks(on_progress))
-    except OSError as exc:
-        if is_disk_full(exc):
-            raise local_disk_full(local_dir, exc, handle.pod_id) from exc
-        raise
+    with _connecting(transfer, handle, console):
+        link = PodLink(handle, console, bootstrap_pod_tools(resuming(console), handle))
+        if method == "auto":
+            chosen, transfer = _choose_again(handle, config, link, chosen, transfer)
+        try:
+            result = transfer.download(link, remote, local_dir, on_progress=_at_chunks(on_progress))
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise local_disk_full(local_dir, exc, handle.pod_id) from exc
+            raise
     report = _report("download", chosen, started, result, result.source_manifest)
     if not report.verified:
         pod = handle.pod_id

@@ -5,7 +5,9 @@ Direct mode only (RunPod's gateway serves neither exec nor rsync), with ``rsync`
 both ends. The OpenSSH client gets the pod's host key in a known_hosts file of its own
 (``StrictHostKeyChecking=yes``; a key not recorded yet is accepted once, as the sftp
 method does) and the run's key in a 0600 file, both in a private temporary folder
-removed when the transfer ends; nothing else of the user's ssh setup is read.
+removed when the transfer ends; nothing else of the user's ssh setup is read
+(:mod:`.openssh_login`). The login starts as the transfer does (``connecting``), so its
+round trips overlap the hashing of the local tree; rsync shares that connection.
 
 Only the files the destination does not already hold with the same digests cross:
 the destination's manifest is read first. A file that changed in place travels as
@@ -48,6 +50,7 @@ from prefect_runpod.blocks.transfer.base import (
     TransferHooks,
 )
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
+from prefect_runpod.blocks.transfer.openssh_login import OpenSshLogin, ssh_login
 from prefect_runpod.blocks.transfer.pod_tools import PodLanding, pod_manifest
 from prefect_runpod.blocks.transfer.sftp_session import direct_endpoint
 from prefect_runpod.blocks.transfer.verify import (
@@ -58,15 +61,14 @@ from prefect_runpod.blocks.transfer.verify import (
 )
 
 if TYPE_CHECKING:
+    from prefect_runpod.blocks.console.session import PodConsole
     from prefect_runpod.blocks.pod_handle import PodHandle, SSHEndpoint
 
-__all__ = ["PARTIAL_DIR", "RsyncMethod", "RsyncOptions", "ssh_login"]
+__all__ = ["PARTIAL_DIR", "RsyncMethod", "RsyncOptions"]
 
 PARTIAL_DIR = ".rsync.part"
 """Where an interrupted file waits, in its folder on the receiving side (a name the
 manifest leaves out as transfer scratch)."""
-CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes256-gcm@openssh.com,aes128-ctr"
-"""Preferred in this order: AES-GCM is one pass where the CPU has AES instructions."""
 IO_TIMEOUT_SECONDS = 300
 """rsync gives up after this long without data (``--timeout``)."""
 RECEIVER_EXIT_WAIT_SECONDS = 30.0
@@ -94,51 +96,6 @@ class RsyncOptions(MethodOptions):
     ssh_exe: str = "ssh"
     pod_exe: str = "rsync"
     max_reconnects: int = 3
-
-
-@contextlib.contextmanager
-def ssh_login(
-    endpoint: SSHEndpoint, private_key: SecretStr, ssh_exe: str = "ssh"
-) -> Iterator[tuple[str, Path]]:
-    """The OpenSSH client's command line for ``endpoint``, valid inside the block.
-
-    The key is written to a 0600 file and the pinned host key (``endpoint.host_key``)
-    to a known_hosts file, in a private temporary folder that is removed, with both,
-    when the block ends. The command reads no ssh config (``-F /dev/null``), offers
-    only that key, never prompts, keeps the link alive and prefers AES-GCM.
-
-    Yields:
-        ``(command, folder)``: the command as one string for ``rsync -e`` and the
-        private folder (for the transfer's own scratch files).
-    """
-    folder = Path(tempfile.mkdtemp(prefix="prefect-runpod-rsync-"))
-    try:
-        key = folder / "key"
-        text = private_key.get_secret_value()
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text if text.endswith("\n") else text + "\n")
-        known = folder / "known_hosts"
-        name = endpoint.host if endpoint.port == 22 else f"[{endpoint.host}]:{endpoint.port}"
-        known.write_text(f"{name} {endpoint.host_key.strip()}\n" if endpoint.host_key else "")
-        strict = "yes" if endpoint.host_key else "accept-new"
-        argv = [ssh_exe, "-F", "/dev/null", "-i", str(key), "-p", str(endpoint.port)]
-        for option in (
-            "IdentitiesOnly=yes",
-            "BatchMode=yes",
-            f"UserKnownHostsFile={known}",
-            "GlobalKnownHostsFile=/dev/null",
-            f"StrictHostKeyChecking={strict}",
-            "LogLevel=ERROR",
-            "ServerAliveInterval=15",
-            "ServerAliveCountMax=4",
-            "Compression=no",
-            f"Ciphers={CIPHERS}",
-        ):
-            argv += ["-o", option]
-        yield shlex.join(argv), folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _remote(endpoint: SSHEndpoint, path: str) -> str:
@@ -203,6 +160,7 @@ class RsyncMethod:
         self.options = options or RsyncOptions()
         self.hooks = hooks or TransferHooks()
         self.follow_links = follow_links
+        self._early: tuple[SSHEndpoint, OpenSshLogin] | None = None
 
     @classmethod
     def from_config(cls, config: MethodConfig) -> RsyncMethod:
@@ -246,15 +204,42 @@ class RsyncMethod:
             )
         return None
 
+    @contextlib.contextmanager
+    def connecting(self, handle: PodHandle, console: PodConsole) -> Iterator[None]:
+        """Log in to the pod's direct sshd in the background for the block's transfer
+        (``OpenSshLogin.start_master``), so the connection's round trips overlap the
+        caller's hashing and listing instead of following them; closed when the block
+        ends. Without a key or direct endpoint it does nothing (the transfer then
+        raises as usual)."""
+        endpoint = direct_endpoint(handle)
+        if self.private_key is None or endpoint is None:
+            yield
+            return
+        endpoint = _pinned(endpoint, handle, console)
+        with ssh_login(endpoint, self.private_key, self.options.ssh_exe) as login:
+            login.start_master()
+            self._early = (endpoint, login)
+            try:
+                yield
+            finally:
+                self._early = None
+
     def _endpoint(self, pod: PodLink) -> tuple[SSHEndpoint, SecretStr]:
         endpoint = direct_endpoint(pod.handle)
         if self.private_key is None or endpoint is None:
             raise SpecError(
                 "the rsync method needs private_key and a direct endpoint", pod_id=pod.pod_id
             )
-        if endpoint.host_key is None and pod.handle.ssh == endpoint and pod.console.host_key:
-            endpoint = endpoint.model_copy(update={"host_key": pod.console.host_key})
-        return endpoint, self.private_key
+        return _pinned(endpoint, pod.handle, pod.console), self.private_key
+
+    def _login(
+        self, endpoint: SSHEndpoint, key: SecretStr
+    ) -> contextlib.AbstractContextManager[OpenSshLogin]:
+        """The login opened early by ``connecting`` for this endpoint, else a new one."""
+        early = self._early
+        if early is not None and early[0] == endpoint:
+            return contextlib.nullcontext(early[1])
+        return ssh_login(endpoint, key, self.options.ssh_exe)
 
     def _rsync(
         self,
@@ -277,12 +262,12 @@ class RsyncMethod:
         """
         endpoint, key = self._endpoint(pod)
         opts, sent, reconnects = self.options, 0, 0
-        with ssh_login(endpoint, key, opts.ssh_exe) as (ssh, folder):
-            listing = folder / "files"
+        with self._login(endpoint, key) as login:
+            listing = login.folder / "files"
             listing.write_bytes(b"".join(p.encode() + b"\0" for p in paths))
             argv = [opts.local_exe, "-s", "-L", "-p", "-t", f"--partial-dir={PARTIAL_DIR}"]
             argv += ["--from0", f"--files-from={listing}", "--info=progress2", "--stats"]
-            argv += [f"--timeout={IO_TIMEOUT_SECONDS}", "-e", ssh]
+            argv += [f"--timeout={IO_TIMEOUT_SECONDS}"]
             # An upload's receiver is the pod's rsync: its pid (the shell's, kept by exec)
             # lets the next attempt after a drop wait for it to keep its partial file.
             pid_file = f"/tmp/prefect-runpod-rsync-{os.urandom(6).hex()}.pid"
@@ -296,7 +281,8 @@ class RsyncMethod:
                     # After a drop, files that arrived keep their size and time: only the
                     # first run must not trust them (the manifest said they differ).
                     again = ["-I"] if ignore_times and not reconnects else []
-                    code, out, err = _run([*argv, *again, source, dest], progress)
+                    ssh = ["-e", login.command_line()]
+                    code, out, err = _run([*argv, *ssh, *again, source, dest], progress)
                     sent += sum(int(m.replace(b",", b"")) for m in _LITERAL.findall(out))
                     if code == 0:
                         return sent, reconnects
@@ -304,6 +290,7 @@ class RsyncMethod:
                     if code not in _DROPPED or refused or reconnects >= opts.max_reconnects:
                         break
                     reconnects += 1
+                    login.stop_master()  # the next attempt logs in afresh
                     if mkdir is not None:
                         _wait_receiver_gone(pod, pid_file, RECEIVER_EXIT_WAIT_SECONDS)
             finally:
@@ -444,6 +431,14 @@ class RsyncMethod:
             source_manifest=source,
             dest_manifest=Manifest.from_dict(dest),
         )
+
+
+def _pinned(endpoint: SSHEndpoint, handle: PodHandle, console: PodConsole) -> SSHEndpoint:
+    """``endpoint`` with the host key the console pinned, when it is the console's own
+    endpoint and carries no key of its own."""
+    if endpoint.host_key is None and handle.ssh == endpoint and console.host_key:
+        return endpoint.model_copy(update={"host_key": console.host_key})
+    return endpoint
 
 
 def _wait_receiver_gone(pod: PodLink, pid_file: str, deadline_seconds: float) -> None:

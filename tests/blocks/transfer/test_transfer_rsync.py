@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from prefect_runpod.blocks.exceptions import SpecError
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import TransferHooks
 from prefect_runpod.blocks.transfer.dispatch import check_pod_end, download_dir, upload_dir
+from prefect_runpod.blocks.transfer.models import Manifest
 from prefect_runpod.blocks.transfer.pod_tools import tools_dir
 from prefect_runpod.blocks.transfer.rsync import PARTIAL_DIR, RsyncOptions
 from tests.fixtures.sshd import SshdServer
@@ -61,7 +64,7 @@ class _KeyWatch(TransferHooks):
         self.temp, self.seen = temp, []
 
     def progress(self, done_bytes: int) -> None:
-        for folder in self.temp.glob("prefect-runpod-rsync-*"):
+        for folder in self.temp.glob("prefect-runpod-ssh-*"):
             key = folder / "key"
             self.seen.append(
                 (stat.S_IMODE(key.stat().st_mode), (folder / "known_hosts").read_text())
@@ -232,3 +235,39 @@ def test_a_pod_without_rsync_is_refused_by_name_and_auto_takes_sftp(
         assert check_pod_end(console, handle, private_key=key, options=missing) == "sftp"
         up = upload_dir(console, handle, src, "fallback", private_key=key, options=missing)
     assert up.method == "sftp" and up.verified
+
+
+def test_the_login_starts_while_the_tree_is_hashed_and_rsync_rides_on_it(
+    tmp_path: Path, sshd_server: SshdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection's round trips overlap the local hashing: the pod's sshd has been
+    reached before the upload's local manifest is done, and that one connection is all
+    the upload (and then the download) opens."""
+    key = sshd_server.client_key.private_key
+    src = make_tree(tmp_path / "src", big_bytes=1024 * 1024)
+    handle = sshd_server.handle(pod_id=f"rsync-early-{os.getpid()}")
+    assert handle.ssh is not None
+    compute = Manifest.compute
+    seen_while_hashing: list[int] = []
+    with (
+        PodConsole.for_pod(handle, key) as console,
+        CuttingProxy(sshd_server.port, 1 << 40) as proxy,  # counts, never cuts
+    ):
+
+        def hashing(*args: Any, **kwargs: Any) -> Manifest:
+            found = compute(*args, **kwargs)
+            deadline = time.monotonic() + 10
+            while not proxy.connections and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen_while_hashing.append(proxy.connections)
+            return found
+
+        monkeypatch.setattr(Manifest, "compute", hashing)
+        far = handle.model_copy(update={"ssh": handle.ssh.model_copy(update={"port": proxy.port})})
+        up = upload_dir(console, far, src, "early", method="rsync", private_key=key)
+        assert seen_while_hashing == [1] and proxy.connections == 1
+        down = download_dir(console, far, "early", tmp_path / "back", private_key=key)
+        assert down.method == "rsync" and proxy.connections == 2
+    assert up.verified and up.sent_bytes == up.bytes and down.verified
+    want = mf.compute_manifest(str(src))["entries"]
+    assert mf.compute_manifest(str(tmp_path / "back"))["entries"] == want
