@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,49 @@ def _roundtrip(
     return row
 
 
+def _random_round(
+    console: PodConsole, handle: PodHandle, key: Any, server: Any, src: Path, size: int, work: Path
+) -> dict[str, Any]:
+    """One round on the random file: each method's upload and download, then bare rsync."""
+    row = {m: _roundtrip(console, handle, key, src, m, f"r{size}", work) for m in METHODS}
+    dest = str(server.home / f"rsync{size}")
+    rs = _rsync(server, src, dest)
+    subprocess.run(["rm", "-rf", dest], check=True)
+    row["bare_rsync"] = {"upload_s": round(rs, 3), "upload_mibps": _mibps(size * MiB, rs)}
+    return row
+
+
+def _median_round(rows: list[dict[str, Any]], size_mib: int) -> dict[str, Any]:
+    """One method's rounds as one row: the median seconds (and their MiB/s) each way, the
+    largest peak RSS, the retries summed; the rest as the first round had it."""
+    row = dict(rows[0])
+    for way in ("upload", "download"):
+        if f"{way}_s" in row:
+            seconds = statistics.median(r[f"{way}_s"] for r in rows)
+            row[f"{way}_s"] = round(seconds, 3)
+            row[f"{way}_mibps"] = _mibps(size_mib * MiB, seconds)
+    if "client_peak_rss_mib" in row:
+        row["client_peak_rss_mib"] = {
+            way: max(r["client_peak_rss_mib"][way] for r in rows) for way in ("upload", "download")
+        }
+        row["retries"] = sum(r["retries"] for r in rows)
+    if len(rows) > 1:
+        row["rounds"] = len(rows)
+    return row
+
+
+def _ratios(row: dict[str, Any]) -> dict[str, Any]:
+    """pty over sftp each way, and the best direct method over bare rsync (upload)."""
+    out: dict[str, Any] = {
+        f"pty_over_sftp_{way}": round(row["sftp"][f"{way}_s"] / row["pty"][f"{way}_s"], 2)
+        for way in ("upload", "download")
+    }
+    best = min(("sftp", "rsync"), key=lambda m: row[m]["upload_s"])
+    out["best_direct"] = best
+    out["direct_over_rsync"] = round(row["bare_rsync"]["upload_s"] / row[best]["upload_s"], 2)
+    return out
+
+
 def _second_uploads(
     console: PodConsole, handle: PodHandle, key: Any, work: Path, size_mib: int
 ) -> dict[str, Any]:
@@ -231,11 +275,13 @@ def run(
     delay_ms: float = 50.0,
     proxy_only: bool = False,
     proxy_sftp: bool = True,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     """Run every benchmark (or only the proxy's, ``proxy_only``); returns the JSON-able
     results."""
     results: dict[str, Any] = {
         "sizes_mib": sizes_mib,
+        "rounds": rounds,
         "load_average": list(os.getloadavg()),
         "random": {},
         "targets": {},
@@ -246,7 +292,7 @@ def run(
             handle = server.handle(pod_id="bench")
             key = server.client_key.private_key
             if not proxy_only:
-                _loopback(results, server, handle, key, work, sizes_mib)
+                _loopback(results, server, handle, key, work, sizes_mib, rounds)
             results["wan_proxy"] = _through_proxy(
                 server,
                 handle,
@@ -272,6 +318,7 @@ def _loopback(
     key: Any,
     work: Path,
     sizes_mib: list[int],
+    rounds: int = 1,
 ) -> None:
     """The loopback measurements: random files (pty, sftp, rsync), the text bundle,
     the console round trip and hashing."""
@@ -281,20 +328,13 @@ def _loopback(
             src = work / f"rand{size}"
             src.mkdir()
             _random_file(src / "data.bin", size * MiB)
-            row = {m: _roundtrip(console, handle, key, src, m, f"r{size}", work) for m in METHODS}
-            for way in ("upload", "download"):
-                row[f"pty_over_sftp_{way}"] = round(
-                    row["pty"][f"{way}_mibps"] / row["sftp"][f"{way}_mibps"], 2
-                )
-            dest = str(server.home / f"rsync{size}")
-            rs = _rsync(server, src, dest)
-            subprocess.run(["rm", "-rf", dest], check=True)
-            row["bare_rsync"] = {"upload_s": round(rs, 3), "upload_mibps": _mibps(size * MiB, rs)}
-            best = max(("sftp", "rsync"), key=lambda m: row[m]["upload_mibps"])
-            row["best_direct"] = best
-            row["direct_over_rsync"] = round(
-                row[best]["upload_mibps"] / row["bare_rsync"]["upload_mibps"], 2
-            )
+            each = [
+                _random_round(console, handle, key, server, src, size, work) for _ in range(rounds)
+            ]
+            row = {m: _median_round([r[m] for r in each], size) for m in (*METHODS, "bare_rsync")}
+            row.update(_ratios(row))
+            if rounds > 1:
+                row["per_round"] = [_ratios(r) for r in each]
             results["random"][str(size)] = row
             shutil.rmtree(src)
         results["second_upload"] = _second_uploads(console, handle, key, work, max(sizes_mib))
@@ -459,6 +499,13 @@ def main(argv: list[str] | None = None) -> int:
         "--proxy-only", action="store_true", help="only the proxy measurements (no loopback)"
     )
     parser.add_argument("--no-proxy-sftp", action="store_true", help="skip sftp through the proxy")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of the random-file rows (each method, then bare rsync, per round); "
+        "each row then gives the median seconds",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in _csv(args.sizes)]
@@ -479,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         delay_ms=args.delay_ms,
         proxy_only=args.proxy_only,
         proxy_sftp=not args.no_proxy_sftp,
+        rounds=args.rounds,
     )
     print(json.dumps(results, indent=None if args.json else 2))
     return 0
