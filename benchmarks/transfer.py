@@ -44,6 +44,7 @@ from prefect_runpod.blocks.console.session import PodConsole
 from prefect_runpod.blocks.pod_handle import PodHandle
 from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.dispatch import download_dir, upload_dir
+from prefect_runpod.blocks.transfer.openssh_login import close_shared_connections
 from prefect_runpod.blocks.transfer.pod_tools import bootstrap_pod_tools
 from prefect_runpod.blocks.transfer.pty import FRAMING_CHOICES, PtyOptions
 from prefect_runpod.blocks.transfer.sftp import connect_direct
@@ -136,8 +137,17 @@ def _roundtrip(
 def _random_round(
     console: PodConsole, handle: PodHandle, key: Any, server: Any, src: Path, size: int, work: Path
 ) -> dict[str, Any]:
-    """One round on the random file: each method's upload and download, then bare rsync."""
+    """One round on the random file: each method's upload and download, an rsync upload
+    on a fresh connection (``rsync_fresh``: the pod's first transfer; the ``rsync`` row's
+    transfers share the connection an earlier one opened), then bare rsync."""
     row = {m: _roundtrip(console, handle, key, src, m, f"r{size}", work) for m in METHODS}
+    close_shared_connections()
+    fresh = upload_dir(console, handle, src, f"bench-f{size}", method="rsync", private_key=key)
+    console.run(f"rm -rf bench-f{size}", timeout_seconds=600)
+    row["rsync_fresh"] = {
+        "upload_s": round(fresh.seconds, 3),
+        "upload_mibps": _mibps(size * MiB, fresh.seconds),
+    }
     dest = str(server.home / f"rsync{size}")
     rs = _rsync(server, src, dest)
     subprocess.run(["rm", "-rf", dest], check=True)
@@ -173,6 +183,8 @@ def _ratios(row: dict[str, Any]) -> dict[str, Any]:
     best = min(("sftp", "rsync"), key=lambda m: row[m]["upload_s"])
     out["best_direct"] = best
     out["direct_over_rsync"] = round(row["bare_rsync"]["upload_s"] / row[best]["upload_s"], 2)
+    fresh = min(row["sftp"]["upload_s"], row["rsync_fresh"]["upload_s"])
+    out["direct_over_rsync_fresh"] = round(row["bare_rsync"]["upload_s"] / fresh, 2)
     return out
 
 
@@ -331,7 +343,8 @@ def _loopback(
             each = [
                 _random_round(console, handle, key, server, src, size, work) for _ in range(rounds)
             ]
-            row = {m: _median_round([r[m] for r in each], size) for m in (*METHODS, "bare_rsync")}
+            named = (*METHODS, "rsync_fresh", "bare_rsync")
+            row: dict[str, Any] = {m: _median_round([r[m] for r in each], size) for m in named}
             row.update(_ratios(row))
             if rounds > 1:
                 row["per_round"] = [_ratios(r) for r in each]
@@ -453,6 +466,7 @@ def _targets(results: dict[str, Any]) -> dict[str, Any]:
             way: biggest[f"pty_over_sftp_{way}"] for way in ("upload", "download")
         }
         targets["direct_vs_rsync (>=0.9)"] = biggest["direct_over_rsync"]
+        targets["direct_vs_rsync_fresh_connection (>=0.9)"] = biggest["direct_over_rsync_fresh"]
         targets["console_rtt_vs_exec (<=1.5)"] = results["console_rtt"]["ratio"]
         targets["hashing_vs_sha256sum (>=0.9)"] = results["hashing"]["ratio"]
         again = results["second_upload"]

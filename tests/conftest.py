@@ -44,6 +44,16 @@ def prefect_server() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _no_shared_ssh_connection_between_tests() -> Iterator[None]:
+    """Each test starts without the OpenSSH connections an earlier one left open for
+    later transfers (``openssh_login``): a test sees only its own."""
+    yield
+    from prefect_runpod.blocks.transfer.openssh_login import close_shared_connections
+
+    close_shared_connections()
+
+
 @pytest.fixture(scope="session")
 def runpod_home() -> Path:
     """The pod home every LocalPod in this session lives under."""

@@ -7,7 +7,8 @@ both ends. The OpenSSH client gets the pod's host key in a known_hosts file of i
 method does) and the run's key in a 0600 file, both in a private temporary folder
 removed when the transfer ends; nothing else of the user's ssh setup is read
 (:mod:`.openssh_login`). The login starts as the transfer does (``connecting``), so its
-round trips overlap the hashing of the local tree; rsync shares that connection.
+round trips overlap the hashing of the local tree; rsync shares that connection, and so
+do the pod's next transfers in this process while it stays open.
 
 Only the files the destination does not already hold with the same digests cross:
 the destination's manifest is read first. A file that changed in place travels as
@@ -208,9 +209,9 @@ class RsyncMethod:
     def connecting(self, handle: PodHandle, console: PodConsole) -> Iterator[None]:
         """Log in to the pod's direct sshd in the background for the block's transfer
         (``OpenSshLogin.start_master``), so the connection's round trips overlap the
-        caller's hashing and listing instead of following them; closed when the block
-        ends. Without a key or direct endpoint it does nothing (the transfer then
-        raises as usual)."""
+        caller's hashing and listing instead of following them; a connection an earlier
+        transfer left open is used as it is. Without a key or direct endpoint it does
+        nothing (the transfer then raises as usual)."""
         endpoint = direct_endpoint(handle)
         if self.private_key is None or endpoint is None:
             yield

@@ -5,7 +5,9 @@ rewritten file sent as a delta, an interrupted file resumed."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from prefect_runpod.blocks.pod_side import manifest as mf
 from prefect_runpod.blocks.transfer.base import TransferHooks
 from prefect_runpod.blocks.transfer.dispatch import check_pod_end, download_dir, upload_dir
 from prefect_runpod.blocks.transfer.models import Manifest
+from prefect_runpod.blocks.transfer.openssh_login import close_shared_connections
 from prefect_runpod.blocks.transfer.pod_tools import tools_dir
 from prefect_runpod.blocks.transfer.rsync import PARTIAL_DIR, RsyncOptions
 from tests.fixtures.sshd import SshdServer
@@ -74,8 +77,8 @@ class _KeyWatch(TransferHooks):
 def test_the_tree_travels_exactly_with_its_modes_and_the_key_file_goes_afterwards(
     tmp_path: Path, sshd_server: SshdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    temp = tmp_path / "temp"
-    temp.mkdir()
+    # short enough for a control socket's path (pytest's tmp_path may not be)
+    temp = Path(tempfile.mkdtemp(prefix="rsync-tmp-"))
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     handle = sshd_server.handle(pod_id=f"rsync-{os.getpid()}")
     key = sshd_server.client_key.private_key
@@ -105,7 +108,14 @@ def test_the_tree_travels_exactly_with_its_modes_and_the_key_file_goes_afterward
     assert progress and progress[-1] == (up.bytes, up.bytes)
     pinned = f"[{handle.ssh.host}]:{handle.ssh.port} {sshd_server.host_key}\n"  # type: ignore[union-attr]
     assert watch.seen and all(seen == (0o600, pinned) for seen in watch.seen)
-    assert list(temp.iterdir()) == []  # key, known_hosts and file list are gone
+    # key, known_hosts and file list are gone: what stays is the shared connection's
+    # control socket, for the pod's next transfer
+    left = [p for p in temp.rglob("*") if not p.is_dir()]
+    assert [p.parent.name.startswith("prefect-runpod-cm-") for p in left] == [True]
+    assert stat.S_ISSOCK(left[0].stat().st_mode)
+    close_shared_connections()
+    assert list(temp.iterdir()) == []
+    temp.rmdir()
 
 
 def test_files_already_there_are_not_sent_and_a_rewritten_one_travels_as_a_delta(
@@ -237,12 +247,13 @@ def test_a_pod_without_rsync_is_refused_by_name_and_auto_takes_sftp(
     assert up.method == "sftp" and up.verified
 
 
-def test_the_login_starts_while_the_tree_is_hashed_and_rsync_rides_on_it(
+def test_the_login_starts_while_the_tree_is_hashed_and_later_transfers_share_it(
     tmp_path: Path, sshd_server: SshdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The connection's round trips overlap the local hashing: the pod's sshd has been
     reached before the upload's local manifest is done, and that one connection is all
-    the upload (and then the download) opens."""
+    the upload and then the download open; once it has died or been closed, the next
+    transfer logs in again."""
     key = sshd_server.client_key.private_key
     src = make_tree(tmp_path / "src", big_bytes=1024 * 1024)
     handle = sshd_server.handle(pod_id=f"rsync-early-{os.getpid()}")
@@ -267,7 +278,18 @@ def test_the_login_starts_while_the_tree_is_hashed_and_rsync_rides_on_it(
         up = upload_dir(console, far, src, "early", method="rsync", private_key=key)
         assert seen_while_hashing == [1] and proxy.connections == 1
         down = download_dir(console, far, "early", tmp_path / "back", private_key=key)
-        assert down.method == "rsync" and proxy.connections == 2
+        assert down.method == "rsync" and proxy.connections == 1
+        # the shared connection dies without removing its socket (a crash, an OOM kill)
+        master = subprocess.run(
+            ["pgrep", "-f", "--", f"-p {proxy.port} .*-M -N"], capture_output=True, text=True
+        ).stdout.split()
+        assert len(master) == 1
+        os.kill(int(master[0]), signal.SIGKILL)
+        again = upload_dir(console, far, src, "early", method="rsync", private_key=key)
+        assert again.sent_bytes == 0 and proxy.connections == 2
+        close_shared_connections()
+        upload_dir(console, far, src, "early", method="rsync", private_key=key)
+        assert proxy.connections == 3
     assert up.verified and up.sent_bytes == up.bytes and down.verified
     want = mf.compute_manifest(str(src))["entries"]
     assert mf.compute_manifest(str(tmp_path / "back"))["entries"] == want
