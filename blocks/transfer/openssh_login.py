@@ -12,7 +12,7 @@ that the TCP connect, key exchange and authentication — several round trips, a
 local tree. The connection then stays open for the pod's next transfers in this process
 (an upload, then downloads of checkpoints and results), which share it instead of
 logging in again: one per endpoint, user, pinned host key and key, closed by OpenSSH
-after ``MASTER_IDLE_SECONDS`` without a transfer, when the pod goes away (the keepalives
+after ``MASTER_IDLE_SECONDS`` (or the caller's ``idle_seconds``) without a transfer, when the pod goes away (the keepalives
 fail), after a dropped transfer (``stop_master``), or when this process exits. Only the
 control socket outlives the block, in a private folder of this process; the key file
 does not (the connection is already authenticated). A command that asks for the line
@@ -59,7 +59,8 @@ MASTER_READY_SECONDS = 20.0
 """How long a command waits for a shared connection still logging in (also the master's
 ``ConnectTimeout``) before it logs in on its own."""
 MASTER_IDLE_SECONDS = 300
-"""A shared connection no transfer has used for this long is closed (``ControlPersist``)."""
+"""By default, a shared connection no transfer has used for this long is closed
+(``ControlPersist``)."""
 _MASTER_STOP_SECONDS = 5.0
 _POLL_SECONDS = 0.005
 # A unix socket's path holds 104-108 bytes: past this (a deep TMPDIR) a master could not
@@ -172,11 +173,12 @@ class OpenSshLogin:
         self._ssh_exe = ssh_exe
         self._name = name
 
-    def start_master(self) -> None:
+    def start_master(self, idle_seconds: int = MASTER_IDLE_SECONDS) -> None:
         """Start logging in now, in the background (``ssh -M -N``), for later commands to
-        share (``command_line``). Does nothing when a shared connection for this login
-        is open or opening, or when the socket's path would be too long (a deep
-        ``TMPDIR``)."""
+        share (``command_line``); OpenSSH closes the connection once it has not been used
+        for ``idle_seconds`` (at least 1). Does nothing when a shared connection for
+        this login is open or opening, or when the socket's path would be too long (a
+        deep ``TMPDIR``)."""
         with _MASTERS.lock:
             master = _MASTERS.by_login.get(self._name)
             if master is not None:
@@ -189,7 +191,7 @@ class OpenSshLogin:
             with contextlib.suppress(FileNotFoundError):
                 sock.unlink()  # a master that died without removing it
             argv = [*shlex.split(self.command), "-M", "-N", "-S", str(sock)]
-            argv += ["-o", f"ControlPersist={MASTER_IDLE_SECONDS}s"]
+            argv += ["-o", f"ControlPersist={max(1, idle_seconds)}s"]
             argv += ["-o", f"ConnectTimeout={MASTER_READY_SECONDS:g}"]
             login = subprocess.Popen(
                 [*argv, self._target],

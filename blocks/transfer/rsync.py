@@ -51,7 +51,11 @@ from prefect_runpod.blocks.transfer.base import (
     TransferHooks,
 )
 from prefect_runpod.blocks.transfer.models import Manifest, MethodResult
-from prefect_runpod.blocks.transfer.openssh_login import OpenSshLogin, ssh_login
+from prefect_runpod.blocks.transfer.openssh_login import (
+    MASTER_IDLE_SECONDS,
+    OpenSshLogin,
+    ssh_login,
+)
 from prefect_runpod.blocks.transfer.pod_tools import PodLanding, pod_manifest
 from prefect_runpod.blocks.transfer.sftp_session import direct_endpoint
 from prefect_runpod.blocks.transfer.verify import (
@@ -91,12 +95,16 @@ class RsyncOptions(MethodOptions):
         ssh_exe: the OpenSSH client on this machine.
         pod_exe: rsync on the pod.
         max_reconnects: dropped connections survived (each resumes) before giving up.
+        keep_connection_seconds: how long the transfer's SSH connection stays open,
+            unused, for the pod's next transfers in this process to share (s); 0
+            closes it when the transfer ends.
     """
 
     local_exe: str = "rsync"
     ssh_exe: str = "ssh"
     pod_exe: str = "rsync"
     max_reconnects: int = 3
+    keep_connection_seconds: int = MASTER_IDLE_SECONDS
 
 
 def _remote(endpoint: SSHEndpoint, path: str) -> str:
@@ -210,20 +218,24 @@ class RsyncMethod:
         """Log in to the pod's direct sshd in the background for the block's transfer
         (``OpenSshLogin.start_master``), so the connection's round trips overlap the
         caller's hashing and listing instead of following them; a connection an earlier
-        transfer left open is used as it is. Without a key or direct endpoint it does
+        transfer left open is used as it is, and this one stays open for
+        ``keep_connection_seconds``. Without a key or direct endpoint it does
         nothing (the transfer then raises as usual)."""
         endpoint = direct_endpoint(handle)
         if self.private_key is None or endpoint is None:
             yield
             return
         endpoint = _pinned(endpoint, handle, console)
+        keep = self.options.keep_connection_seconds
         with ssh_login(endpoint, self.private_key, self.options.ssh_exe) as login:
-            login.start_master()
+            login.start_master(keep)
             self._early = (endpoint, login)
             try:
                 yield
             finally:
                 self._early = None
+                if keep <= 0:
+                    login.stop_master()
 
     def _endpoint(self, pod: PodLink) -> tuple[SSHEndpoint, SecretStr]:
         endpoint = direct_endpoint(pod.handle)

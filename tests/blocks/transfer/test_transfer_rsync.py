@@ -10,6 +10,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -252,8 +253,8 @@ def test_the_login_starts_while_the_tree_is_hashed_and_later_transfers_share_it(
 ) -> None:
     """The connection's round trips overlap the local hashing: the pod's sshd has been
     reached before the upload's local manifest is done, and that one connection is all
-    the upload and then the download open; once it has died or been closed, the next
-    transfer logs in again."""
+    the upload and then the download open; once it has died or been closed (or the
+    caller keeps none), the next transfer logs in again."""
     key = sshd_server.client_key.private_key
     src = make_tree(tmp_path / "src", big_bytes=1024 * 1024)
     handle = sshd_server.handle(pod_id=f"rsync-early-{os.getpid()}")
@@ -279,17 +280,33 @@ def test_the_login_starts_while_the_tree_is_hashed_and_later_transfers_share_it(
         assert seen_while_hashing == [1] and proxy.connections == 1
         down = download_dir(console, far, "early", tmp_path / "back", private_key=key)
         assert down.method == "rsync" and proxy.connections == 1
+
         # the shared connection dies without removing its socket (a crash, an OOM kill)
-        master = subprocess.run(
-            ["pgrep", "-f", "--", f"-p {proxy.port} .*-M -N"], capture_output=True, text=True
-        ).stdout.split()
-        assert len(master) == 1
-        os.kill(int(master[0]), signal.SIGKILL)
-        again = upload_dir(console, far, src, "early", method="rsync", private_key=key)
-        assert again.sent_bytes == 0 and proxy.connections == 2
+        def masters() -> list[str]:
+            pattern = f"-p {proxy.port} .*-M -N"
+            found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
+            return found.stdout.split()
+
+        def eventually(check: Callable[[], bool]) -> bool:  # a master starts or ends apart
+            deadline = time.monotonic() + 10
+            while not check() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return check()
+
+        def upload(folder: str, **kwargs: Any) -> None:  # each one sends: rsync runs
+            sent = upload_dir(console, far, src, folder, method="rsync", private_key=key, **kwargs)
+            assert sent.sent_bytes == sent.bytes
+
+        assert eventually(lambda: len(masters()) == 1)
+        os.kill(int(masters()[0]), signal.SIGKILL)
+        upload("after-kill")
+        assert proxy.connections == 2
         close_shared_connections()
-        upload_dir(console, far, src, "early", method="rsync", private_key=key)
-        assert proxy.connections == 3
+        assert eventually(lambda: masters() == [])
+        upload("kept-none", options=RsyncOptions(keep_connection_seconds=0))
+        assert proxy.connections == 3 and eventually(lambda: masters() == [])
+        upload("kept-again")
+        assert proxy.connections == 4 and eventually(lambda: len(masters()) == 1)
     assert up.verified and up.sent_bytes == up.bytes and down.verified
     want = mf.compute_manifest(str(src))["entries"]
     assert mf.compute_manifest(str(tmp_path / "back"))["entries"] == want
