@@ -151,3 +151,8 @@ def test_direct_mode_pod_runs_every_stage_over_rsync(prefect_server, tmp_path):
     assert report["upload"]["method"] == "rsync" and report["download"]["method"] == "rsync"
     assert report["passed"] and report["terminated"]
     _assert_pod_gone(report["pod_id"])
+    # the rsync transfers' shared SSH connection ended with the pod, not 300 s later
+    masters = subprocess.run(
+        ["pgrep", "-f", "--", r"-M -N -S \S*prefect-runpod-cm-"], capture_output=True, text=True
+    )
+    assert masters.stdout == "", masters.stdout
